@@ -1,0 +1,90 @@
+"""What the tools return: typed, so MCP clients get an output schema and structured content."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Outcome = Literal["success", "failure"]
+
+
+class MemoryView(BaseModel):
+    """One stored memory: the task it is keyed by, the experience to reuse, and its learned utility."""
+
+    id: str
+    namespace: str
+    task: str
+    experience: str
+    outcome: Outcome
+    q: float = Field(description="Learned utility: a running estimate of the reward when this memory is used.")
+    visits: int = Field(description="Rewards folded into q.")
+    last_reward: float | None
+    merges: int = Field(description="Near-duplicate stores folded into this memory.")
+    created_at: float = Field(description="Unix time.")
+    updated_at: float = Field(description="Unix time.")
+    metadata: dict[str, Any]
+
+
+class RecalledMemory(MemoryView):
+    """A memory chosen for the agent, with the two numbers that chose it."""
+
+    similarity: float = Field(description="Cosine similarity of its task to the query task (Phase A).")
+    score: float = Field(description="Phase-B score (1 - lambda) z(sim) + lambda z(Q).")
+
+
+class RecallResult(BaseModel):
+    """The memories to give the agent; report the episode's reward with ``recall_id``."""
+
+    recall_id: str
+    namespace: str
+    candidates: int = Field(description="Size of the Phase-A pool the memories were chosen from.")
+    explored: bool = Field(description="True when epsilon-greedy exploration picked the memories.")
+    memories: list[RecalledMemory]
+
+
+class QChange(BaseModel):
+    id: str
+    q_before: float
+    q_after: float
+    visits: int
+
+
+class StoreResult(BaseModel):
+    """Where an experience went: a new memory, or merged into a near-duplicate one."""
+
+    id: str
+    merged: bool = Field(description="True when folded into an existing near-duplicate memory.")
+    memory: MemoryView
+
+
+class ReportResult(BaseModel):
+    recall_id: str
+    reward: float
+    updated: list[QChange] = Field(description="Every memory the recall returned, with its Q before and after.")
+    missing: list[str] = Field(description="Memories of the recall that were forgotten since; nothing to update.")
+    stored: StoreResult | None = Field(description="The episode's new experience, when one was given.")
+
+
+class ForgetResult(BaseModel):
+    deleted: int
+
+
+class QSummary(BaseModel):
+    min: float
+    p25: float
+    median: float
+    p75: float
+    max: float
+    mean: float
+
+
+class Stats(BaseModel):
+    namespace: str | None = Field(description="None: every namespace.")
+    memories: int
+    successes: int
+    failures: int
+    q: QSummary | None = Field(description="Distribution of q; None when there is no memory.")
+    visits: int = Field(description="Rewards folded into all memories.")
+    recalls_pending: int
+    recalls_reported: int

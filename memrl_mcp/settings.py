@@ -1,0 +1,125 @@
+"""Settings: environment variables (``MEMRL_*``), an optional YAML file, defaults from the paper.
+
+Precedence, highest first: explicit arguments, environment, YAML file (``MEMRL_CONFIG`` or
+``--config``), defaults. Every value is validated; a bad one is reported with its name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import platformdirs
+from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+MAX_K = 100
+
+
+class SettingsError(ValueError):
+    """A setting has a bad value; the message names the setting."""
+
+
+class Settings(BaseSettings):
+    """All knobs of the memory server. Environment variable: ``MEMRL_`` + the upper-case name."""
+
+    model_config = SettingsConfigDict(env_prefix="MEMRL_", extra="forbid", validate_default=True)
+
+    # Storage
+    data_dir: Path = Field(
+        default_factory=lambda: Path(platformdirs.user_data_dir("memrl-mcp")),
+        description="Folder of the embedded store (and nothing else).",
+    )
+    embedded_engine: Literal["edge", "qdrant-local"] = Field(
+        "edge",
+        description="Embedded engine when no qdrant_url is set: qdrant-edge (default) or qdrant-client's local mode.",
+    )
+    qdrant_url: str | None = Field(None, description="A Qdrant server URL; when set, the embedded store is not used.")
+    qdrant_api_key: SecretStr | None = Field(None, description="API key of the Qdrant server.")
+    collection: str = Field("memrl", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Collection name prefix.")
+
+    # Embeddings
+    embedder: Literal["minilm", "openai"] = Field(
+        "minilm",
+        description="minilm: all-MiniLM-L6-v2 int8 on onnxruntime, offline. openai: any OpenAI-compatible API.",
+    )
+    embedding_model: str = Field("text-embedding-3-small", description="Model name for the openai embedder.")
+    embedding_dimensions: int | None = Field(None, ge=1, le=8192, description="Output size for the openai embedder.")
+    openai_base_url: str | None = Field(None, description="Base URL of the OpenAI-compatible embeddings API.")
+    openai_api_key: SecretStr | None = Field(None, description="API key of the OpenAI-compatible embeddings API.")
+
+    # Retrieval (MEMRL.md, Phase A and B)
+    k1: int = Field(5, ge=1, le=MAX_K, description="Phase A: candidates recalled by similarity.")
+    k2: int = Field(3, ge=1, le=MAX_K, description="Phase B: memories returned after re-ranking (<= k1).")
+    q_weight: float = Field(0.5, ge=0.0, le=1.0, description="lambda: weight of utility vs similarity (0 = RAG).")
+    delta: float | None = Field(
+        None, ge=-1.0, le=1.0, description="Phase A similarity threshold; default: the embedder's documented one."
+    )
+    sim_normalization: Literal["corpus", "pool"] = Field(
+        "corpus", description="z(sim) with the embedder's corpus mean/std (paper's code) or the pool's own."
+    )
+    sim_mean: float | None = Field(None, ge=-1.0, le=1.0, description="Corpus mean similarity; default: embedder's.")
+    sim_std: float | None = Field(None, gt=0.0, le=2.0, description="Corpus similarity std; default: embedder's.")
+    epsilon: float = Field(0.0, ge=0.0, le=1.0, description="Probability of picking k2 candidates uniformly.")
+    seed: int | None = Field(None, description="Seed of the exploration draws (None: not reproducible).")
+
+    # Update (MEMRL.md, Monte-Carlo utility)
+    alpha: float = Field(0.3, gt=0.0, le=1.0, description="Learning rate of Q <- Q + alpha (R - Q).")
+    q_init_success: float = Field(0.0, description="Initial Q of a stored success.")
+    q_init_failure: float = Field(0.0, description="Initial Q of a stored failure.")
+    reward_min: float = Field(-1.0, description="Lowest accepted reward.")
+    reward_max: float = Field(1.0, description="Highest accepted reward.")
+    merge_threshold: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Task similarity at which a new memory merges into a twin; default: embedder's.",
+    )
+    recall_ttl_seconds: float = Field(7 * 24 * 3600.0, gt=0, description="How long a recall can be reported.")
+
+    # Input limits
+    max_task_chars: int = Field(4000, ge=1, description="Longest accepted task text.")
+    max_experience_chars: int = Field(20000, ge=1, description="Longest accepted experience text.")
+    max_metadata_chars: int = Field(4000, ge=2, description="Longest accepted metadata, as JSON.")
+    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="Default namespace.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.k2 > self.k1:
+            raise ValueError(f"k2 ({self.k2}) must not exceed k1 ({self.k1})")
+        if not self.reward_min < self.reward_max:
+            raise ValueError(f"reward_min ({self.reward_min}) must be below reward_max ({self.reward_max})")
+        for name in ("q_init_success", "q_init_failure"):
+            if not self.reward_min <= getattr(self, name) <= self.reward_max:
+                raise ValueError(f"{name} must lie in [reward_min, reward_max]")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        config_file = os.environ.get("MEMRL_CONFIG")
+        if config_file:
+            sources += (YamlConfigSettingsSource(settings_cls, yaml_file=config_file),)
+        return sources
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build the settings, turning pydantic's errors into one message that names each bad setting."""
+    config_file = os.environ.get("MEMRL_CONFIG")
+    if config_file and not Path(config_file).is_file():
+        raise SettingsError(f"MEMRL_CONFIG: file not found: {config_file}")
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in e['loc']) or 'settings'}: {e['msg']}" for e in error.errors()
+        )
+        raise SettingsError(f"invalid settings: {problems}") from None

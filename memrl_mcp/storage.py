@@ -1,0 +1,308 @@
+"""Qdrant adapters: two tables (memories, recalls) of points with a vector and a JSON payload.
+
+The memory service needs only the few primitives of :class:`Store`. Two engines implement them:
+
+- :class:`EdgeStore`: qdrant-edge, Qdrant's Rust engine in process (the embedded default);
+- :class:`QdrantClientStore`: qdrant-client, against a Qdrant server or its own local mode.
+
+Both keep the utility ``q`` and the bookkeeping in the payload; ``namespace``, ``outcome`` and
+``status`` are indexed because searches and counts filter on them. A recall is stored as a point whose vector is the
+query embedding, so reporting it can store the new experience without embedding the task again.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from memrl_mcp.settings import Settings
+
+Table = Literal["memories", "recalls"]
+Where = Mapping[str, str]
+"""Exact matches on indexed keyword fields, all of which must hold."""
+TABLES: tuple[Table, ...] = ("memories", "recalls")
+INDEXED_KEYWORDS = ("namespace", "outcome", "status")
+EXPIRY = "expires_at"  # float, indexed in the recalls table
+SCROLL_PAGE = 1000
+
+
+class StoreLockedError(RuntimeError):
+    """The embedded store's folder is held by another process."""
+
+    def __init__(self, path: Path, detail: str) -> None:
+        super().__init__(
+            f"the memory store at {path} is already open in another process ({detail}). An embedded store "
+            "serves one process: share one memory by running a single `memrl-mcp --transport streamable-http` "
+            "server and pointing every client at it, or use a Qdrant server (MEMRL_QDRANT_URL), "
+            "or give this process its own MEMRL_DATA_DIR."
+        )
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A search result: point id, cosine similarity, payload."""
+
+    id: str
+    similarity: float
+    payload: dict[str, Any]
+
+
+class Store(Protocol):
+    """What the memory service needs from a vector store."""
+
+    def upsert(self, table: Table, point_id: str, vector: np.ndarray, payload: dict[str, Any]) -> None: ...
+
+    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
+
+    def get_vector(self, table: Table, point_id: str) -> np.ndarray | None: ...
+
+    def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None: ...
+
+    def delete(self, table: Table, ids: Sequence[str]) -> None: ...
+
+    def delete_where(self, table: Table, where: Where) -> None: ...
+
+    def purge_recalls(self, expired_before: float) -> None: ...
+
+    def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Where) -> list[Hit]: ...
+
+    def scroll(self, table: Table, where: Where | None = None) -> Iterator[tuple[str, dict[str, Any]]]: ...
+
+    def count(self, table: Table, where: Where | None = None) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class EdgeStore:
+    """Embedded Qdrant (qdrant-edge): one shard folder per table under ``path``; exact search."""
+
+    def __init__(self, path: Path, dim: int) -> None:
+        import qdrant_edge as edge
+
+        self._edge = edge
+        self._shards = {table: self._open(path / table, dim) for table in TABLES}
+
+    def _open(self, path: Path, dim: int) -> Any:
+        edge = self._edge
+        try:
+            if (path / "edge_config.json").exists():
+                shard = edge.EdgeShard.load(str(path))
+            else:
+                vectors = edge.EdgeVectorParams(size=dim, distance=edge.Distance.Cosine)
+                shard = edge.EdgeShard.create(str(path), edge.EdgeConfig(vectors=vectors))
+                for key in INDEXED_KEYWORDS:
+                    shard.update(edge.UpdateOperation.create_field_index(key, edge.PayloadSchemaType.Keyword))
+                shard.update(edge.UpdateOperation.create_field_index(EXPIRY, edge.PayloadSchemaType.Float))
+        except Exception as error:
+            if "WouldBlock" in str(error):
+                raise StoreLockedError(path, "its write-ahead log is locked") from None
+            raise
+        stored_dim = _edge_dim(path)
+        if stored_dim != dim:
+            shard.close()
+            raise ValueError(f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones")
+        return shard
+
+    def _filter(self, where: Where | None) -> Any:
+        edge = self._edge
+        must = [edge.FieldCondition(key, match=edge.MatchValue(value)) for key, value in (where or {}).items()]
+        return edge.Filter(must=must) if must else None
+
+    def _apply(self, table: Table, operation: Any) -> None:
+        self._shards[table].update(operation)
+
+    def upsert(self, table: Table, point_id: str, vector: np.ndarray, payload: dict[str, Any]) -> None:
+        point = self._edge.Point(point_id, vector.astype(np.float32).tolist(), payload)
+        self._apply(table, self._edge.UpdateOperation.upsert_points([point]))
+
+    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        records = self._shards[table].retrieve(list(ids), True, False) if ids else []
+        return {str(r.id): dict(r.payload or {}) for r in records}
+
+    def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
+        records = self._shards[table].retrieve([point_id], False, True)
+        return np.asarray(records[0].vector, dtype=np.float32) if records else None
+
+    def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
+        self._apply(table, self._edge.UpdateOperation.set_payload([point_id], payload))
+
+    def delete(self, table: Table, ids: Sequence[str]) -> None:
+        if ids:
+            self._apply(table, self._edge.UpdateOperation.delete_points(list(ids)))
+
+    def delete_where(self, table: Table, where: Where) -> None:
+        self._apply(table, self._edge.UpdateOperation.delete_points_by_filter(self._filter(where)))
+
+    def purge_recalls(self, expired_before: float) -> None:
+        edge = self._edge
+        expired = edge.Filter(must=[edge.FieldCondition(EXPIRY, range=edge.RangeFloat(lt=expired_before))])
+        self._apply("recalls", edge.UpdateOperation.delete_points_by_filter(expired))
+
+    def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Where) -> list[Hit]:
+        edge = self._edge
+        request = edge.QueryRequest(
+            limit=limit,
+            query=edge.Query.Nearest(vector.astype(np.float32).tolist()),
+            filter=self._filter(where),
+            score_threshold=min_similarity,
+            with_payload=True,
+            params=edge.SearchParams(exact=True),
+        )
+        points = self._shards["memories"].query(request)
+        return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
+
+    def scroll(self, table: Table, where: Where | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+        offset = None
+        while True:
+            request = self._edge.ScrollRequest(
+                offset=offset, limit=SCROLL_PAGE, filter=self._filter(where), with_payload=True
+            )
+            records, offset = self._shards[table].scroll(request)
+            yield from ((str(r.id), dict(r.payload or {})) for r in records)
+            if offset is None:
+                return
+
+    def count(self, table: Table, where: Where | None = None) -> int:
+        request = self._edge.CountRequest(exact=True, filter=self._filter(where))
+        return int(self._shards[table].count(request))
+
+    def close(self) -> None:
+        for shard in self._shards.values():
+            shard.flush()
+            shard.close()
+        self._shards = {}
+
+
+def _edge_dim(path: Path) -> int:
+    """The vector size a shard was created with, from its own config file."""
+    config = json.loads((path / "edge_config.json").read_text())
+    return int(next(iter(config["vectors"].values()))["size"])
+
+
+class QdrantClientStore:
+    """qdrant-client: a Qdrant server (``url``) or qdrant-client's local mode (``path``)."""
+
+    def __init__(
+        self,
+        dim: int,
+        collection: str,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        path: Path | None = None,
+    ) -> None:
+        from qdrant_client import QdrantClient, models
+
+        self._models = models
+        self._names = {table: f"{collection}_{table}" for table in TABLES}
+        if url is not None:
+            self._client = QdrantClient(url=url, api_key=api_key)
+        elif path is not None:
+            path.mkdir(parents=True, exist_ok=True)
+            try:
+                self._client = QdrantClient(path=str(path))
+            except RuntimeError as error:
+                if "already accessed" in str(error):
+                    raise StoreLockedError(path, "qdrant-client's local storage is locked") from None
+                raise
+        else:
+            raise ValueError("QdrantClientStore needs a url or a path")
+        for name in self._names.values():
+            self._ensure_collection(name, dim)
+
+    def _ensure_collection(self, name: str, dim: int) -> None:
+        models = self._models
+        if self._client.collection_exists(name):
+            stored_dim = getattr(self._client.get_collection(name).config.params.vectors, "size", None)
+            if stored_dim is not None and stored_dim != dim:
+                raise ValueError(f"collection {name} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones")
+            return
+        vectors = models.VectorParams(size=dim, distance=models.Distance.COSINE)
+        self._client.create_collection(name, vectors_config=vectors)
+        for key in INDEXED_KEYWORDS:
+            self._client.create_payload_index(name, key, field_schema=models.PayloadSchemaType.KEYWORD)
+        self._client.create_payload_index(name, EXPIRY, field_schema=models.PayloadSchemaType.FLOAT)
+
+    def _filter(self, where: Where | None) -> Any:
+        models = self._models
+        must = [models.FieldCondition(key=k, match=models.MatchValue(value=v)) for k, v in (where or {}).items()]
+        return models.Filter(must=must) if must else None
+
+    def upsert(self, table: Table, point_id: str, vector: np.ndarray, payload: dict[str, Any]) -> None:
+        vector_list = vector.astype(np.float32).tolist()
+        point = self._models.PointStruct(id=point_id, vector=vector_list, payload=payload)
+        self._client.upsert(self._names[table], [point], wait=True)
+
+    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        records = self._client.retrieve(self._names[table], list(ids), with_payload=True) if ids else []
+        return {str(r.id): dict(r.payload or {}) for r in records}
+
+    def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
+        records = self._client.retrieve(self._names[table], [point_id], with_payload=False, with_vectors=True)
+        return np.asarray(records[0].vector, dtype=np.float32) if records else None
+
+    def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
+        self._client.set_payload(self._names[table], payload=payload, points=[point_id], wait=True)
+
+    def delete(self, table: Table, ids: Sequence[str]) -> None:
+        if ids:
+            selector = self._models.PointIdsList(points=list(ids))
+            self._client.delete(self._names[table], points_selector=selector, wait=True)
+
+    def delete_where(self, table: Table, where: Where) -> None:
+        selector = self._models.FilterSelector(filter=self._filter(where))
+        self._client.delete(self._names[table], points_selector=selector, wait=True)
+
+    def purge_recalls(self, expired_before: float) -> None:
+        models = self._models
+        expired = models.Filter(must=[models.FieldCondition(key=EXPIRY, range=models.Range(lt=expired_before))])
+        self._client.delete(self._names["recalls"], points_selector=models.FilterSelector(filter=expired), wait=True)
+
+    def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Where) -> list[Hit]:
+        response = self._client.query_points(
+            self._names["memories"],
+            query=vector.astype(np.float32).tolist(),
+            query_filter=self._filter(where),
+            score_threshold=min_similarity,
+            limit=limit,
+            with_payload=True,
+        )
+        return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in response.points]
+
+    def scroll(self, table: Table, where: Where | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+        offset = None
+        while True:
+            records, offset = self._client.scroll(
+                self._names[table], scroll_filter=self._filter(where), limit=SCROLL_PAGE, offset=offset
+            )
+            yield from ((str(r.id), dict(r.payload or {})) for r in records)
+            if offset is None:
+                return
+
+    def count(self, table: Table, where: Where | None = None) -> int:
+        return int(self._client.count(self._names[table], count_filter=self._filter(where), exact=True).count)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def open_store(settings: Settings, dim: int) -> Store:
+    """The store the settings ask for: a Qdrant server if a URL is set, else an embedded engine."""
+    if settings.qdrant_url:
+        api_key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
+        return QdrantClientStore(dim, settings.collection, url=settings.qdrant_url, api_key=api_key)
+    folder = settings.data_dir / settings.collection
+    if settings.embedded_engine == "qdrant-local":
+        return QdrantClientStore(dim, settings.collection, path=folder / "qdrant-local")
+    return EdgeStore(folder / "edge", dim)
+
+
+def new_id() -> str:
+    """Point ids are UUIDs: both engines accept them, and they cannot be guessed."""
+    return str(uuid.uuid4())
