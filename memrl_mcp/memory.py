@@ -39,7 +39,7 @@ from memrl_mcp.models import (
     StoreResult,
 )
 from memrl_mcp.settings import MAX_K, Settings
-from memrl_mcp.storage import Store, new_id, open_store
+from memrl_mcp.storage import Point, Store, new_id, open_store
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 RECALL_PENDING, RECALL_APPLYING, RECALL_REPORTED = "pending", "applying", "reported"
@@ -123,7 +123,7 @@ class MemoryService:
             "created_at": now,
             "expires_at": now + s.recall_ttl_seconds,
         }
-        self._store.upsert("recalls", recall_id, vector, record)
+        self._store.upsert("recalls", [Point(recall_id, vector, record)])
         return RecallResult(
             recall_id=recall_id, namespace=namespace, candidates=len(pool), explored=explored, memories=memories
         )
@@ -284,7 +284,7 @@ class MemoryService:
             "updated_at": now,
             "metadata": metadata,
         }
-        self._store.upsert("memories", memory_id, vector, payload)
+        self._store.upsert("memories", [Point(memory_id, vector, payload)])
         return StoreResult(id=memory_id, merged=False, memory=_view(memory_id, payload))
 
     # -- forget, read, stats --------------------------------------------------------------------

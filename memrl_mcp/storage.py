@@ -45,6 +45,15 @@ class StoreLockedError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Point:
+    """A point to write: id, vector, payload."""
+
+    id: str
+    vector: np.ndarray
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Hit:
     """A search result: point id, cosine similarity, payload."""
 
@@ -56,7 +65,7 @@ class Hit:
 class Store(Protocol):
     """What the memory service needs from a vector store."""
 
-    def upsert(self, table: Table, point_id: str, vector: np.ndarray, payload: dict[str, Any]) -> None: ...
+    def upsert(self, table: Table, points: Sequence[Point]) -> None: ...
 
     def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
 
@@ -117,9 +126,9 @@ class EdgeStore:
     def _apply(self, table: Table, operation: Any) -> None:
         self._shards[table].update(operation)
 
-    def upsert(self, table: Table, point_id: str, vector: np.ndarray, payload: dict[str, Any]) -> None:
-        point = self._edge.Point(point_id, vector.astype(np.float32).tolist(), payload)
-        self._apply(table, self._edge.UpdateOperation.upsert_points([point]))
+    def upsert(self, table: Table, points: Sequence[Point]) -> None:
+        batch = [self._edge.Point(p.id, p.vector.astype(np.float32).tolist(), p.payload) for p in points]
+        self._apply(table, self._edge.UpdateOperation.upsert_points(batch))
 
     def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         records = self._shards[table].retrieve(list(ids), True, False) if ids else []
@@ -234,10 +243,12 @@ class QdrantClientStore:
         must = [models.FieldCondition(key=k, match=models.MatchValue(value=v)) for k, v in (where or {}).items()]
         return models.Filter(must=must) if must else None
 
-    def upsert(self, table: Table, point_id: str, vector: np.ndarray, payload: dict[str, Any]) -> None:
-        vector_list = vector.astype(np.float32).tolist()
-        point = self._models.PointStruct(id=point_id, vector=vector_list, payload=payload)
-        self._client.upsert(self._names[table], [point], wait=True)
+    def upsert(self, table: Table, points: Sequence[Point]) -> None:
+        batch = [
+            self._models.PointStruct(id=p.id, vector=p.vector.astype(np.float32).tolist(), payload=p.payload)
+            for p in points
+        ]
+        self._client.upsert(self._names[table], batch, wait=True)
 
     def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         records = self._client.retrieve(self._names[table], list(ids), with_payload=True) if ids else []

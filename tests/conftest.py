@@ -1,0 +1,50 @@
+"""Shared fixtures: one real embedder per session, a fresh real store per test, both engines."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from memrl_mcp.embeddings import Embedder, MiniLMEmbedder
+from memrl_mcp.memory import MemoryService
+from memrl_mcp.server import create_server
+from memrl_mcp.settings import Settings, load_settings
+from memrl_mcp.storage import open_store
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def embedder() -> Embedder:
+    return MiniLMEmbedder()
+
+
+@pytest.fixture(params=["edge", "qdrant-local"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """Every test that takes this runs on both embedded engines (one shared suite)."""
+    return request.param
+
+
+def make_service(embedder: Embedder, data_dir: Path, engine: str = "edge", **overrides: Any) -> MemoryService:
+    settings: Settings = load_settings(data_dir=data_dir, embedded_engine=engine, **overrides)
+    return MemoryService(settings, embedder, open_store(settings, embedder.dim))
+
+
+@pytest.fixture
+def service(embedder: Embedder, tmp_path: Path, engine: str) -> Iterator[MemoryService]:
+    svc = make_service(embedder, tmp_path / "data", engine)
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+async def client(service: MemoryService) -> AsyncIterator[Client]:
+    async with Client(create_server(service)) as mcp_client:
+        yield mcp_client
