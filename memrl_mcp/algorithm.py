@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 
 Z_CLIP = 3.0
+ZERO_SPREAD = 1e-9
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,12 @@ class SimilarityScale:
 
 
 def z_scores(values: np.ndarray) -> np.ndarray:
-    """z-score over the pool; a pool of one or with zero spread uses std 1. Clipped to [-3, 3]."""
+    """z-score over the pool, clipped to [-3, 3]. A pool of one, or of equal values, carries no
+    information: all zeros (the paper's "use std 1", without the rounding noise of the mean)."""
     std = float(values.std()) if values.size > 1 else 0.0
-    z = (values - values.mean()) / (std if std > 0.0 else 1.0)
-    return np.clip(z, -Z_CLIP, Z_CLIP)
+    if std <= ZERO_SPREAD:
+        return np.zeros_like(values)
+    return np.clip((values - values.mean()) / std, -Z_CLIP, Z_CLIP)
 
 
 def z_similarity(similarities: np.ndarray, scale: SimilarityScale) -> np.ndarray:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+from types import FrameType
 
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.server import create_server
@@ -25,6 +27,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # stdout is the protocol's wire under stdio: everything else goes to stderr.
@@ -40,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     where = settings.qdrant_url or settings.data_dir
     log.info("memory open: %s (embedder %s, %s transport)", where, service.embedder.name, args.transport)
+    # SIGTERM (service managers, uvicorn re-raising it after its own shutdown) must still close the
+    # store cleanly: turn it into the KeyboardInterrupt that the finally clause below handles.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         server = create_server(service)
         if args.transport == "stdio":

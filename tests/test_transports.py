@@ -1,0 +1,283 @@
+"""The real ``memrl-mcp`` process over its transports: stdio and streamable HTTP, restarts, locks, bad settings.
+
+Every test spawns the server as a child process (with its own data dir under ``tmp_path``) and talks to it
+with the MCP SDK's own client, exactly as an agent would.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+TOOLS = {"recall_experience", "report_outcome", "store_experience", "forget_experience", "memory_stats"}
+TASK = "Sort a CSV file by its second column and write the result to a new file"
+EXPERIENCE = "1. Read with csv.reader. 2. sorted(rows, key=lambda r: r[1]). 3. Write with csv.writer."
+DEADLINE_S = 60  # a whole test body; the server answers in milliseconds once started
+START_TIMEOUT_S = 30.0  # an HTTP server's start (it loads the embedder first)
+CLI = [sys.executable, "-m", "memrl_mcp.cli"]
+
+
+def child_env(data_dir: Path | None = None, **variables: str) -> dict[str, str]:
+    """This process's environment without any MEMRL_* of the user's, plus the test's own variables."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MEMRL_")}
+    if data_dir is not None:
+        env["MEMRL_DATA_DIR"] = str(data_dir)
+    env.update(variables)
+    return env
+
+
+def stdio_server(data_dir: Path, **variables: str) -> StdioServerParameters:
+    return StdioServerParameters(command=CLI[0], args=CLI[1:], env=child_env(data_dir, **variables))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class HttpServer:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@contextmanager
+def http_server(data_dir: Path, tmp_path: Path, **variables: str) -> Iterator[HttpServer]:
+    """A ``memrl-mcp --transport streamable-http`` child on 127.0.0.1, stopped with SIGTERM (as a service
+    manager would) when the block ends."""
+    port = free_port()
+    log_path = tmp_path / f"http-server-{port}.log"
+    args = ["--transport", "streamable-http", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [*CLI, *args], env=child_env(**variables), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"HTTP server exited with {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"HTTP server not listening after {START_TIMEOUT_S} s:\n{log_path.read_text()}")
+                time.sleep(0.05)
+        yield HttpServer(f"http://127.0.0.1:{port}/mcp", proc, log_path)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def run_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """Run ``memrl-mcp`` with stdin closed (an stdio server would see EOF at once) and capture its output."""
+    return subprocess.run(
+        [*CLI, *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+    )
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """Call a tool that must succeed; its typed result arrives as structured content."""
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def error_text(client: Client, tool: str, **arguments: Any) -> str:
+    """Call a tool that must be refused; the message the client sees."""
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error, result.structured_content
+    return " ".join(getattr(block, "text", "") for block in result.content)
+
+
+async def store_recall_report(client: Client) -> None:
+    """The agent's loop on a fresh memory: store, recall it back, report a success on it."""
+    stored = await call(client, "store_experience", task=TASK, experience=EXPERIENCE)
+    assert stored["merged"] is False
+    memory_id = stored["id"]
+    assert stored["memory"]["q"] == 0.0
+
+    recall = await call(client, "recall_experience", task=TASK)
+    assert recall["namespace"] == "default"
+    assert recall["candidates"] == 1
+    [memory] = recall["memories"]
+    assert memory["id"] == memory_id
+    assert memory["task"] == TASK
+    assert memory["experience"] == EXPERIENCE
+    assert memory["similarity"] > 0.99  # the very same task
+    assert math.isfinite(memory["score"])
+
+    report = await call(client, "report_outcome", recall_id=recall["recall_id"], reward=1.0)
+    assert report["recall_id"] == recall["recall_id"]
+    assert report["updated"] == [{"id": memory_id, "q_before": 0.0, "q_after": pytest.approx(0.3), "visits": 1}]
+    assert report["missing"] == []
+    assert report["stored"] is None
+
+    stats = await call(client, "memory_stats")
+    assert (stats["memories"], stats["visits"], stats["recalls_reported"], stats["recalls_pending"]) == (1, 1, 1, 0)
+
+
+@pytest.mark.anyio
+async def test_stdio_console_script_round_trip(tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("memrl-mcp")
+    assert script.is_file(), "the memrl-mcp console script is not installed next to this interpreter"
+    server = StdioServerParameters(command=str(script), args=["--data-dir", str(tmp_path / "data")], env=child_env())
+    with anyio.fail_after(DEADLINE_S):
+        async with Client(server) as client:
+            tools = await client.list_tools()
+            assert {tool.name for tool in tools.tools} == TOOLS
+            assert all(tool.output_schema is not None for tool in tools.tools)
+            await store_recall_report(client)
+    # --data-dir, not the user's folder, holds the store.
+    assert (tmp_path / "data" / "memrl" / "edge").is_dir()
+
+
+@pytest.mark.anyio
+async def test_streamable_http_round_trip_and_two_sessions(tmp_path: Path) -> None:
+    with http_server(tmp_path / "data", tmp_path) as server, anyio.fail_after(DEADLINE_S):
+        url = server.url
+        async with Client(url) as client:
+            assert {tool.name for tool in (await client.list_tools()).tools} == TOOLS
+            await store_recall_report(client)
+
+        # Two sessions at once on one server share one memory (in a namespace of their own).
+        async with Client(url) as writer, Client(url) as reader:
+            task, team = "Resize a PNG image to 64x64 pixels", "team"
+            stored = await call(writer, "store_experience", task=task, experience="Use PIL", namespace=team)
+            recall = await call(reader, "recall_experience", task=task, namespace=team)
+            assert [m["id"] for m in recall["memories"]] == [stored["id"]]
+            report = await call(
+                reader, "report_outcome", recall_id=recall["recall_id"], reward=1.0, experience="x", outcome="failure"
+            )
+            assert report["updated"] == [
+                {"id": stored["id"], "q_before": 0.0, "q_after": pytest.approx(0.3), "visits": 1}
+            ]
+            assert report["stored"]["merged"] is False
+            assert report["stored"]["memory"]["outcome"] == "failure"
+            assert report["stored"]["memory"]["namespace"] == team
+            # The writer's session sees what the reader's did.
+            stats = await call(writer, "memory_stats", namespace=team)
+            assert (stats["memories"], stats["successes"], stats["failures"]) == (2, 1, 1)
+            assert (stats["visits"], stats["recalls_reported"], stats["recalls_pending"]) == (1, 1, 0)
+            assert (await call(writer, "memory_stats"))["memories"] == 3
+
+
+@pytest.mark.anyio
+async def test_memory_and_pending_recall_survive_a_restart(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with anyio.fail_after(DEADLINE_S):
+        async with Client(stdio_server(data_dir)) as first:
+            stored = await call(first, "store_experience", task=TASK, experience=EXPERIENCE)
+            recall_id = (await call(first, "recall_experience", task=TASK))["recall_id"]
+
+        async with Client(stdio_server(data_dir)) as second:
+            stats = await call(second, "memory_stats")
+            assert (stats["memories"], stats["recalls_pending"], stats["recalls_reported"]) == (1, 1, 0)
+            recall = await call(second, "recall_experience", task=TASK)
+            assert [m["id"] for m in recall["memories"]] == [stored["id"]]
+
+            report = await call(second, "report_outcome", recall_id=recall_id, reward=1.0)
+            assert report["updated"] == [
+                {"id": stored["id"], "q_before": 0.0, "q_after": pytest.approx(0.3), "visits": 1}
+            ]
+            message = await error_text(second, "report_outcome", recall_id=recall_id, reward=1.0)
+            assert "already reported" in message
+            assert recall_id in message
+
+            stats = await call(second, "memory_stats")
+            assert (stats["recalls_pending"], stats["recalls_reported"], stats["visits"]) == (1, 1, 1)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("engine", ["edge", "qdrant-local"])
+async def test_second_process_on_a_held_store_is_refused(tmp_path: Path, engine: str) -> None:
+    data_dir = tmp_path / "data"
+    with http_server(data_dir, tmp_path, MEMRL_EMBEDDED_ENGINE=engine) as server:
+        started = time.monotonic()
+        second = run_cli("--data-dir", str(data_dir), env=child_env(MEMRL_EMBEDDED_ENGINE=engine))
+        assert time.monotonic() - started < 20
+        assert second.returncode != 0
+        assert second.stdout == ""  # nothing on the protocol's wire
+        assert "Traceback" not in second.stderr
+        assert "another process" in second.stderr
+        assert "streamable-http" in second.stderr
+        assert "MEMRL_QDRANT_URL" in second.stderr
+        assert str(data_dir) in second.stderr
+
+        # The refused process left the holder's store intact and usable.
+        with anyio.fail_after(DEADLINE_S):
+            async with Client(server.url) as client:
+                stored = await call(client, "store_experience", task=TASK, experience=EXPERIENCE)
+                recall = await call(client, "recall_experience", task=TASK)
+                assert [m["id"] for m in recall["memories"]] == [stored["id"]]
+
+
+@pytest.mark.anyio
+async def test_http_server_stopped_by_sigterm_keeps_its_memory(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with anyio.fail_after(DEADLINE_S):
+        with http_server(data_dir, tmp_path) as server:
+            async with Client(server.url) as client:
+                stored = await call(client, "store_experience", task=TASK, experience=EXPERIENCE)
+                recall_id = (await call(client, "recall_experience", task=TASK))["recall_id"]
+        assert server.proc.returncode is not None
+
+        async with Client(stdio_server(data_dir)) as client:
+            stats = await call(client, "memory_stats")
+            assert (stats["memories"], stats["recalls_pending"]) == (1, 1)
+            report = await call(client, "report_outcome", recall_id=recall_id, reward=1.0)
+            assert [(c["id"], c["q_after"]) for c in report["updated"]] == [(stored["id"], pytest.approx(0.3))]
+
+    # SIGTERM ends the server the way Ctrl+C does: cli.main's `finally: service.close()` flushes and
+    # closes the store, and the exit status is 0.
+    assert server.proc.returncode == 0, server.log_path.read_text()
+
+
+def test_bad_environment_setting_is_refused(tmp_path: Path) -> None:
+    result = run_cli(env=child_env(tmp_path / "data", MEMRL_K1="0"))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "k1" in result.stderr
+    assert "greater than or equal to 1" in result.stderr
+    assert not (tmp_path / "data").exists()  # refused before opening any store
+
+
+def test_inconsistent_yaml_settings_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "memrl.yaml"
+    config.write_text("k1: 3\nk2: 9\n")
+    result = run_cli("--config", str(config), env=child_env(tmp_path / "data"))
+    assert result.returncode == 2
+    assert "k2 (9) must not exceed k1 (3)" in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_unknown_yaml_key_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "memrl.yaml"
+    config.write_text("k1: 3\nbogus_knob: 1\n")
+    result = run_cli("--config", str(config), env=child_env(tmp_path / "data"))
+    assert result.returncode == 2
+    assert "bogus_knob" in result.stderr
+    assert "not permitted" in result.stderr
+    assert not (tmp_path / "data").exists()
