@@ -26,7 +26,7 @@ async def run_episodes(client: Client, q_weight: float, helpful_id: str) -> list
     """Each episode: recall one memory; the agent succeeds exactly when it was given the helpful one."""
     successes = []
     for _ in range(EPISODES):
-        recall = (await client.call_tool("recall_experience", {"task": QUERY, "k2": 1, "q_weight": q_weight}))
+        recall = await client.call_tool("recall_experience", {"task": QUERY, "k2": 1, "q_weight": q_weight})
         chosen = recall.structured_content["memories"]
         success = [m["id"] for m in chosen] == [helpful_id]
         await client.call_tool(

@@ -35,7 +35,13 @@ async def refused(client: Client, tool: str, **arguments: Any) -> str:
 
 async def test_lists_tools_with_schemas_and_hints(client: Client) -> None:
     tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert set(tools) == {"recall_experience", "report_outcome", "store_experience", "forget_experience", "memory_stats"}
+    assert set(tools) == {
+        "recall_experience",
+        "report_outcome",
+        "store_experience",
+        "forget_experience",
+        "memory_stats",
+    }
     assert tools["memory_stats"].annotations.read_only_hint is True
     assert tools["forget_experience"].annotations.destructive_hint is True
     assert tools["report_outcome"].annotations.destructive_hint is False
