@@ -143,6 +143,8 @@ class MemoryService:
         reward = _float_in("reward", reward, s.reward_min, s.reward_max)
         if experience is not None:
             experience = self._text("experience", experience, s.max_experience_chars)
+        if outcome is not None:
+            _check_outcome(outcome)
         meta = self._metadata(metadata)
         with self._write_lock:
             recall = self._pending_recall(recall_id)
@@ -234,8 +236,7 @@ class MemoryService:
         task = self._text("task", task, s.max_task_chars)
         experience = self._text("experience", experience, s.max_experience_chars)
         namespace = self._namespace(namespace)
-        if outcome not in ("success", "failure"):
-            raise MemoryRequestError(f"outcome: must be 'success' or 'failure', got {outcome!r}")
+        _check_outcome(outcome)
         if q is not None:
             q = _float_in("q", q, s.reward_min, s.reward_max)
         meta = self._metadata(metadata)
@@ -383,6 +384,11 @@ def _view(memory_id: str, payload: Mapping[str, Any]) -> MemoryView:
         updated_at=float(payload["updated_at"]),
         metadata=dict(payload.get("metadata") or {}),
     )
+
+
+def _check_outcome(outcome: str) -> None:
+    if outcome not in ("success", "failure"):
+        raise MemoryRequestError(f"outcome: must be 'success' or 'failure', got {outcome!r}")
 
 
 def _int_in(field: str, value: int, low: int, high: int) -> int:

@@ -210,6 +210,7 @@ class QdrantClientStore:
 
         self._models = models
         self._names = {table: f"{collection}_{table}" for table in TABLES}
+        self._client_is_local = url is None
         if url is not None:
             self._client = QdrantClient(url=url, api_key=api_key)
         elif path is not None:
@@ -234,6 +235,8 @@ class QdrantClientStore:
             return
         vectors = models.VectorParams(size=dim, distance=models.Distance.COSINE)
         self._client.create_collection(name, vectors_config=vectors)
+        if self._client_is_local:  # local mode scans everything; it warns that indexes do nothing
+            return
         for key in INDEXED_KEYWORDS:
             self._client.create_payload_index(name, key, field_schema=models.PayloadSchemaType.KEYWORD)
         self._client.create_payload_index(name, EXPIRY, field_schema=models.PayloadSchemaType.FLOAT)

@@ -108,7 +108,7 @@ async def test_report_stores_the_new_experience_under_the_recalled_task(client: 
 
 async def test_near_duplicates_merge_and_outcomes_stay_apart(client: Client) -> None:
     first = await call(client, "store_experience", task=MUG, experience="old procedure")
-    twin = await call(client, "store_experience", task=MUG + ".", experience="new procedure")
+    twin = await call(client, "store_experience", task=" " + MUG.capitalize(), experience="new procedure")
     assert twin["merged"] and twin["id"] == first["id"]
     assert twin["memory"]["experience"] == "new procedure" and twin["memory"]["merges"] == 1
     failure = await call(client, "store_experience", task=MUG, experience="dropped it", outcome="failure", q=-0.5)
