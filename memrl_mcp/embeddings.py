@@ -217,6 +217,8 @@ class OpenAIEmbedder:
             model=self._model, input=list(texts), encoding_format="float", **extra
         )
         rows = sorted(response.data, key=lambda item: item.index)
+        if [row.index for row in rows] != list(range(len(texts))):
+            raise RuntimeError(f"embedder {self.name}: got {len(rows)} embeddings for {len(texts)} inputs")
         return _normalise(np.array([row.embedding for row in rows], dtype=np.float32))
 
 

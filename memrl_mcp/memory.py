@@ -82,6 +82,12 @@ class MemoryService:
         with self._write_lock:
             self._store.close()
 
+    def _embed_task(self, task: str) -> np.ndarray:
+        """Embed the task's canonical form, so that spacing and a trailing full stop make no twin
+        (MiniLM puts "x." and "x" as far as 0.90 apart, while distinct tasks reach 0.98)."""
+        canonical = " ".join(task.split()).rstrip(".!;, ")
+        return self.embedder.embed([canonical or task.strip()])[0]
+
     # -- recall ---------------------------------------------------------------------------------
 
     def recall(
@@ -102,7 +108,7 @@ class MemoryService:
         q_weight = _float_in("q_weight", s.q_weight if q_weight is None else q_weight, 0.0, 1.0)
         delta = _float_in("delta", self.delta if delta is None else delta, -1.0, 1.0)
 
-        vector = self.embedder.embed([task])[0]
+        vector = self._embed_task(task)
         hits = self._store.search(vector, k1, delta, {"namespace": namespace})
         pool = [algorithm.Candidate(h.similarity, float(h.payload["q"])) for h in hits]
         chosen, scores, explored = algorithm.select(pool, k2, q_weight, self.scale, s.epsilon, self._rng)
@@ -240,7 +246,7 @@ class MemoryService:
         if q is not None:
             q = _float_in("q", q, s.reward_min, s.reward_max)
         meta = self._metadata(metadata)
-        vector = self.embedder.embed([task])[0]
+        vector = self._embed_task(task)
         with self._write_lock:
             return self._store_locked(namespace, task, vector, experience, outcome, q, meta)
 

@@ -111,6 +111,8 @@ async def test_near_duplicates_merge_and_outcomes_stay_apart(client: Client) -> 
     twin = await call(client, "store_experience", task=" " + MUG.capitalize(), experience="new procedure")
     assert twin["merged"] and twin["id"] == first["id"]
     assert twin["memory"]["experience"] == "new procedure" and twin["memory"]["merges"] == 1
+    third = await call(client, "store_experience", task="  Put a clean  mug in the coffee machine. ", experience="x")
+    assert third["merged"] and third["id"] == first["id"] and third["memory"]["merges"] == 2
     failure = await call(client, "store_experience", task=MUG, experience="dropped it", outcome="failure", q=-0.5)
     assert not failure["merged"] and failure["memory"]["q"] == -0.5
     stats = await call(client, "memory_stats")

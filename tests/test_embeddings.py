@@ -1,0 +1,408 @@
+"""Embedders: MiniLM on onnxruntime, and the OpenAI embedder against an OpenAI-compatible fake over HTTP.
+
+The fake (:class:`FakeEmbeddingsAPI`) serves ``POST /v1/embeddings`` on 127.0.0.1 as the OpenAI API
+does: float or base64 (little-endian float32) vectors, rows in shuffled ``index`` order, vectors that
+are a hashed bag of words (deterministic, meaningful, deliberately not unit length), and OpenAI-style
+error bodies. It records every request, so that tests can check batching, the key and ``dimensions``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import random
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+
+from memrl_mcp.embeddings import (
+    MINILM_PROFILE,
+    OPENAI_PROFILE,
+    Embedder,
+    MiniLMEmbedder,
+    OpenAIEmbedder,
+    create_embedder,
+)
+from memrl_mcp.memory import MemoryRequestError, MemoryService
+from memrl_mcp.settings import load_settings
+
+NATIVE_DIM = 64  # the fake model's output size when the request names no ``dimensions``
+KEY = "sk-test-0123456789"
+
+
+# -- the fake OpenAI-compatible server ------------------------------------------------------------
+
+
+def bag_of_words(text: str, dim: int) -> np.ndarray:
+    """Signed hashed bag of words, scaled so that its norm is never 1 (the embedder must normalise)."""
+    vector = np.zeros(dim, dtype=np.float64)
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        bucket = int.from_bytes(digest[:4], "little") % dim
+        vector[bucket] += 1.0 if digest[4] & 1 else -1.0
+    return 3.0 * vector + 0.01  # the offset keeps an empty text away from the zero vector
+
+
+def unit(vector: np.ndarray) -> np.ndarray:
+    return vector / np.linalg.norm(vector)
+
+
+@dataclass
+class Recorded:
+    authorization: str | None
+    body: dict[str, Any]
+
+
+@dataclass
+class FakeEmbeddingsAPI:
+    """State of the fake: what it was asked, and how it should misbehave."""
+
+    base_url: str = ""
+    requests: list[Recorded] = field(default_factory=list)
+    fail_status: int | None = None  # answer every request with this HTTP error
+    honour_dimensions: bool = True  # False: a server that ignores ``dimensions``
+    drop_last_row: bool = False  # True: a server that answers one embedding short
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def answer(self, authorization: str | None, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with self.lock:
+            self.requests.append(Recorded(authorization, body))
+        if self.fail_status == 401:
+            return 401, _error("Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
+        if self.fail_status is not None:
+            return self.fail_status, _error("The server had an error while processing your request.", "server_error")
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) and t for t in inputs):
+            # As OpenAI: an empty string in a list of inputs is refused.
+            return 400, _error("'$.input' is invalid. Please check the API reference.", "invalid_request_error")
+        if len(inputs) > 2048:
+            return 400, _error("'input' must have at most 2048 items.", "invalid_request_error")
+        dim = body.get("dimensions") if self.honour_dimensions else None
+        dim = dim or NATIVE_DIM
+        encoding = body.get("encoding_format", "float")
+        data = []
+        for index, text in enumerate(inputs):
+            vector = bag_of_words(text, dim).astype("<f4")
+            embedding: Any = base64.b64encode(vector.tobytes()).decode() if encoding == "base64" else vector.tolist()
+            data.append({"object": "embedding", "index": index, "embedding": embedding})
+        if self.drop_last_row:
+            data.pop()
+        random.Random(len(inputs)).shuffle(data)  # the API does not promise order: the client must sort
+        tokens = sum(len(text.split()) for text in inputs)
+        return 200, {
+            "object": "list",
+            "data": data,
+            "model": body.get("model"),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    def batch_sizes(self) -> list[int]:
+        return [len(r.body["input"]) for r in self.requests]
+
+
+def _error(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _handler(api: FakeEmbeddingsAPI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", 0))
+            raw = self.rfile.read(length)
+            if self.path.rstrip("/") != "/v1/embeddings":
+                self._send(404, _error(f"Unknown request URL: POST {self.path}", "invalid_request_error"))
+                return
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                self._send(400, _error("We could not parse the JSON body of your request.", "invalid_request_error"))
+                return
+            self._send(*api.answer(self.headers.get("Authorization"), body))
+
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:  # keep the test output clean
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def fake_api() -> Iterator[FakeEmbeddingsAPI]:
+    api = FakeEmbeddingsAPI()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(api))  # port 0: a free port
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), name="fake-openai", daemon=True)
+    thread.start()
+    api.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        yield api
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def assert_unit_rows(vectors: np.ndarray, n: int, dim: int) -> None:
+    assert vectors.shape == (n, dim)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+# -- MiniLM ---------------------------------------------------------------------------------------
+
+TEXTS = [
+    "How do I reset my password?",
+    "put a clean mug in the coffee machine",
+    "Write a function that returns the n-th Fibonacci number.",
+    "ok",
+    "List every file in /var/log larger than 10 MB, sorted by size, and print the total size at the end.",
+]
+
+
+def test_minilm_rows_are_unit_float32_of_dim_384(embedder: Embedder) -> None:
+    assert isinstance(embedder, MiniLMEmbedder)
+    assert embedder.dim == 384
+    assert embedder.similarity == MINILM_PROFILE
+    assert_unit_rows(embedder.embed(TEXTS), len(TEXTS), 384)
+
+
+def test_minilm_is_deterministic(embedder: Embedder) -> None:
+    np.testing.assert_array_equal(embedder.embed(TEXTS), embedder.embed(TEXTS))
+
+
+def test_minilm_batch_equals_one_by_one() -> None:
+    # batch_size 2 with texts of mixed lengths: several padded chunks, rows sorted by length and put back.
+    small_batches = MiniLMEmbedder(batch_size=2)
+    batched = small_batches.embed(TEXTS)
+    for text, row in zip(TEXTS, batched, strict=True):
+        alone = small_batches.embed([text])[0]
+        assert float(alone @ row) > 0.9999, text
+
+
+def test_minilm_paraphrase_is_closer_than_an_unrelated_text(embedder: Embedder) -> None:
+    query, paraphrase, unrelated = embedder.embed(
+        [
+            "How do I reset my password?",
+            "I forgot my password; how can I change it?",
+            "The weather in Paris is sunny today.",
+        ]
+    )
+    assert float(query @ paraphrase) > float(query @ unrelated) + 0.3
+
+
+def test_minilm_truncates_a_long_text_at_256_tokens(embedder: Embedder) -> None:
+    head = " ".join(f"step {i}: open the drawer and take the key." for i in range(80))  # far over 256 tokens
+    long_a, long_b, short = embedder.embed([head + " apples", head + " the moon and the stars", "take the key"])
+    assert_unit_rows(np.stack([long_a, long_b]), 2, 384)
+    # Texts that differ only after token 256 embed identically; the head alone is not a short text.
+    assert float(long_a @ long_b) > 0.9999
+    assert float(long_a @ short) < 0.99
+
+
+def test_minilm_embeds_nothing(embedder: Embedder) -> None:
+    empty = embedder.embed([])
+    assert empty.shape == (0, 384)
+    assert empty.dtype == np.float32
+
+
+# -- OpenAI embedder against the fake -------------------------------------------------------------
+
+
+def test_openai_probes_the_dimension_and_normalises(fake_api: FakeEmbeddingsAPI) -> None:
+    e = OpenAIEmbedder(model="text-embedding-3-small", base_url=fake_api.base_url, api_key=KEY)
+    assert e.dim == NATIVE_DIM
+    assert e.name == "openai:text-embedding-3-small"
+    assert e.similarity == OPENAI_PROFILE
+    assert len(fake_api.requests) == 1  # the probe, at construction
+    probe = fake_api.requests[0].body
+    assert probe["model"] == "text-embedding-3-small"
+    assert "dimensions" not in probe
+
+    vectors = e.embed(TEXTS)
+    assert_unit_rows(vectors, len(TEXTS), NATIVE_DIM)
+    expected = np.stack([unit(bag_of_words(t, NATIVE_DIM)) for t in TEXTS])
+    np.testing.assert_allclose(vectors, expected, atol=1e-6)  # the right row for each text, in order
+    assert float(np.linalg.norm(bag_of_words(TEXTS[0], NATIVE_DIM))) > 2  # the server's vectors are not unit
+
+
+def test_openai_sends_the_key_as_a_bearer_token(fake_api: FakeEmbeddingsAPI) -> None:
+    e = OpenAIEmbedder(model="m", base_url=fake_api.base_url, api_key=KEY)
+    e.embed(["one"])
+    assert [r.authorization for r in fake_api.requests] == [f"Bearer {KEY}"] * 2
+
+
+def test_openai_key_falls_back_to_the_environment_then_a_placeholder(
+    fake_api: FakeEmbeddingsAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    OpenAIEmbedder(model="m", base_url=fake_api.base_url)
+    monkeypatch.delenv("OPENAI_API_KEY")
+    OpenAIEmbedder(model="m", base_url=fake_api.base_url)  # a local server needs no key
+    assert [r.authorization for r in fake_api.requests] == ["Bearer sk-from-env", "Bearer unused"]
+
+
+def test_openai_passes_dimensions_through_and_skips_the_probe(fake_api: FakeEmbeddingsAPI) -> None:
+    e = OpenAIEmbedder(model="text-embedding-3-large", base_url=fake_api.base_url, api_key=KEY, dimensions=32)
+    assert (e.dim, e.name) == (32, "openai:text-embedding-3-large:32")
+    assert fake_api.requests == []
+    vectors = e.embed(["heat the soup", "cool the soup"])
+    assert_unit_rows(vectors, 2, 32)
+    (request,) = fake_api.requests
+    assert request.body["dimensions"] == 32
+    assert request.body["model"] == "text-embedding-3-large"
+    assert request.body["input"] == ["heat the soup", "cool the soup"]
+    assert request.body.get("encoding_format", "base64") in ("float", "base64")  # the fake serves either
+
+
+def test_openai_batches_at_most_256_inputs_and_keeps_order(fake_api: FakeEmbeddingsAPI) -> None:
+    e = OpenAIEmbedder(model="m", base_url=fake_api.base_url, api_key=KEY, dimensions=NATIVE_DIM)
+    texts = [f"task number {i} of the batch word{i % 7} item{i}" for i in range(600)]
+    vectors = e.embed(texts)
+    assert fake_api.batch_sizes() == [256, 256, 88]
+    assert [t for r in fake_api.requests for t in r.body["input"]] == texts
+    assert_unit_rows(vectors, 600, NATIVE_DIM)
+    expected = np.stack([unit(bag_of_words(t, NATIVE_DIM)) for t in texts])
+    np.testing.assert_allclose(vectors, expected, atol=1e-6)
+    # One by one gives the same rows (the fake shuffles every response differently by its size).
+    for i in (0, 255, 256, 599):
+        np.testing.assert_allclose(e.embed([texts[i]])[0], vectors[i], atol=1e-6)
+
+
+def test_openai_embeds_nothing_without_a_request(fake_api: FakeEmbeddingsAPI) -> None:
+    e = OpenAIEmbedder(model="m", base_url=fake_api.base_url, api_key=KEY, dimensions=16)
+    empty = e.embed([])
+    assert (empty.shape, empty.dtype) == ((0, 16), np.float32)
+    assert fake_api.requests == []
+
+
+def test_openai_bag_of_words_similarity_survives(fake_api: FakeEmbeddingsAPI) -> None:
+    e = OpenAIEmbedder(model="m", base_url=fake_api.base_url, api_key=KEY, dimensions=256)
+    query, near, far = e.embed(
+        ["heat some soup in the microwave", "heat the soup in a microwave oven", "sort a python list of numbers"]
+    )
+    assert float(query @ near) > float(query @ far) + 0.3
+
+
+def test_openai_rejects_vectors_of_the_wrong_size(fake_api: FakeEmbeddingsAPI) -> None:
+    fake_api.honour_dimensions = False  # a server that ignores ``dimensions`` returns its native size
+    e = OpenAIEmbedder(model="m", base_url=fake_api.base_url, api_key=KEY, dimensions=32)
+    with pytest.raises(RuntimeError, match=r"got 64-d vectors, expected 32"):
+        e.embed(["x"])
+
+
+def test_openai_rejects_an_answer_missing_a_row(fake_api: FakeEmbeddingsAPI) -> None:
+    e = OpenAIEmbedder(model="m", base_url=fake_api.base_url, api_key=KEY, dimensions=8)
+    fake_api.drop_last_row = True
+    for texts in (["a b", "c d", "e f"], ["a b"]):
+        with pytest.raises(RuntimeError, match=rf"got {len(texts) - 1} embeddings for {len(texts)} inputs"):
+            e.embed(texts)
+
+
+def test_openai_bad_key_fails_at_construction(fake_api: FakeEmbeddingsAPI) -> None:
+    fake_api.fail_status = 401
+    start = time.monotonic()
+    with pytest.raises(openai.AuthenticationError, match=r"401.*Incorrect API key"):
+        OpenAIEmbedder(model="m", base_url=fake_api.base_url, api_key="sk-wrong")
+    assert time.monotonic() - start < 5
+    assert len(fake_api.requests) == 1  # a 401 is not retried
+
+
+def test_openai_server_error_is_raised_after_a_few_quick_retries(fake_api: FakeEmbeddingsAPI) -> None:
+    e = OpenAIEmbedder(model="m", base_url=fake_api.base_url, api_key=KEY, dimensions=8)
+    fake_api.fail_status = 500
+    start = time.monotonic()
+    with pytest.raises(openai.InternalServerError, match=r"500.*server had an error"):
+        e.embed(["x"])
+    assert time.monotonic() - start < 10  # the client's default: 2 retries with sub-second backoff
+    assert 1 <= len(fake_api.requests) <= 3
+
+
+def test_create_embedder_builds_the_openai_embedder_from_settings(fake_api: FakeEmbeddingsAPI, tmp_path: Path) -> None:
+    settings = load_settings(
+        embedder="openai",
+        embedding_model="my-model",
+        embedding_dimensions=24,
+        openai_base_url=fake_api.base_url,
+        openai_api_key="sk-settings",
+        data_dir=tmp_path,
+    )
+    e = create_embedder(settings)
+    assert isinstance(e, OpenAIEmbedder)
+    assert (e.name, e.dim) == ("openai:my-model:24", 24)
+    assert_unit_rows(e.embed(["hello world"]), 1, 24)
+    (request,) = fake_api.requests
+    assert (request.authorization, request.body["model"], request.body["dimensions"]) == (
+        "Bearer sk-settings",
+        "my-model",
+        24,
+    )
+
+
+# -- end to end: MemoryService.open with the OpenAI embedder --------------------------------------
+
+
+def test_service_over_openai_recalls_by_shared_words_and_refuses_another_vector_size(
+    fake_api: FakeEmbeddingsAPI, tmp_path: Path, engine: str
+) -> None:
+    def settings(**overrides: Any) -> Any:
+        common = {"data_dir": tmp_path, "embedded_engine": engine, "sim_mean": 0.0, "sim_std": 0.2, "delta": 0.1}
+        return load_settings(**common, **overrides)
+
+    openai_settings = settings(embedder="openai", openai_base_url=fake_api.base_url, openai_api_key=KEY)
+    service = MemoryService.open(openai_settings)
+    try:
+        assert service.embedder.dim == NATIVE_DIM  # probed
+        soup = service.store_experience("heat some soup in the microwave", "open the microwave, put the soup in")
+        code = service.store_experience("sort a python list of numbers", "use sorted(numbers)")
+        assert not soup.merged and not code.merged
+        result = service.recall("warm the soup in the microwave")
+        assert result.memories, result
+        assert result.memories[0].id == soup.memory.id
+        assert code.memory.id not in [m.id for m in result.memories]
+    finally:
+        service.close()
+    assert all(r.authorization == f"Bearer {KEY}" for r in fake_api.requests)
+
+    with pytest.raises(ValueError, match=r"holds 64-d vectors; the embedder makes 384-d ones"):
+        MemoryService.open(settings(embedder="minilm"))
+
+    # The refused open leaves the store usable: the OpenAI embedder opens it again, memories intact.
+    service = MemoryService.open(openai_settings)
+    try:
+        assert service.recall("microwave soup").memories[0].id == soup.memory.id
+    finally:
+        service.close()
+
+
+def test_service_over_openai_handles_a_punctuation_only_task(fake_api: FakeEmbeddingsAPI, tmp_path: Path) -> None:
+    settings = load_settings(
+        embedder="openai", openai_base_url=fake_api.base_url, openai_api_key=KEY, data_dir=tmp_path, delta=0.1
+    )
+    service = MemoryService.open(settings)
+    try:
+        # Accepted by the task check (not blank): each call must work or be refused as a bad request.
+        with contextlib.suppress(MemoryRequestError):
+            service.store_experience("...", "nothing to do")
+        with contextlib.suppress(MemoryRequestError):
+            service.recall("?")
+    finally:
+        service.close()
