@@ -1,6 +1,6 @@
 """Helpers shared by the benchmark scripts (not a test module): timing, tables, realistic memories.
 
-A memory's payload here is exactly the one ``MemoryService._store_locked`` writes (same keys,
+A memory's payload here is exactly the one ``MemoryService._add`` writes (same keys,
 same types), so that the stores are measured on what the service really stores.
 """
 
@@ -105,7 +105,7 @@ def synthetic_text(rng: random.Random, chars: int) -> str:
 def memory_payload(
     rng: random.Random, namespace: str, task: str, now: float, metadata: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The payload MemoryService._store_locked writes for a new memory, aged by a random history."""
+    """The payload MemoryService._add writes for a new memory, aged by a random history."""
     outcome = "success" if rng.random() < 0.7 else "failure"
     visits = rng.randint(0, 20)
     created = now - rng.uniform(0, 30 * 86400)

@@ -43,6 +43,7 @@ from memrl_mcp.storage import Point, Store, new_id, open_store
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 RECALL_PENDING, RECALL_APPLYING, RECALL_REPORTED = "pending", "applying", "reported"
+PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls
 
 
 class MemoryRequestError(ValueError):
@@ -70,7 +71,8 @@ class MemoryService:
             std=profile.std if settings.sim_std is None else settings.sim_std,
         )
         self._finish_interrupted_reports()
-        store.purge_recalls(expired_before=self._clock())
+        self._purged_at = self._clock()
+        store.purge_recalls(expired_before=self._purged_at)
 
     @classmethod
     def open(cls, settings: Settings) -> Self:
@@ -114,6 +116,9 @@ class MemoryService:
         chosen, scores, explored = algorithm.select(pool, k2, q_weight, self.scale, s.epsilon, self._rng)
 
         now = self._clock()
+        if now - self._purged_at > PURGE_INTERVAL_SECONDS:
+            self._store.purge_recalls(expired_before=now)
+            self._purged_at = now
         recall_id = new_id()
         memories = [
             RecalledMemory(
@@ -125,6 +130,9 @@ class MemoryService:
             "namespace": namespace,
             "task": task,
             "memory_ids": [m.id for m in memories],
+            # The memory this task's experience would merge into, per outcome: Phase A already
+            # searched around this very vector, so the report need not search again.
+            "twins": {h.payload["outcome"]: h.id for h in reversed(hits) if h.similarity >= self.merge_threshold},
             "status": RECALL_PENDING,
             "created_at": now,
             "expires_at": now + s.recall_ttl_seconds,
@@ -181,17 +189,15 @@ class MemoryService:
             self._store.set_payload("recalls", recall_id, {"status": RECALL_REPORTED})
             stored = None
             if experience is not None:
-                vector = self._store.get_vector("recalls", recall_id)
-                assert vector is not None, "a recall point always has its query vector"
-                stored = self._store_locked(
-                    recall["namespace"],
-                    recall["task"],
-                    vector,
-                    experience,
-                    outcome or ("success" if reward > 0 else "failure"),
-                    None,
-                    meta,
-                )
+                outcome = outcome or ("success" if reward > 0 else "failure")
+                twin_id = recall.get("twins", {}).get(outcome)
+                twin = self._store.get("memories", [twin_id]).get(twin_id) if twin_id else None
+                if twin is not None:
+                    stored = self._merge(twin_id, twin, experience, meta)
+                else:
+                    vector = self._store.get_vector("recalls", recall_id)
+                    assert vector is not None, "a recall point always has its query vector"
+                    stored = self._add(recall["namespace"], recall["task"], vector, experience, outcome, None, meta)
         missing = [memory_id for memory_id in stored_ids if memory_id not in current]
         return ReportResult(recall_id=recall_id, reward=reward, updated=changes, missing=missing, stored=stored)
 
@@ -248,9 +254,27 @@ class MemoryService:
         meta = self._metadata(metadata)
         vector = self._embed_task(task)
         with self._write_lock:
-            return self._store_locked(namespace, task, vector, experience, outcome, q, meta)
+            twins = self._store.search(vector, 1, self.merge_threshold, {"namespace": namespace, "outcome": outcome})
+            if twins:
+                return self._merge(twins[0].id, twins[0].payload, experience, meta)
+            return self._add(namespace, task, vector, experience, outcome, q, meta)
 
-    def _store_locked(
+    def _merge(
+        self, memory_id: str, payload: Mapping[str, Any], experience: str, metadata: dict[str, Any]
+    ) -> StoreResult:
+        """Merge rule: a memory of the same namespace and outcome whose task is at least
+        ``merge_threshold`` similar is the same memory; it takes the newer experience and metadata
+        and keeps its id, learned Q and visits."""
+        update = {
+            "experience": experience,
+            "metadata": {**payload.get("metadata", {}), **metadata},
+            "merges": int(payload.get("merges", 0)) + 1,
+            "updated_at": self._clock(),
+        }
+        self._store.set_payload("memories", memory_id, update)
+        return StoreResult(id=memory_id, merged=True, memory=_view(memory_id, {**payload, **update}))
+
+    def _add(
         self,
         namespace: str,
         task: str,
@@ -260,23 +284,10 @@ class MemoryService:
         q: float | None,
         metadata: dict[str, Any],
     ) -> StoreResult:
-        """Merge rule: a memory of the same namespace and outcome whose task is at least
-        ``merge_threshold`` similar is the same memory; it takes the newer experience and metadata
-        and keeps its id, learned Q and visits. Otherwise a new memory starts at Q_init."""
-        now = self._clock()
-        twins = self._store.search(vector, 1, self.merge_threshold, {"namespace": namespace, "outcome": outcome})
-        if twins:
-            twin = twins[0]
-            update = {
-                "experience": experience,
-                "metadata": {**twin.payload.get("metadata", {}), **metadata},
-                "merges": int(twin.payload.get("merges", 0)) + 1,
-                "updated_at": now,
-            }
-            self._store.set_payload("memories", twin.id, update)
-            return StoreResult(id=twin.id, merged=True, memory=_view(twin.id, {**twin.payload, **update}))
+        """A new memory, at Q_init for its outcome unless ``q`` is given."""
         if q is None:
             q = self.settings.q_init_success if outcome == "success" else self.settings.q_init_failure
+        now = self._clock()
         memory_id = new_id()
         payload = {
             "namespace": namespace,
@@ -320,7 +331,7 @@ class MemoryService:
 
     def stats(self, namespace: str | None = None) -> Stats:
         where = None if namespace is None else {"namespace": self._namespace(namespace)}
-        payloads = [payload for _, payload in self._store.scroll("memories", where)]
+        payloads = [payload for _, payload in self._store.scroll("memories", where, ("q", "visits", "outcome"))]
         qs = np.array([float(p["q"]) for p in payloads])
         summary = None
         if qs.size:

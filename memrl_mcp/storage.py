@@ -81,7 +81,11 @@ class Store(Protocol):
 
     def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Where) -> list[Hit]: ...
 
-    def scroll(self, table: Table, where: Where | None = None) -> Iterator[tuple[str, dict[str, Any]]]: ...
+    def scroll(
+        self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Every point matching ``where``, with only ``fields`` of its payload (None: all of it)."""
+        ...
 
     def count(self, table: Table, where: Where | None = None) -> int: ...
 
@@ -166,11 +170,14 @@ class EdgeStore:
         points = self._shards["memories"].query(request)
         return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
 
-    def scroll(self, table: Table, where: Where | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    def scroll(
+        self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        payload = True if fields is None else self._edge.PayloadSelector.Include(list(fields))
         offset = None
         while True:
             request = self._edge.ScrollRequest(
-                offset=offset, limit=SCROLL_PAGE, filter=self._filter(where), with_payload=True
+                offset=offset, limit=SCROLL_PAGE, filter=self._filter(where), with_payload=payload
             )
             records, offset = self._shards[table].scroll(request)
             yield from ((str(r.id), dict(r.payload or {})) for r in records)
@@ -289,11 +296,18 @@ class QdrantClientStore:
         )
         return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in response.points]
 
-    def scroll(self, table: Table, where: Where | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    def scroll(
+        self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        payload = True if fields is None else list(fields)
         offset = None
         while True:
             records, offset = self._client.scroll(
-                self._names[table], scroll_filter=self._filter(where), limit=SCROLL_PAGE, offset=offset
+                self._names[table],
+                scroll_filter=self._filter(where),
+                limit=SCROLL_PAGE,
+                offset=offset,
+                with_payload=payload,
             )
             yield from ((str(r.id), dict(r.payload or {})) for r in records)
             if offset is None:

@@ -106,6 +106,21 @@ async def test_report_stores_the_new_experience_under_the_recalled_task(client: 
     assert found["memories"][0]["similarity"] == pytest.approx(1.0, abs=1e-5)
 
 
+async def test_a_reported_experience_merges_into_its_twin(client: Client) -> None:
+    first = await call(client, "store_experience", task=MUG, experience="old procedure")
+    recall = await call(client, "recall_experience", task=MUG + ".")
+    success = await call(
+        client, "report_outcome", recall_id=recall["recall_id"], reward=1.0, experience="newer procedure"
+    )
+    assert success["stored"]["merged"] and success["stored"]["id"] == first["id"]
+    assert success["stored"]["memory"]["q"] == pytest.approx(0.3)  # the learned Q stays, updated
+    assert success["stored"]["memory"]["experience"] == "newer procedure"
+    recall = await call(client, "recall_experience", task=MUG)
+    failure = await call(client, "report_outcome", recall_id=recall["recall_id"], reward=-1.0, experience="slipped")
+    assert not failure["stored"]["merged"] and failure["stored"]["memory"]["outcome"] == "failure"
+    assert (await call(client, "memory_stats"))["memories"] == 2
+
+
 async def test_near_duplicates_merge_and_outcomes_stay_apart(client: Client) -> None:
     first = await call(client, "store_experience", task=MUG, experience="old procedure")
     twin = await call(client, "store_experience", task=" " + MUG.capitalize(), experience="new procedure")
