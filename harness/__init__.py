@@ -1,0 +1,1 @@
+"""memrl-harness: runs benchmarks through an MCP client of memrl-mcp and reports learning curves."""
