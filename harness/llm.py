@@ -7,6 +7,12 @@ is explicit and tested: connection errors, timeouts, 408, 429 and 5xx are retrie
 exponential backoff and jitter (a ``Retry-After`` header is honoured up to ``backoff_max``);
 any other 4xx fails at once, since sending the same bad request again cannot help.
 
+Structured output: OpenAI, vLLM, Ollama and llama.cpp's own ``llama-server`` take
+``response_format={"type": "json_schema", ...}``; llama-cpp-python's server (the local default)
+only knows ``{"type": "json_object", "schema": ...}`` and answers the first with a 500. In the
+default ``structured_output="auto"`` the client sends ``json_schema`` and, if the server rejects
+that field, switches to ``json_object`` for this and every later call.
+
 Environment (``LLM.from_env``):
 
 - ``MEMRL_LLM_BASE_URL``: the endpoint, e.g. ``http://127.0.0.1:8080/v1`` or
@@ -19,6 +25,7 @@ Environment (``LLM.from_env``):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -26,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
 import openai
@@ -36,6 +43,8 @@ ENV_MODEL = "MEMRL_LLM_MODEL"
 ENV_API_KEY = "MEMRL_LLM_API_KEY"
 
 Message = Mapping[str, Any]
+StructuredOutput = Literal["auto", "json_schema", "json_object"]
+log = logging.getLogger(__name__)
 _RETRY_STATUS = frozenset({408, 429})
 
 
@@ -70,11 +79,22 @@ class Reply:
 
 
 class LLMError(RuntimeError):
-    """A chat call failed for good (after any retries); the message says why and where."""
+    """A chat call failed for good (after any retries); the message says why and where.
+
+    ``status`` is the HTTP status of the last answer, when there was one.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class LLMFormatError(LLMError):
     """The model's answer was not JSON valid for the requested schema, even after one retry."""
+
+
+class _FormatRejected(LLMError):
+    """The server refused the ``json_schema`` response format (auto mode falls back)."""
 
 
 class LLM:
@@ -97,6 +117,7 @@ class LLM:
         max_retries: int = 5,
         backoff_base: float = 0.5,
         backoff_max: float = 30.0,
+        structured_output: StructuredOutput = "auto",
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not base_url:
@@ -114,6 +135,7 @@ class LLM:
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
+        self.structured_output: StructuredOutput = structured_output
         self._sleep = sleep
         key = api_key or os.environ.get("OPENAI_API_KEY") or "unused"
         self._client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=0)
@@ -154,10 +176,10 @@ class LLM:
     ) -> Reply:
         """Send one chat; with ``json_schema`` ask for structured output and parse it.
 
-        The schema goes out as ``response_format={"type": "json_schema", ...,"strict": True}``,
-        so for OpenAI it must list every property as required and set
-        ``additionalProperties: false``. An answer that is not valid JSON for the schema is asked
-        for once more, then raises :class:`LLMFormatError`.
+        The schema goes out as ``response_format={"type": "json_schema", ...,"strict": True}``
+        (or as ``json_object`` + ``schema``, see the module doc), so for OpenAI it must list
+        every property as required and set ``additionalProperties: false``. An answer that is not
+        valid JSON for the schema is asked for once more, then raises :class:`LLMFormatError`.
         """
         request: dict[str, Any] = {
             "model": self.model,
@@ -171,14 +193,10 @@ class LLM:
             request["max_tokens"] = limit
         if json_schema is None:
             return self._complete(request)
-        request["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": _schema_name(json_schema), "schema": dict(json_schema), "strict": True},
-        }
         spent = Usage()
         problem = ""
         for _ in range(2):
-            reply = self._complete(request)
+            reply = self._complete_structured(request, json_schema)
             spent = spent + reply.usage
             try:
                 data = parse_json_reply(reply.text, json_schema)
@@ -190,22 +208,53 @@ class LLM:
             return Reply(reply.text, spent, data, reply.finish_reason)
         raise LLMFormatError(f"{self.model} at {self.base_url} gave no valid JSON for the schema twice: {problem}")
 
-    def _complete(self, request: dict[str, Any]) -> Reply:
+    def _complete_structured(self, request: dict[str, Any], schema: Mapping[str, Any]) -> Reply:
+        """One completion with the schema in the format this server takes (learnt in auto mode).
+
+        The switch to ``json_object`` sticks only once a ``json_object`` request has worked, so
+        an unrelated error cannot flip a server that does take ``json_schema``.
+        """
+        mode = self.structured_output
+        kind = "json_object" if mode == "json_object" else "json_schema"
+        request["response_format"] = _response_format(schema, kind)
+        try:
+            return self._complete(request, detect_format_rejection=mode == "auto")
+        except _FormatRejected as rejected:
+            request["response_format"] = _response_format(schema, "json_object")
+            try:
+                reply = self._complete(request)
+            except LLMError as exc:
+                raise LLMError(f"{rejected}; json_object + schema failed too: {exc}", exc.status) from exc
+        with self._lock:
+            if self.structured_output == "auto":
+                log.warning("%s rejects json_schema response_format; using json_object + schema", self.base_url)
+                self.structured_output = "json_object"
+        return reply
+
+    def _complete(self, request: dict[str, Any], *, detect_format_rejection: bool = False) -> Reply:
         """One completion, retried on transient failures; adds its usage to the running total."""
         attempt = 0
         while True:
             try:
                 response = self._client.chat.completions.create(**request)
             except openai.APIStatusError as exc:
+                if detect_format_rejection and _rejects_format(exc):
+                    raise _FormatRejected(
+                        f"{self.base_url} rejected response_format json_schema (HTTP {exc.status_code}): "
+                        f"{_error_text(exc)}",
+                        exc.status_code,
+                    ) from exc
                 if not _retryable_status(exc.status_code):
                     raise LLMError(
                         f"{self.model} at {self.base_url} refused the request "
-                        f"(HTTP {exc.status_code}, not retried): {_error_text(exc)}"
+                        f"(HTTP {exc.status_code}, not retried): {_error_text(exc)}",
+                        exc.status_code,
                     ) from exc
                 if attempt >= self.max_retries:
                     raise LLMError(
                         f"{self.model} at {self.base_url} still failing after {attempt + 1} tries: "
-                        f"HTTP {exc.status_code}: {_error_text(exc)}"
+                        f"HTTP {exc.status_code}: {_error_text(exc)}",
+                        exc.status_code,
                     ) from exc
                 self._sleep(self._backoff(attempt, _retry_after(exc)))
             except openai.APIConnectionError as exc:  # includes APITimeoutError
@@ -258,7 +307,7 @@ def parse_json_reply(text: str, schema: Mapping[str, Any]) -> Any:
     data: Any = None
     for candidate in candidates:
         try:
-            data = json.loads(candidate)
+            data = json.loads(candidate, strict=False)  # raw newlines in strings: grammar output has them
         except json.JSONDecodeError:
             continue
         break
@@ -269,6 +318,23 @@ def parse_json_reply(text: str, schema: Mapping[str, Any]) -> Any:
     except jsonschema.ValidationError as exc:
         raise ValueError(f"JSON does not match the schema ({exc.message}): {_clip(text)!r}") from None
     return data
+
+
+def _response_format(schema: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    if kind == "json_object":  # llama-cpp-python, Together, Anyscale: a grammar from the schema
+        return {"type": "json_object", "schema": dict(schema)}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": _schema_name(schema), "schema": dict(schema), "strict": True},
+    }
+
+
+def _rejects_format(exc: openai.APIStatusError) -> bool:
+    """An error that names the field (llama-cpp-python answers its validation error with a 500)."""
+    if exc.status_code in _RETRY_STATUS:
+        return False
+    message = str(exc.body or exc.message).lower()
+    return "response_format" in message or "json_schema" in message or "json_object" in message
 
 
 def _schema_name(schema: Mapping[str, Any]) -> str:
@@ -314,7 +380,7 @@ FAILURE_INSTRUCTION = (
     "avoid or do differently next time. Plain text, no preamble, 2 to 4 sentences, at most 80 words."
 )
 SUMMARY_MAX_TOKENS = 160
-TRAJECTORY_CHARS = 4000
+TRAJECTORY_CHARS = 2400
 TASK_CHARS = 600
 
 
@@ -339,17 +405,27 @@ def truncate_middle(text: str, limit: int, head_share: float = 0.4) -> str:
     return head.rstrip("\n") + marker.format(len(text) - len(head) - len(tail)) + tail
 
 
+_CONTEXT_OVERFLOW = re.compile(r"context (length|size|window)|too long|exceeds? .*context|maximum .*tokens", re.I)
+
+
+def is_context_overflow(error: LLMError) -> bool:
+    """The prompt did not fit the model's context (OpenAI, vLLM, llama.cpp wordings): a 400/413."""
+    return error.status in (400, 413) and bool(_CONTEXT_OVERFLOW.search(str(error)))
+
+
 def experience_messages(
     task: str, trajectory: str, success: bool, *, max_chars: int = TRAJECTORY_CHARS
 ) -> list[dict[str, str]]:
     """The prompt for :func:`summarize_experience`, sized for a 2048-token context.
 
-    About 4000 characters of trajectory is ~1000-1400 tokens, leaving room for the
-    instructions and the 160-token answer.
+    2400 characters of trajectory are ~1000 tokens of log text on SmolLM2's tokenizer (~1200
+    at a worst-case 2 characters a token), which leaves room for the instructions and the
+    160-token answer; prompt processing on one CPU thread runs ~100 tokens/s, so it also
+    bounds the cost of a summary to ~10 s. The task gets a quarter of the trajectory's share.
     """
     instruction = SUCCESS_INSTRUCTION if success else FAILURE_INSTRUCTION
     user = (
-        f"{instruction}\n\nTask:\n{truncate_middle(task.strip(), TASK_CHARS, 0.7)}\n\n"
+        f"{instruction}\n\nTask:\n{truncate_middle(task.strip(), min(TASK_CHARS, max(100, max_chars // 4)), 0.7)}\n\n"
         f"What the agent did ({'success' if success else 'failure'}):\n"
         f"{truncate_middle(trajectory.strip(), max_chars)}\n\n" + ("Steps:" if success else "Reflection:")
     )
@@ -359,9 +435,20 @@ def experience_messages(
 def summarize_experience(llm: LLM, task: str, trajectory: str, success: bool) -> tuple[str, Usage]:
     """The experience MemRL stores: a 3-5 step script on success, a reflection on failure.
 
+    Characters are only a guess at tokens (digits, symbols and non-Latin text take a token or
+    more each), so a prompt the server finds too long is sent again with half the trajectory.
     An empty answer falls back to the end of the trajectory, so a memory is never blank.
     """
-    reply = llm.chat(experience_messages(task, trajectory, success), max_tokens=SUMMARY_MAX_TOKENS)
+    max_chars = TRAJECTORY_CHARS
+    while True:
+        messages = experience_messages(task, trajectory, success, max_chars=max_chars)
+        try:
+            reply = llm.chat(messages, max_tokens=SUMMARY_MAX_TOKENS)
+            break
+        except LLMError as exc:
+            if max_chars <= 300 or not is_context_overflow(exc):
+                raise
+            max_chars //= 2
     text = reply.text.strip()
     if not text:
         outcome = "Succeeded" if success else "Failed"

@@ -16,6 +16,7 @@ from harness.llm import (
     LLMError,
     LLMFormatError,
     Usage,
+    is_context_overflow,
     summarize_experience,
     truncate_middle,
 )
@@ -148,6 +149,44 @@ def test_json_schema_request_shape_and_parsing(fake_llm: FakeLLMServer, llm: LLM
     assert request.max_tokens == 64
 
 
+LLAMA_CPP_PYTHON_REJECTION = (
+    "1 validation error: {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+    "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}"
+)
+
+
+def llama_cpp_python_like(request: RecordedRequest) -> str | FakeReply:
+    """Answers as llama-cpp-python's server does: json_schema is a 500, json_object + schema works."""
+    if request.response_format and request.response_format["type"] == "json_schema":
+        return FakeReply(status=500, content=LLAMA_CPP_PYTHON_REJECTION)
+    return '{"action": "go", "confidence": 0.5}'
+
+
+def test_auto_falls_back_to_json_object_and_remembers(fake_llm: FakeLLMServer, llm: LLM) -> None:
+    fake_llm.responder = llama_cpp_python_like
+    first = llm.chat([{"role": "user", "content": "act"}], json_schema=SCHEMA)
+    second = llm.chat([{"role": "user", "content": "act"}], json_schema=SCHEMA)
+    assert first.data == second.data == {"action": "go", "confidence": 0.5}
+    formats = [r.response_format for r in fake_llm.chat_requests]
+    assert [f["type"] for f in formats] == ["json_schema", "json_object", "json_object"]  # no retries of the 500
+    assert formats[1] == {"type": "json_object", "schema": SCHEMA}
+    assert llm.structured_output == "json_object"
+
+
+def test_an_unrelated_400_does_not_switch_the_format(fake_llm: FakeLLMServer, llm: LLM) -> None:
+    fake_llm.fail(1, status=400, message="This model's maximum context length is 2048 tokens")
+    with pytest.raises(LLMError, match="HTTP 400, not retried"):
+        llm.chat([{"role": "user", "content": "act"}], json_schema=SCHEMA)
+    assert llm.structured_output == "auto" and len(fake_llm.chat_requests) == 1
+
+
+def test_json_object_mode_can_be_chosen(fake_llm: FakeLLMServer) -> None:
+    llm = LLM(fake_llm.base_url, "m", structured_output="json_object")
+    fake_llm.script('{"action": "a", "confidence": 1}')
+    assert llm.chat([{"role": "user", "content": "act"}], json_schema=SCHEMA).data["action"] == "a"
+    assert fake_llm.chat_requests[0].response_format == {"type": "json_object", "schema": SCHEMA}
+
+
 def test_json_in_a_code_fence_is_accepted(fake_llm: FakeLLMServer, llm: LLM) -> None:
     fake_llm.script('Sure:\n```json\n{"action": "look", "confidence": 1}\n```')
     assert llm.chat([{"role": "user", "content": "act"}], json_schema=SCHEMA).data == {
@@ -203,10 +242,32 @@ def test_summarize_keeps_start_and_end_of_a_long_trajectory(fake_llm: FakeLLMSer
     steps = "\n".join(f"step {i}: did thing {i}" for i in range(5000))
     text, _ = summarize_experience(llm, "task", steps, False)
     prompt = fake_llm.chat_requests[0].last_user
-    assert len(prompt) < 5000  # ~1400 tokens: fits a 2048-token context with the answer
+    assert len(prompt) < 3200  # <= ~1400 tokens: fits a 2048-token context with the answer
     assert "step 0: did thing 0\n" in prompt and prompt.rstrip().endswith("step 4999: did thing 4999\n\nReflection:")
     assert "characters omitted" in prompt and "step 2500:" not in prompt
     assert text.startswith("Failed; last steps:") and text.endswith("step 4999: did thing 4999")
+
+
+def test_summarize_halves_the_trajectory_until_it_fits(fake_llm: FakeLLMServer, llm: LLM) -> None:
+    def small_context(request: RecordedRequest) -> str | FakeReply:
+        if len(request.last_user) > 1000:
+            return FakeReply(status=400, content="This model's maximum context length is 2048 tokens. However, ...")
+        return "1. Do it."
+
+    fake_llm.responder = small_context
+    text, usage = summarize_experience(llm, "task " * 200, "日本語 " * 5000, True)
+    assert text == "1. Do it." and usage.calls == 1
+    sizes = [len(r.last_user) for r in fake_llm.chat_requests]
+    assert len(sizes) == 3 and sizes[0] > sizes[1] > 1000 > sizes[2]
+
+
+def test_other_errors_are_not_mistaken_for_a_long_prompt(fake_llm: FakeLLMServer, llm: LLM) -> None:
+    fake_llm.fail(1, status=400, message="invalid model name")
+    with pytest.raises(LLMError, match="invalid model name") as caught:
+        summarize_experience(llm, "t", "x", True)
+    assert caught.value.status == 400 and not is_context_overflow(caught.value)
+    assert is_context_overflow(LLMError("the request exceeds the available context size", 400))
+    assert not is_context_overflow(LLMError("maximum context length", 503))
 
 
 def test_truncate_middle_cuts_on_lines() -> None:

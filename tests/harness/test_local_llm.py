@@ -1,0 +1,62 @@
+"""The local default LLM end to end: llama.cpp's real server, SmolLM2, the harness's client.
+
+No skip when llama-cpp-python or the model is missing: ``make llm`` installs them for
+``make test``, and a silently skipped test would hide a broken install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.llm import LLM, LLMError, is_context_overflow
+from harness.local_llm import LocalLLMError, LocalServer, check_installed, local_llm_server
+
+SCHEMA = {
+    "title": "Move",
+    "type": "object",
+    "properties": {
+        "action": {"type": "string", "enum": ["north", "south", "east", "west"]},
+        "why": {"type": "string", "maxLength": 80},
+    },
+    "required": ["action", "why"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    check_installed()  # a missing install fails here, naming `make llm`
+    with local_llm_server(startup_timeout=60) as running:
+        yield running
+
+
+def test_local_server_answers_a_json_schema_chat(server: LocalServer) -> None:
+    llm = LLM(server.base_url, server.model, seed=0, max_tokens=96, timeout=120, max_retries=1)
+    reply = llm.chat(
+        [
+            {"role": "system", "content": "You move in a maze. Answer in JSON."},
+            {"role": "user", "content": "The exit is to the north. Which way do you go?"},
+        ],
+        json_schema=SCHEMA,
+    )
+    llm.close()
+    assert reply.data["action"] in {"north", "south", "east", "west"}
+    assert isinstance(reply.data["why"], str)
+    assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+    assert llm.structured_output == "json_object"  # llama-cpp-python's form, learnt on the first call
+
+
+def test_a_prompt_over_the_context_is_a_recognised_400(server: LocalServer) -> None:
+    llm = LLM(server.base_url, server.model, max_retries=3)
+    with pytest.raises(LLMError, match="context length") as caught:
+        llm.chat([{"role": "user", "content": "word " * 3000}], max_tokens=8)
+    llm.close()
+    assert is_context_overflow(caught.value)  # what summarize_experience shortens its prompt on
+
+
+def test_a_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(LocalLLMError, match="exited with code"), local_llm_server(model_path=tmp_path / "none.gguf"):
+        pass
