@@ -16,6 +16,21 @@ from memrl_mcp.settings import Settings, load_settings
 from memrl_mcp.storage import open_store
 
 
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """Call a tool that must succeed; its typed result arrives as structured content."""
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def refused(client: Client, tool: str, **arguments: Any) -> str:
+    """Call a tool that must be refused; the message the client sees."""
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error, result.structured_content
+    return " ".join(getattr(block, "text", "") for block in result.content)
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

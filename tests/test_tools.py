@@ -12,25 +12,12 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory import MemoryRequestError, MemoryService
 from memrl_mcp.server import create_server
-from tests.conftest import make_service
+from tests.conftest import call, make_service, refused
 
 pytestmark = pytest.mark.anyio
 
 MUG = "put a clean mug in the coffee machine"
 MUG_PROCEDURE = "1. take the mug from the counter 2. rinse it in the sink 3. put it in the coffee machine"
-
-
-async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, arguments)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
-async def refused(client: Client, tool: str, **arguments: Any) -> str:
-    result = await client.call_tool(tool, arguments)
-    assert result.is_error
-    return result.content[0].text
 
 
 async def test_lists_tools_with_schemas_and_hints(client: Client) -> None:

@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
+
+from tests.conftest import call, refused
 
 TOOLS = {"recall_experience", "report_outcome", "store_experience", "forget_experience", "memory_stats"}
 TASK = "Sort a CSV file by its second column and write the result to a new file"
@@ -94,21 +95,6 @@ def run_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> subproces
     return subprocess.run(
         [*CLI, *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
     )
-
-
-async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    """Call a tool that must succeed; its typed result arrives as structured content."""
-    result = await client.call_tool(tool, arguments)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
-async def error_text(client: Client, tool: str, **arguments: Any) -> str:
-    """Call a tool that must be refused; the message the client sees."""
-    result = await client.call_tool(tool, arguments)
-    assert result.is_error, result.structured_content
-    return " ".join(getattr(block, "text", "") for block in result.content)
 
 
 async def store_recall_report(client: Client) -> None:
@@ -201,7 +187,7 @@ async def test_memory_and_pending_recall_survive_a_restart(tmp_path: Path) -> No
             assert report["updated"] == [
                 {"id": stored["id"], "q_before": 0.0, "q_after": pytest.approx(0.3), "visits": 1}
             ]
-            message = await error_text(second, "report_outcome", recall_id=recall_id, reward=1.0)
+            message = await refused(second, "report_outcome", recall_id=recall_id, reward=1.0)
             assert "already reported" in message
             assert recall_id in message
 
