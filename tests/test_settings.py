@@ -59,7 +59,7 @@ def test_unknown_key_in_the_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_p
         load_settings()
 
 
-@pytest.mark.parametrize("name", ["alfworld", "hle", "bigcodebench", "llb"])
+@pytest.mark.parametrize("name", ["alfworld", "hle", "bigcodebench", "llb", "controlled"])
 def test_benchmark_configs_load(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.setenv("MEMRL_CONFIG", str(DEFAULT_YAML.with_name(f"{name}.yaml")))
     s = load_settings()
