@@ -1,0 +1,68 @@
+"""`memrl-harness` as a user runs it: the controlled benchmark in every mode, a report, a kill -9 and a resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.results import Q_VALUES_FILE, RunDir
+
+HARNESS = [sys.executable, "-m", "harness.cli"]
+SMALL = ["--tasks", "16", "--epochs", "3", "--option", "families=2"]
+
+
+def harness(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")}
+    return subprocess.run(
+        [*HARNESS, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_three_modes_and_a_report(tmp_path: Path) -> None:
+    for mode in ("none", "rag", "memrl"):
+        done = harness("run", "controlled", "--mode", mode, "--runs", str(tmp_path / "runs"), *SMALL, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        headline = json.loads(done.stdout)
+        run = RunDir(Path(headline["run_dir"]))
+        assert len(run.episodes()) == 16 * 3
+        assert run.summary_csv.exists() and json.loads(run.summary_json.read_text())["tasks"] == 16
+        assert (run.path / Q_VALUES_FILE).exists() == (mode == "memrl")
+        assert (run.memory_dir.exists()) == (mode != "none")
+
+    runs = sorted((tmp_path / "runs").iterdir())
+    report = harness("report", *map(str, runs), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert all(f"| {mode} " in text for mode in ("none", "rag", "memrl"))
+    pngs = list((tmp_path / "report").glob("*.png"))
+    assert len(pngs) == 2 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_a_killed_run_resumes_where_it_stopped(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = ["run", "controlled", "--mode", "memrl", "--run-dir", str(run_dir), *SMALL]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")}
+    first = subprocess.Popen(
+        [*HARNESS, *args], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    episodes = run_dir / "episodes.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not episodes.exists() or len(episodes.read_text().splitlines()) < 20):
+            time.sleep(0.05)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the harness and its memrl-mcp child, mid-stream
+        first.wait(timeout=30)
+    before = RunDir(run_dir).episodes()
+    assert 20 <= len(before) < 48
+
+    resumed = harness(*args, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    records = RunDir(run_dir).episodes()
+    pairs = [(r.epoch, r.task_id) for r in records]
+    assert len(pairs) == len(set(pairs)) == 48  # every episode exactly once
+    assert records[: len(before)] == before  # what was done stays; only the rest ran
