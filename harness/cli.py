@@ -76,7 +76,12 @@ def run_command(args: argparse.Namespace) -> int:
     run_dir = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(Path(args.runs), config))
     from tqdm import tqdm
 
-    bar = tqdm(total=config.epochs * len(benchmark.tasks()[: config.tasks or None]), unit="episode", file=sys.stderr)
+    bar = tqdm(
+        total=config.epochs * len(benchmark.tasks()[: config.tasks or None]),
+        unit="episode",
+        file=sys.stderr,
+        disable=None,
+    )
 
     def progress(done: int, total: int) -> None:
         bar.total = total
