@@ -191,7 +191,6 @@ class ControlledBenchmark:
     """Maintenance requests with hidden fixes; see the module docstring for the experiment."""
 
     name = "controlled"
-    needs_llm = False
 
     def __init__(
         self,
@@ -203,8 +202,16 @@ class ControlledBenchmark:
         slip: float | str = 0.0,
         twins: bool | str = True,
         seed: int | str = 0,
+        agent: str = "script",
     ) -> None:
-        """Options may come as text (``--option families=4``) and are checked either way."""
+        """Options may come as text (``--option families=4``) and are checked either way.
+
+        ``agent="llm"`` lets the LLM choose the procedure from the request and the memories, and
+        the runner have it write the experience: the same world, played by a real model.
+        """
+        if agent not in ("script", "llm"):
+            raise ValueError(f"agent: must be 'script' or 'llm', got {agent!r}")
+        self.needs_llm = agent == "llm"
         families = _integer("families", families, 2, 2 * len(APPLIANCES))
         tasks_per_family = _integer("tasks_per_family", tasks_per_family, 1, len(PLACES))
         procedures = _integer("procedures", procedures, 3, len(PROCEDURES))
@@ -260,6 +267,8 @@ class ControlledBenchmark:
         return False
 
     def run_episode(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random) -> Episode:
+        if llm is not None:
+            return self._llm_episode(task, memories, llm, rng)
         choice = choose(memories, self.procedures, rng)
         success = self.check(task, choice.procedure, rng)
         how = f"followed memory {choice.followed}" if choice.followed else "guessed"
@@ -274,6 +283,38 @@ class ControlledBenchmark:
             steps=len(PROCEDURES[choice.procedure]),
             trajectory=trajectory,
             experience=success_experience(choice.procedure) if success else failure_experience(choice.procedure),
+        )
+
+    def _llm_episode(self, task: Task, memories: Sequence[Memory], llm: LLM, rng: random.Random) -> Episode:
+        """The LLM picks one procedure (a JSON answer constrained to the names); the checker judges it."""
+        follow = [m.experience for m in memories if m.outcome == "success"]
+        avoid = [m.experience for m in memories if m.outcome == "failure"]
+        prompt = (
+            f"Maintenance request: {task.intent}\n\n"
+            + (
+                "Examples that worked on similar requests (follow them):\n- " + "\n- ".join(follow) + "\n\n"
+                if follow
+                else ""
+            )
+            + ("Mistakes on similar requests (avoid them):\n- " + "\n- ".join(avoid) + "\n\n" if avoid else "")
+            + "Which procedure fixes it? Answer with one of: "
+            + ", ".join(self.procedures)
+            + "."
+        )
+        schema = {
+            "type": "object",
+            "properties": {"procedure": {"type": "string", "enum": list(self.procedures)}},
+            "required": ["procedure"],
+        }
+        reply = llm.chat([{"role": "user", "content": prompt}], json_schema=schema, max_tokens=32)
+        procedure = reply.data["procedure"]
+        success = self.check(task, procedure, rng)
+        return Episode(
+            success=success,
+            reward=1.0 if success else -1.0,
+            steps=1,
+            trajectory=f"{prompt}\nchose: {procedure}\nchecker: {'success' if success else 'failure'}",
+            usage=reply.usage,
         )
 
 

@@ -9,10 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
+from harness.benchmarks.controlled import ControlledBenchmark
 from harness.llm import LLM, LLMError, is_context_overflow
 from harness.local_llm import LocalLLMError, LocalServer, check_installed, local_llm_server
+from harness.results import RunConfig, RunDir
+from harness.runner import Runner
 
 SCHEMA = {
     "title": "Move",
@@ -60,3 +64,18 @@ def test_a_prompt_over_the_context_is_a_recognised_400(server: LocalServer) -> N
 def test_a_missing_model_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(LocalLLMError, match="exited with code"), local_llm_server(model_path=tmp_path / "none.gguf"):
         pass
+
+
+@pytest.mark.anyio
+async def test_a_memrl_run_with_the_real_local_model(server: LocalServer, tmp_path: Path) -> None:
+    """The whole path, nothing faked: SmolLM2 picks procedures and writes experiences, memrl-mcp learns."""
+    llm = LLM(server.base_url, server.model, seed=0, timeout=120, max_retries=1)
+    benchmark = ControlledBenchmark(families=2, tasks_per_family=1, agent="llm")
+    config = RunConfig(benchmark="controlled", mode="memrl", epochs=2, benchmark_options={"agent": "llm"})
+    with anyio.fail_after(300):
+        records = await Runner(config, benchmark, RunDir(tmp_path / "run"), llm).run()
+    assert len(records) == 4
+    assert all(r.prompt_tokens > 0 and r.completion_tokens > 0 and r.stored_id for r in records)
+    # Epoch 2 recalled what epoch 1 stored: the memory the model's own experience became.
+    stored = {r.task_id: r.stored_id for r in records if r.epoch == 1}
+    assert all(stored[r.task_id] in r.memory_ids for r in records if r.epoch == 2)
