@@ -37,8 +37,8 @@ demo: setup
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
 test: setup llm
-	$(VENV)/bin/ruff check memrl_mcp tests benchmarks
-	$(VENV)/bin/ruff format --check memrl_mcp tests benchmarks
+	$(VENV)/bin/ruff check memrl_mcp harness tests benchmarks
+	$(VENV)/bin/ruff format --check memrl_mcp harness tests benchmarks
 	$(PY) -m pytest -q
 
 bench: setup
