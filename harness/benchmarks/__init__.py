@@ -9,6 +9,7 @@ from harness.benchmarks.base import Benchmark
 
 REGISTRY = {
     "controlled": "harness.benchmarks.controlled:ControlledBenchmark",
+    "alfworld": "harness.benchmarks.alfworld:AlfworldBenchmark",
 }
 
 

@@ -1,0 +1,340 @@
+"""ALFWorld (text-only, TextWorld engine): household tasks played by a ReAct-style LLM agent.
+
+Tasks are the games of one folder (``<folder>/<task dir>/<trial>/game.tw-pddl``): by default the
+``valid_seen`` split (140 games, ALFWorld's ``eval_in_distribution``) of the shared data,
+``split=valid_train`` (200 games), or any folder with ``games=PATH``. The shared data lives in
+``$MEMRL_SHARED_DATA/alfworld`` (default ``<repo>/../shared/data/alfworld``); nothing is ever
+downloaded. A task's intent is the game's goal ("put a clean mug in coffeemachine."), read from
+the game file without starting the game; its type comes from the task folder's prefix (put,
+examine, clean, heat, cool, puttwo), so the report breaks results down per type.
+
+The episode: each step the LLM gets the type's few-shot example (``alfworld_examples.json``,
+compacted), the memories (successes to follow, failure reflections to avoid), the goal, the last
+``history`` steps and the admissible commands, and answers ``{"thought", "action"}`` with the
+action constrained to the admissible commands by the JSON schema's enum. Up to ``max_steps``
+(30) steps; success is the game's ``won``; reward +1 / -1. Prompts stay small enough for a
+2048-token local model: history, observations, example and memories are cut to fixed sizes.
+
+Requirements: ``pip install alfworld==0.4.2`` with its TextWorld engine (see the
+``alfworld`` extra in pyproject.toml). Each episode starts its own game: TextWorld's PDDL engine
+loads a private copy of fast-downward's library per game, but its text generation shares one
+module-level TatSu parser that is not thread-safe, so game creation, reset and step are
+serialized by a module lock: episodes run in the runner's worker threads with their LLM calls
+concurrent and their game steps (35-50 ms; resets 0.3-9 s in big kitchens) one at a time. For
+more game throughput, run several harness processes on disjoint task lists. A library copy is
+never unloaded (ctypes cannot), so a long run's memory grows by a few MB per episode.
+
+Lean install (no torch; ``pip install alfworld==0.4.2`` also works but pulls spaCy through
+jericho, which only needs to be importable): fast-downward-textworld is an sdist built with
+cmake and a C++ compiler (about 1 minute) that needs ``wheel`` and no build isolation::
+
+    pip install wheel
+    pip install --no-build-isolation --no-deps alfworld==0.4.2 textworld==1.7.0
+    pip install --no-build-isolation --no-deps fast-downward-textworld==20.6.4 jericho==3.3.1
+    pip install "tatsu==5.8.3" hashids mementos more_itertools networkx termcolor prompt_toolkit
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from harness.benchmarks.base import Episode, Memory, Task
+from harness.llm import LLM, LLMFormatError, Usage
+
+ENV_SHARED_DATA = "MEMRL_SHARED_DATA"
+SPLITS = ("valid_seen", "valid_train")
+TYPES = {  # ALFWorld's task folders -> the example keys of alfworld_examples.json
+    "pick_and_place_simple": "put",
+    "look_at_obj_in_light": "examine",
+    "pick_clean_then_place_in_recep": "clean",
+    "pick_heat_then_place_in_recep": "heat",
+    "pick_cool_then_place_in_recep": "cool",
+    "pick_two_obj_and_place": "puttwo",
+}
+WELCOME = "-= Welcome to TextWorld, ALFRED! =-"
+_GOAL = re.compile(r"Your task is to: ([^\"\\]+)")
+_ENV_LOCK = threading.Lock()
+
+# Prompt sizes (characters; about 4 per token): all together well under 2048 tokens.
+EXAMPLE_CHARS = 1400
+MEMORY_CHARS = 350
+OBSERVATION_CHARS = 220
+ROOM_CHARS = 600
+TRAJECTORY_OBSERVATION_CHARS = 120
+
+SYSTEM = (
+    "You are a household robot in a text game. Reach the goal with the admissible commands. "
+    'Answer JSON {"thought": "<one short sentence>", "action": "<one admissible command>"}. '
+    "Commands: go to X, take X from Y, move X to Y, open X, close X, heat X with Y, cool X with Y, "
+    "clean X with Y, use X, examine X, look, inventory."
+)
+
+
+def shared_data_root() -> Path:
+    """``$MEMRL_SHARED_DATA``, else ``<repo>/../shared/data``."""
+    env = os.environ.get(ENV_SHARED_DATA)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def task_type(folder: str) -> str | None:
+    """put / examine / clean / heat / cool / puttwo from a task folder name (None: not one of them)."""
+    return TYPES.get(folder.split("-", 1)[0])
+
+
+def game_goal(game_file: Path) -> str:
+    """The goal text ("put some pencil on desk.") as the game's grammar states it."""
+    data = json.loads(game_file.read_text())
+    match = _GOAL.search(data.get("grammar", ""))
+    if not match:
+        raise ValueError(f"{game_file}: no 'Your task is to:' goal in its grammar")
+    return match.group(1).strip()
+
+
+def _cut(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+def clean_observation(feedback: str) -> str:
+    return feedback.replace(WELCOME, "").strip()
+
+
+@cache
+def load_examples(path: Path) -> dict[str, str]:
+    """Per type, the few-shot dialogue compacted to ``> action`` / observation lines."""
+    examples: dict[str, str] = {}
+    for item in json.loads(path.read_text()):
+        lines = []
+        for turn in item["example"]:
+            content = turn["content"].strip()
+            if turn["role"] == "assistant":
+                thought, _, action = content.partition("Action:")
+                thought = thought.replace("Thought:", "").strip()
+                lines.append(f"think: {_cut(thought, 90)}" if thought else "")
+                lines.append(f"> {action.strip()}")
+            else:
+                lines.append(_cut(content.replace("Observation:", "").strip(), 160))
+        examples[item["task"]] = _cut_lines([line for line in lines if line], EXAMPLE_CHARS)
+    return examples
+
+
+def _cut_lines(lines: Sequence[str], limit: int) -> str:
+    out: list[str] = []
+    size = 0
+    for line in lines:
+        if size + len(line) + 1 > limit:
+            out.append("...")
+            break
+        out.append(line)
+        size += len(line) + 1
+    return "\n".join(out)
+
+
+@dataclass
+class GameState:
+    observation: str
+    admissible: list[str]
+    won: bool
+    done: bool
+    policy: list[str]
+
+
+class Game:
+    """One ALFWorld game (a TextWorld PDDL env with ALFWorld's wrappers); ``policy=True`` also
+    asks the planner for its plan at every state (slow: 0.1-10 s more per reset or step)."""
+
+    def __init__(self, game_file: Path | str, *, policy: bool = False) -> None:
+        import textworld
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+
+        infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=policy, extras=["gamefile"])
+        with _ENV_LOCK:
+            self._env = textworld.start(
+                str(game_file), request_infos=infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos]
+            )
+
+    def _state(self, state: Any, done: bool) -> GameState:
+        return GameState(
+            observation=clean_observation(state["feedback"]),
+            admissible=list(state["admissible_commands"] or []),
+            won=bool(state["won"]),
+            done=bool(done),
+            policy=list(state.get("policy_commands") or []),
+        )
+
+    def reset(self) -> GameState:
+        with _ENV_LOCK:
+            return self._state(self._env.reset(), False)
+
+    def step(self, command: str) -> GameState:
+        with _ENV_LOCK:
+            state, _, done = self._env.step(command)
+            return self._state(state, done)
+
+    def close(self) -> None:
+        self._env.close()
+
+    def __enter__(self) -> Game:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+Policy = Callable[[str, GameState, list[tuple[str, str]]], tuple[str, str, Usage]]
+
+
+class AlfworldBenchmark:
+    """ALFWorld games with a ReAct-style LLM agent; see the module docstring."""
+
+    name = "alfworld"
+    needs_llm = True
+
+    def __init__(
+        self,
+        split: str = "valid_seen",
+        games: str | Path | None = None,
+        max_steps: int | str = 30,
+        history: int | str = 6,
+        limit: int | str | None = None,
+        examples: str | Path | None = None,
+    ) -> None:
+        root = shared_data_root() / "alfworld"
+        if games is None:
+            if split not in SPLITS:
+                raise ValueError(f"split: must be one of {', '.join(SPLITS)}, got {split!r}")
+            games = root / split
+        self.games_dir = Path(games)
+        if not self.games_dir.is_dir():
+            raise ValueError(f"ALFWorld games folder not found: {self.games_dir} (set {ENV_SHARED_DATA} or games=PATH)")
+        self.max_steps = _positive("max_steps", max_steps)
+        self.history = _positive("history", history)
+        self.examples_file = Path(examples) if examples else root / "alfworld_examples.json"
+        self._tasks = self._collect(None if limit in (None, "") else _positive("limit", limit))
+
+    def _collect(self, limit: int | None) -> list[Task]:
+        tasks = []
+        for game_file in sorted(self.games_dir.glob("*/*/game.tw-pddl")):
+            trial, folder = game_file.parent, game_file.parent.parent
+            kind = task_type(folder.name)
+            if kind is None or "movable" in folder.name or "Sliced" in folder.name:
+                continue  # ALFWorld skips these too
+            if not json.loads(game_file.read_text()).get("solvable", False):
+                continue
+            tasks.append(
+                Task(
+                    id=f"{folder.name}/{trial.name}",
+                    intent=game_goal(game_file),
+                    data={"game_file": str(game_file)},
+                    type=kind,
+                )
+            )
+        if not tasks:
+            raise ValueError(f"no ALFWorld games (*/*/game.tw-pddl) under {self.games_dir}")
+        return tasks[:limit] if limit else tasks
+
+    def tasks(self) -> Sequence[Task]:
+        return list(self._tasks)
+
+    def example(self, kind: str | None) -> str:
+        if not self.examples_file.is_file():
+            return ""
+        return load_examples(self.examples_file).get(kind or "", "")
+
+    def prompt(
+        self, task: Task, memories: Sequence[Memory], state: GameState, room: str, past: list[tuple[str, str]]
+    ) -> str:
+        """The user message of one step (the step number lets scripted test LLMs follow a plan)."""
+        parts = []
+        example = self.example(task.type)
+        if example:
+            parts.append(f"Example of a solved {task.type} task:\n{example}")
+        follow = [_cut(m.experience, MEMORY_CHARS) for m in memories if m.outcome == "success"]
+        avoid = [_cut(m.experience, MEMORY_CHARS) for m in memories if m.outcome == "failure"]
+        if follow:
+            parts.append("Experiences that worked on similar tasks (follow them):\n- " + "\n- ".join(follow))
+        if avoid:
+            parts.append("Mistakes on similar tasks (avoid them):\n- " + "\n- ".join(avoid))
+        parts.append(f"Your task is to: {task.intent}\nRoom: {_cut(room, ROOM_CHARS)}")
+        shown = past[-self.history :]
+        if shown:
+            skipped = len(past) - len(shown)
+            lines = [f"({skipped} earlier steps not shown)"] if skipped else []
+            lines += [f"> {a}\n{_cut(o, OBSERVATION_CHARS)}" for a, o in shown]
+            parts.append("Recent steps:\n" + "\n".join(lines))
+        parts.append(f"Step {len(past) + 1} of {self.max_steps}. Admissible commands: " + ", ".join(state.admissible))
+        return "\n\n".join(parts)
+
+    def play(self, task: Task, act: Policy) -> Episode:
+        """Play one game with ``act(room, state, past) -> (thought, action, usage)``; returns the episode."""
+        usage = Usage()
+        past: list[tuple[str, str]] = []
+        thoughts: list[str] = []
+        with Game(task.data["game_file"]) as game:
+            state = game.reset()
+            room = state.observation.split("Your task is to:")[0].strip()
+            while len(past) < self.max_steps and not state.done and not state.won:
+                thought, action, spent = act(room, state, past)
+                usage = usage + spent
+                state = game.step(action)
+                past.append((action, state.observation))
+                thoughts.append(thought)
+        lines = [f"Task: {task.intent}", f"Start: {_cut(room, 300)}"]
+        for (action, observation), thought in zip(past, thoughts, strict=True):
+            if thought:
+                lines.append(f"think: {_cut(thought, 100)}")
+            lines.append(f"> {action}\n{_cut(observation, TRAJECTORY_OBSERVATION_CHARS)}")
+        lines.append("Result: " + ("goal reached" if state.won else f"goal not reached after {len(past)} steps"))
+        return Episode(
+            success=state.won,
+            reward=1.0 if state.won else -1.0,
+            steps=len(past),
+            trajectory="\n".join(lines),
+            usage=usage,
+        )
+
+    def run_episode(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: Any) -> Episode:
+        if llm is None:
+            raise ValueError("the alfworld benchmark needs an LLM")
+
+        def act(room: str, state: GameState, past: list[tuple[str, str]]) -> tuple[str, str, Usage]:
+            schema = {
+                "type": "object",
+                "properties": {
+                    "thought": {"type": "string", "maxLength": 300},
+                    "action": {"type": "string", "enum": state.admissible},
+                },
+                "required": ["thought", "action"],
+                "additionalProperties": False,
+            }
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": self.prompt(task, memories, state, room, past)},
+            ]
+            try:
+                reply = llm.chat(messages, json_schema=schema, max_tokens=128)
+            except LLMFormatError:  # no valid answer even after the retry: a wasted step
+                return "", "look", Usage(calls=1)
+            return str(reply.data.get("thought", "")), reply.data["action"], reply.usage
+
+        return self.play(task, act)
+
+
+def _positive(label: str, value: int | str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{label}: must be a positive integer, got {value!r}") from None
+    if number < 1:
+        raise ValueError(f"{label}: must be a positive integer, got {value!r}")
+    return number
