@@ -9,6 +9,8 @@ from harness.benchmarks.base import Benchmark
 
 REGISTRY = {
     "controlled": "harness.benchmarks.controlled:ControlledBenchmark",
+    "bigcodebench": "harness.benchmarks.bigcodebench:BigCodeBenchmark",
+    "hle": "harness.benchmarks.hle:HLEBenchmark",
     "alfworld": "harness.benchmarks.alfworld:AlfworldBenchmark",
 }
 
