@@ -34,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--memory-url", help="use a running memrl-mcp over HTTP instead of a fresh stdio one")
     run.add_argument("--runs", default="runs", help="folder of run folders (default: runs)")
     run.add_argument("--run-dir", help="this run's folder (default: RUNS/BENCHMARK-MODE-seedS); resumes if present")
+    run.add_argument("--data", help="the benchmark's data file or folder (same as --option data=PATH)")
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="benchmark option")
 
     report = commands.add_parser("report", help="markdown table and plots of one or several runs")
@@ -54,7 +55,7 @@ def _options(pairs: list[str]) -> dict[str, str]:
 
 def run_command(args: argparse.Namespace) -> int:
     default_config = CONFIGS / f"{args.benchmark}.yaml"
-    options = _options(args.option)
+    options = _options(args.option) | ({"data": args.data} if args.data else {})
     benchmark = load_benchmark(args.benchmark, **options)
     try:
         llm = LLM.from_env() if benchmark.needs_llm else None

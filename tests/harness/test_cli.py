@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from harness.results import Q_VALUES_FILE, RunDir
+from tests.harness.fake_llm import FakeLLMServer
+from tests.harness.test_hle import ROWS
 
 HARNESS = [sys.executable, "-m", "harness.cli"]
 SMALL = ["--tasks", "16", "--epochs", "3", "--option", "families=2"]
@@ -66,3 +68,19 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path: Path) -> None:
     pairs = [(r.epoch, r.task_id) for r in records]
     assert len(pairs) == len(set(pairs)) == 48  # every episode exactly once
     assert records[: len(before)] == before  # what was done stays; only the rest ran
+
+
+def test_hle_from_a_user_file_with_an_llm_from_the_environment(tmp_path: Path) -> None:
+    data = tmp_path / "hle.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    with FakeLLMServer() as fake:
+        fake.responder = lambda request: "Explanation: known.\nAnswer: 101\nConfidence: 90%"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")}
+        env |= {"MEMRL_LLM_BASE_URL": fake.base_url, "MEMRL_LLM_MODEL": fake.model}
+        done = subprocess.run(
+            [*HARNESS, "run", "hle", "--data", str(data), "--mode", "none", "--epochs", "1", "--runs", "runs"],
+            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = {r.task_id: r.success for r in RunDir(tmp_path / json.loads(done.stdout)["run_dir"]).episodes()}
+    assert records == {row["id"]: row["answer"] == "101" for row in ROWS}  # exact match, no judge set
