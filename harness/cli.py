@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import anyio
+from tqdm import tqdm
 
 from harness.benchmarks import REGISTRY, load_benchmark
 from harness.llm import LLM, LLMError
@@ -56,10 +57,10 @@ def _options(pairs: list[str]) -> dict[str, str]:
 def run_command(args: argparse.Namespace) -> int:
     default_config = CONFIGS / f"{args.benchmark}.yaml"
     options = _options(args.option) | ({"data": args.data} if args.data else {})
-    benchmark = load_benchmark(args.benchmark, **options)
     try:
+        benchmark = load_benchmark(args.benchmark, **options)
         llm = LLM.from_env() if benchmark.needs_llm else None
-    except LLMError as error:
+    except (ValueError, LLMError) as error:  # a bad --option, no LLM configured
         print(f"memrl-harness: {error}", file=sys.stderr)
         return 2
     config = RunConfig(
@@ -75,14 +76,7 @@ def run_command(args: argparse.Namespace) -> int:
         benchmark_options=options,
     )
     run_dir = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(Path(args.runs), config))
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=config.epochs * len(benchmark.tasks()[: config.tasks or None]),
-        unit="episode",
-        file=sys.stderr,
-        disable=None,
-    )
+    bar = tqdm(unit="episode", file=sys.stderr, disable=None)  # disabled when stderr is no terminal
 
     def progress(done: int, total: int) -> None:
         bar.total = total

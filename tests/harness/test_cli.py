@@ -84,3 +84,10 @@ def test_hle_from_a_user_file_with_an_llm_from_the_environment(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     records = {r.task_id: r.success for r in RunDir(tmp_path / json.loads(done.stdout)["run_dir"]).episodes()}
     assert records == {row["id"]: row["answer"] == "101" for row in ROWS}  # exact match, no judge set
+
+
+def test_a_bad_option_and_a_missing_llm_are_named(tmp_path: Path) -> None:
+    bad = harness("run", "controlled", "--option", "families=99", cwd=tmp_path)
+    assert bad.returncode == 2 and "families" in bad.stderr and "Traceback" not in bad.stderr
+    no_llm = harness("run", "controlled", "--option", "agent=llm", cwd=tmp_path)
+    assert no_llm.returncode == 2 and "MEMRL_LLM_BASE_URL" in no_llm.stderr
