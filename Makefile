@@ -9,8 +9,14 @@ LLM_STAMP := $(VENV)/.llm-installed
 ALFWORLD_PACKAGES := alfworld==0.4.2 textworld==1.7.0 fast-downward-textworld==20.6.4 jericho==3.3.1
 ALFWORLD_DEPS := tatsu==5.8.3 hashids mementos more_itertools networkx termcolor prompt_toolkit
 ALFWORLD_STAMP := $(VENV)/.alfworld-installed
+# LLB DB's server: Debian's MariaDB (harness/benchmarks/llb_db.py starts its own private instance).
+MARIADB_STAMP := $(VENV)/.mariadb-installed
+# LLB OS's sandbox: bubblewrap + a Debian bookworm minbase root filesystem (harness/benchmarks/llb_os.py).
+LLB_ROOTFS ?= $(VENV)/llb-rootfs
+LLB_PACKAGES := python3,git,vim,curl,wget,zip,unzip,tree,zsh,passwd,procps
+SANDBOX_STAMP := $(VENV)/.llb-rootfs-built
 
-.PHONY: setup serve demo test bench llm alfworld
+.PHONY: setup serve demo test bench llm alfworld sandbox mariadb
 
 setup: $(STAMP)
 
@@ -39,6 +45,24 @@ $(ALFWORLD_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install --quiet $(ALFWORLD_DEPS)
 	touch $(ALFWORLD_STAMP)
 
+sandbox: $(SANDBOX_STAMP)
+
+# Needs root and Debian's apt (bubblewrap, mmdebstrap); the root filesystem (~350 MB) is built once.
+$(SANDBOX_STAMP): | $(STAMP)
+	@command -v bwrap >/dev/null && command -v mmdebstrap >/dev/null || \
+		{ apt-get update && apt-get install -y bubblewrap mmdebstrap; }
+	rm -rf $(LLB_ROOTFS)
+	mmdebstrap --variant=minbase --include=$(LLB_PACKAGES) bookworm $(LLB_ROOTFS)
+	touch $(SANDBOX_STAMP)
+
+mariadb: $(MARIADB_STAMP)
+
+# Needs root and Debian's apt; nothing is installed where mariadbd is already on the PATH.
+$(MARIADB_STAMP): | $(STAMP)
+	@command -v mariadbd >/dev/null || PATH="$$PATH:/usr/sbin:/sbin" command -v mariadbd >/dev/null || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y mariadb-server; }
+	touch $(MARIADB_STAMP)
+
 serve: setup
 	$(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
 
@@ -49,7 +73,7 @@ demo: setup
 	done
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
-test: setup llm alfworld
+test: setup llm alfworld sandbox mariadb
 	$(VENV)/bin/ruff check memrl_mcp harness tests benchmarks
 	$(VENV)/bin/ruff format --check memrl_mcp harness tests benchmarks
 	$(PY) -m pytest -q

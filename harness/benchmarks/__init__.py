@@ -12,6 +12,8 @@ REGISTRY = {
     "bigcodebench": "harness.benchmarks.bigcodebench:BigCodeBenchmark",
     "hle": "harness.benchmarks.hle:HLEBenchmark",
     "alfworld": "harness.benchmarks.alfworld:AlfworldBenchmark",
+    "llb-db": "harness.benchmarks.llb_db:LLBDBBenchmark",
+    "llb-os": "harness.benchmarks.llb_os:LLBOSBenchmark",
 }
 
 

@@ -1,0 +1,603 @@
+"""LifelongAgentBench DB (``llb-db``): answer a question or change a table with SQL on MariaDB.
+
+Data: ``$MEMRL_SHARED_DATA/llb/db_train.json`` (default ``MEMRL_SHARED_DATA``: ``<repo>/../shared/data``),
+or the ``data`` option: a JSON object of tasks by id, each with ``instruction``,
+``answer_info{direct, md5, sql}``, ``table_info{name, column_info_list, row_list}`` and ``skill_list``.
+``Task.intent`` is the instruction; ``Task.type`` is the gold SQL's kind (select / insert / update /
+delete).
+
+Server: one MariaDB server per benchmark object (:class:`MariaDB`), started lazily by the first
+episode (or :meth:`LLBDBBenchmark.start`) from Debian's ``mariadb-server`` (``make mariadb``): its own
+datadir under a temporary folder, a unix socket only (``--skip-networking``), ``root`` without a
+password, no binary log. It is stopped and its folder removed by :meth:`LLBDBBenchmark.close`, when
+the object is collected, or at interpreter exit. SQL goes through the ``mariadb`` command-line client
+(``--xml``: one result set per statement, NULL kept apart from the string ``'NULL'``), one process per
+call: no Python driver to install, a multi-statement script runs as the agent wrote it, and a hung
+client is killed by its timeout (statements also carry ``max_statement_time``).
+
+Episode (LifelongAgentBench's protocol): a fresh database named ``llb_<random>`` holds the task's
+table, created as LLB does (columns with their declared types, every value inserted as a quoted
+string). Up to ``max_rounds`` (15) rounds: the LLM answers JSON ``{thought, action, content}`` with
+``action`` ``sql`` (the SQL is run, its last result set or its error shown back, cut to
+``max_output_chars``) or ``answer`` (the final answer; ends the episode). Recalled memories are in
+the first prompt: successes to follow, failures to avoid. The database is dropped afterwards.
+
+Checker (LLB's): for INSERT / UPDATE / DELETE tasks (``answer_info.md5``) the table's hash after the
+agent's SQL, computed as LLB computes it (:data:`MD5_QUERY`: the md5 of the sorted, comma-joined first
+5 hex digits of each row's ``MD5(CONCAT_WS(',', columns...))``), must equal ``answer_info.md5``,
+whatever the agent answered. For SELECT tasks the final answer's rows (a Python-style list of tuples,
+e.g. ``[(1, 'a'), (2, 'b')]``, or LLB's looser ``(1, a), (2, b)`` / a bare value for one cell) must
+match ``answer_info.direct``: numbers within 1e-6, strings exactly (one pair of quotes forgiven), in
+order where the gold SQL has ``ORDER BY``, as a multiset where it has none (LLB itself is strict
+about order everywhere). Reward +1 on success, 0 on failure (MemRL's LLB setting).
+
+Measured here (MariaDB 10.11, the gold SQL run as the agent's single ``sql`` action, its rows given
+back as the answer): see ``tests/harness/test_llb_db.py`` and the module's ``oracle`` helper:
+349/361 train tasks pass (25 s for all, 8 threads): 99/102 md5 tasks (the 3 others are
+``DELETE FROM t AS a``, which MariaDB rejects) and 250/259 SELECT tasks (the 9 others use ``LIMIT``
+without ``ORDER BY`` or ``ORDER BY`` with ties, where MySQL and MariaDB pick different rows);
+doing nothing fails all 102 md5 tasks.
+
+Options (``--option KEY=VALUE``): ``data``, ``ids`` (comma-separated), ``limit``, ``max_rounds``,
+``max_output_chars`` (800), ``statement_timeout`` (10 s), ``max_tokens`` (512).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.benchmarks.base import Episode, Memory, Task
+from harness.llm import LLM, LLMError, Usage
+
+ENV_DATA = "MEMRL_SHARED_DATA"
+DATA_FILE = "llb/db_train.json"
+MD5_QUERY = (
+    "SELECT MD5(GROUP_CONCAT(rowhash ORDER BY rowhash)) AS hash FROM "
+    "(SELECT SUBSTRING(MD5(CONCAT_WS(',', {columns})), 1, 5) AS rowhash FROM `{table}`) AS sub;"
+)
+ACTION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "thought": {"type": "string"},
+        "action": {"type": "string", "enum": ["sql", "answer"]},
+        "content": {"type": "string"},
+    },
+    "required": ["thought", "action", "content"],
+    "additionalProperties": False,
+}
+_XSI_NIL = "{http://www.w3.org/2001/XMLSchema-instance}nil"
+
+Row = tuple[Any, ...]
+
+
+def default_data_root() -> Path:
+    """``$MEMRL_SHARED_DATA``, else ``<repo>/../shared/data``."""
+    env = os.environ.get(ENV_DATA)
+    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+# --- the server ------------------------------------------------------------------------------
+
+
+class MariaDBError(RuntimeError):
+    """The MariaDB server could not be installed, started or reached."""
+
+
+@dataclass(frozen=True)
+class SQLResult:
+    """What one SQL script gave: the result sets of its statements (columns, rows) or the error."""
+
+    results: list[tuple[list[str], list[Row]]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def last(self) -> tuple[list[str], list[Row]] | None:
+        return self.results[-1] if self.results else None
+
+
+def _which(tool: str) -> str:
+    """A MariaDB program on the PATH or in the sbin folders Debian puts the server in."""
+    found = shutil.which(tool, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+    if found is None:
+        raise MariaDBError(f"{tool} not found: install MariaDB (`make mariadb`: apt-get install mariadb-server)")
+    return found
+
+
+def _stop_server(process: subprocess.Popen[bytes] | None, folder: str) -> None:
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+class MariaDB:
+    """A private MariaDB server on a unix socket in its own temporary datadir."""
+
+    def __init__(self, ready_timeout: float = 60.0) -> None:
+        self.ready_timeout = ready_timeout
+        self._lock = threading.RLock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._folder: str | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._tools: dict[str, str] = {}
+
+    @property
+    def socket(self) -> str:
+        if self._folder is None:
+            raise MariaDBError("the MariaDB server is not started")
+        return os.path.join(self._folder, "sock")
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> MariaDB:
+        """Start the server (once; thread-safe) and wait until it answers, at most ``ready_timeout``."""
+        with self._lock:
+            if self.running:
+                return self
+            if self._process is not None:
+                status = self._process.returncode
+                self.stop()
+                raise MariaDBError(f"the MariaDB server exited (status {status}); it is restarted on the next call")
+            self._tools = {tool: _which(tool) for tool in ("mariadbd", "mariadb-install-db", "mariadb")}
+            folder = tempfile.mkdtemp(prefix="llbdb")
+            datadir = os.path.join(folder, "data")
+            log = os.path.join(folder, "server.log")
+            install_argv = [self._tools["mariadb-install-db"], "--no-defaults", f"--datadir={datadir}"]
+            install_argv += ["--user=root", "--auth-root-authentication-method=normal", "--skip-test-db"]
+            install = subprocess.run(
+                install_argv,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if install.returncode != 0:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise MariaDBError(f"mariadb-install-db failed: {(install.stderr or install.stdout)[-1500:]}")
+            server_argv = [self._tools["mariadbd"], "--no-defaults", f"--datadir={datadir}"]
+            server_argv += [f"--socket={folder}/sock", "--skip-networking", "--user=root", "--skip-log-bin"]
+            server_argv += [f"--pid-file={folder}/pid", "--innodb-buffer-pool-size=64M", "--max-connections=500"]
+            server_argv += ["--character-set-server=utf8mb4"]
+            with open(log, "wb") as out:
+                self._process = subprocess.Popen(
+                    server_argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            self._folder = folder
+            self._finalizer = weakref.finalize(self, _stop_server, self._process, folder)
+            deadline = time.monotonic() + self.ready_timeout
+            while True:
+                if self._process.poll() is not None:
+                    tail = Path(log).read_text(errors="replace")[-1500:]
+                    self.stop()
+                    raise MariaDBError(f"mariadbd exited with status {self._process.returncode}: {tail}")
+                if os.path.exists(self.socket):
+                    ping = self._client("SELECT 1;", None, 10.0)
+                    if ping.error is None:
+                        return self
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise MariaDBError(f"mariadbd not ready after {self.ready_timeout:g} s")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop the server and remove its datadir (idempotent; a later call starts a new one)."""
+        with self._lock:
+            if self._finalizer is not None:
+                self._finalizer()
+            self._finalizer = self._process = self._folder = None
+
+    def execute(self, sql: str, database: str | None = None, timeout: float = 10.0) -> SQLResult:
+        """Run an SQL script (one or more statements); stops at the first error, like LLB's container."""
+        if not self.running:
+            self.start()
+        return self._client(sql, database, timeout)
+
+    def _client(self, sql: str, database: str | None, timeout: float) -> SQLResult:
+        argv = [self._tools["mariadb"], "--no-defaults", f"--socket={self.socket}", "--user=root", "--xml"]
+        argv += ["--default-character-set=utf8mb4", f"--init-command=SET SESSION max_statement_time={timeout:g}"]
+        if database:
+            argv.append(f"--database={database}")
+        try:
+            done = subprocess.run(argv, input=sql.encode(), capture_output=True, timeout=timeout + 20)
+        except subprocess.TimeoutExpired:
+            return SQLResult(error=f"the SQL did not finish within {timeout + 20:g} s")
+        results = _parse_xml(done.stdout.decode(errors="replace"))
+        error = None
+        if done.returncode != 0:
+            error = done.stderr.decode(errors="replace").strip() or f"mariadb exited with status {done.returncode}"
+        return SQLResult(results, error)
+
+
+def _parse_xml(text: str) -> list[tuple[list[str], list[Row]]]:
+    """The client's ``--xml`` output (one ``<resultset>`` per statement that gave rows)."""
+    results: list[tuple[list[str], list[Row]]] = []
+    for chunk in re.findall(r"<resultset\b.*?</resultset>|<resultset\b[^>]*/>", text, re.S):
+        try:
+            node = ElementTree.fromstring(chunk)
+        except ElementTree.ParseError:
+            continue
+        columns: list[str] = []
+        rows: list[Row] = []
+        for row in node.findall("row"):
+            cells = row.findall("field")
+            if not columns:
+                columns = [c.get("name", "") for c in cells]
+            rows.append(tuple(None if c.get(_XSI_NIL) == "true" else _typed(c.text or "") for c in cells))
+        results.append((columns, rows))
+    return results
+
+
+_INT = re.compile(r"-?\d+")
+_FLOAT = re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?|-?\d+[eE][-+]?\d+")
+
+
+def _typed(text: str) -> Any:
+    """A cell as the agent sees it: integers and decimals as numbers, the rest as strings."""
+    if _INT.fullmatch(text) and (len(text.lstrip("-")) == 1 or not text.lstrip("-").startswith("0")):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    return text
+
+
+def quote(value: Any) -> str:
+    """An SQL string literal, as LLB inserts every value (``'...'``, quotes and backslashes escaped)."""
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def init_sql(table: Mapping[str, Any]) -> str:
+    """LLB's table set-up: declared column types, all values inserted as quoted strings."""
+    columns = ",".join(f"`{c['name']}` {c['type']}" for c in table["column_info_list"])
+    names = ",".join(f"`{c['name']}`" for c in table["column_info_list"])
+    sql = f"CREATE TABLE `{table['name']}` ({columns});\n"
+    if table["row_list"]:
+        values = ",".join("(" + ",".join(quote(v) for v in row) + ")" for row in table["row_list"])
+        sql += f"INSERT INTO `{table['name']}` ({names}) VALUES {values};\n"
+    return sql
+
+
+def md5_query(table: Mapping[str, Any]) -> str:
+    columns = ", ".join(f"`{c['name']}`" for c in table["column_info_list"])
+    return MD5_QUERY.format(columns=columns, table=table["name"])
+
+
+# --- the checker ----------------------------------------------------------------------------
+
+
+def _number_equal(agent: Any, gold: float) -> bool:
+    if isinstance(agent, bool):
+        return False
+    if isinstance(agent, (int, float)):
+        value = float(agent)
+    else:
+        text = re.sub(r"^Decimal\(([\"']?)(.*?)([\"']?)\)$", r"\2", str(agent).strip())
+        text = re.sub(r"^[^0-9.\-]+|[^0-9.\-]+$", "", text)  # '-55' -> -55, as LLB does
+        try:
+            value = float(text)
+        except ValueError:
+            return False
+    return math.isclose(value, float(gold), rel_tol=1e-6, abs_tol=1e-6)
+
+
+def _string_equal(agent: Any, gold: str) -> bool:
+    text = agent if isinstance(agent, str) else str(agent)
+    if text == gold:
+        return True
+    if 0 < len(text) - len(gold) <= 2:  # one pair of quotes the agent kept
+        for char in ("'", '"'):
+            if text.startswith(char) and not gold.startswith(char):
+                text = text[1:]
+                break
+        for char in ("'", '"'):
+            if text.endswith(char) and not gold.endswith(char):
+                text = text[:-1]
+                break
+    return text == gold
+
+
+def row_matches(agent: Sequence[Any], gold: Sequence[Any]) -> bool:
+    if len(agent) != len(gold):
+        return False
+    for a, g in zip(agent, gold, strict=True):
+        if isinstance(g, (int, float)) and not isinstance(g, bool):
+            if not _number_equal(a, g):
+                return False
+        elif isinstance(g, str):
+            if not _string_equal(a, g):
+                return False
+        elif a != g:
+            return False
+    return True
+
+
+def parse_answer(answer: str) -> list[Row] | None:
+    """The rows in a final answer: a Python literal first, else LLB's loose ``(a, b), (c, d)`` text."""
+    text = answer.strip()
+    with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        value = ast.literal_eval(text.replace("Decimal(", "(")) if text else None
+        if isinstance(value, (list, tuple)) and value and all(isinstance(r, (list, tuple)) for r in value):
+            return [tuple(r) for r in value]
+        if isinstance(value, (list, tuple)) and not value:
+            return []
+        if isinstance(value, tuple):
+            return [value]
+        if isinstance(value, (int, float, str)):
+            return [(value,)]
+    spans = []
+    start = None
+    depth_decimal = False
+    for index, char in enumerate(text):
+        if char == "(":
+            if text[max(0, index - 7) : index] == "Decimal":
+                if depth_decimal:
+                    return None
+                depth_decimal = True
+            else:
+                start = index
+        elif char == ")":
+            if depth_decimal:
+                depth_decimal = False
+                continue
+            if start is None:
+                return None
+            spans.append(text[start + 1 : index])
+            start = None
+    if start is not None:
+        return None
+    pieces = spans or ([text] if text else [])
+    return [tuple(e.strip() for e in re.split(r"\s*,\s*", piece) if e.strip()) for piece in pieces]
+
+
+def answer_matches(answer: str, gold: Sequence[Sequence[Any]], ordered: bool) -> bool:
+    """LLB's direct-answer check; rows as a multiset unless ``ordered``."""
+    rows = parse_answer(answer)
+    if rows is None or len(rows) != len(gold):
+        return False
+    if ordered:
+        return all(row_matches(a, g) for a, g in zip(rows, gold, strict=True))
+    left = list(rows)
+    for g in gold:
+        hit = next((i for i, a in enumerate(left) if row_matches(a, g)), None)
+        if hit is None:
+            return False
+        left.pop(hit)
+    return True
+
+
+def has_order_by(sql: str) -> bool:
+    return re.search(r"\border\s+by\b", sql, re.I) is not None
+
+
+def format_rows(columns: Sequence[str], rows: Sequence[Row]) -> str:
+    return f"columns: {list(columns)}\nrows: {list(rows)!r}"
+
+
+# --- the benchmark --------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """A finished episode as the checker saw it."""
+
+    success: bool
+    detail: str
+
+
+class LLBDBBenchmark:
+    """LifelongAgentBench's DB tasks on a private MariaDB server."""
+
+    name = "llb-db"
+    needs_llm = True
+
+    def __init__(
+        self,
+        data: str | None = None,
+        ids: str | Sequence[str] | None = None,
+        limit: int | str | None = None,
+        max_rounds: int | str = 15,
+        max_output_chars: int | str = 800,
+        statement_timeout: float | str = 10.0,
+        max_tokens: int | str = 512,
+    ) -> None:
+        path = Path(data) if data else default_data_root() / DATA_FILE
+        if not path.is_file():
+            raise ValueError(f"LLB DB data not found at {path} (set {ENV_DATA} or --option data=PATH)")
+        self.max_rounds = int(max_rounds)
+        self.max_output_chars = int(max_output_chars)
+        self.statement_timeout = float(statement_timeout)
+        self.max_tokens = int(max_tokens)
+        if self.max_rounds < 1 or self.max_output_chars < 50 or self.statement_timeout <= 0:
+            raise ValueError("max_rounds must be >= 1, max_output_chars >= 50, statement_timeout > 0")
+        rows: dict[str, Any] = json.loads(path.read_text())
+        chosen = list(rows)
+        if ids is not None:
+            chosen = [i.strip() for i in ids.split(",")] if isinstance(ids, str) else [str(i) for i in ids]
+            unknown = [i for i in chosen if i not in rows]
+            if unknown:
+                raise ValueError(f"ids: not in the data: {', '.join(unknown)}")
+        if limit is not None:
+            chosen = chosen[: int(limit)]
+        self._tasks = [self._task(i, rows[i]) for i in chosen]
+        self.server = MariaDB()  # stopped by close(), when collected, or at exit (weakref.finalize)
+
+    @staticmethod
+    def _task(task_id: str, row: Mapping[str, Any]) -> Task:
+        kind = row["answer_info"]["sql"].split()[0].lower()
+        return Task(id=task_id, intent=row["instruction"].strip(), data=dict(row), type=kind)
+
+    def tasks(self) -> Sequence[Task]:
+        return list(self._tasks)
+
+    def start(self) -> LLBDBBenchmark:
+        self.server.start()
+        return self
+
+    def close(self) -> None:
+        self.server.stop()
+
+    def __enter__(self) -> LLBDBBenchmark:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- one database per episode ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def database(self, task: Task):
+        """A fresh database holding the task's table, dropped afterwards; yields its name."""
+        name = f"llb_{uuid.uuid4().hex[:16]}"
+        created = self.server.execute(f"CREATE DATABASE `{name}`;")
+        if created.error:
+            raise MariaDBError(f"cannot create a database: {created.error}")
+        try:
+            setup = self.server.execute(init_sql(task.data["table_info"]), name, timeout=60)
+            if setup.error:
+                raise MariaDBError(f"task {task.id}: table set-up failed: {setup.error}")
+            yield name
+        finally:
+            self.server.execute(f"DROP DATABASE IF EXISTS `{name}`;")
+
+    def run_sql(self, sql: str, database: str) -> SQLResult:
+        return self.server.execute(sql, database, timeout=self.statement_timeout)
+
+    def table_md5(self, task: Task, database: str) -> str | None:
+        result = self.server.execute(md5_query(task.data["table_info"]), database, timeout=30)
+        if result.error or result.last is None or not result.last[1]:
+            return None
+        value = result.last[1][0][0]
+        return None if value is None else str(value)
+
+    def observation(self, result: SQLResult) -> str:
+        if result.error:
+            text = f"Error: {result.error}"
+        elif result.last is None:
+            text = "The SQL ran; it returned no rows (no result set)."
+        else:
+            text = format_rows(*result.last)
+        if len(text) > self.max_output_chars:
+            text = text[: self.max_output_chars] + f" ... [cut: {len(text)} characters in all]"
+        return text
+
+    def judge(self, task: Task, database: str, answer: str | None) -> Outcome:
+        info = task.data["answer_info"]
+        if info.get("md5"):
+            got = self.table_md5(task, database)
+            ok = got == info["md5"]
+            return Outcome(ok, f"table md5 {'matches' if ok else 'differs from'} the expected one")
+        ordered = has_order_by(info["sql"])
+        ok = answer is not None and answer_matches(answer, info["direct"] or [], ordered)
+        if answer is None:
+            return Outcome(False, "no final answer given")
+        return Outcome(ok, f"final answer rows {'match' if ok else 'do not match'} the expected rows")
+
+    def oracle(self, task: Task) -> Outcome:
+        """Run the gold SQL as the agent would and answer with its rows (the checker's sanity check)."""
+        with self.database(task) as database:
+            result = self.run_sql(task.data["answer_info"]["sql"], database)
+            answer = repr(result.last[1]) if result.last else (result.error or "")
+            return self.judge(task, database, answer)
+
+    def nothing(self, task: Task) -> Outcome:
+        """Change nothing and answer nothing."""
+        with self.database(task) as database:
+            return self.judge(task, database, "")
+
+    # --- the agent ------------------------------------------------------------------------
+
+    def prompt(self, task: Task, memories: Sequence[Memory]) -> str:
+        table = task.data["table_info"]
+        columns = ", ".join(f"{c['name']} {c['type']}" for c in table["column_info_list"])
+        follow = [m for m in memories if m.outcome == "success"]
+        avoid = [m for m in memories if m.outcome == "failure"]
+        parts = []
+        if follow:
+            parts.append(
+                "Experiences that worked on similar tasks (follow them where they apply):\n"
+                + "\n".join(f"- Task: {m.task}\n  Experience: {m.experience}" for m in follow)
+            )
+        if avoid:
+            parts.append(
+                "Mistakes made on similar tasks (avoid them):\n"
+                + "\n".join(f"- Task: {m.task}\n  Reflection: {m.experience}" for m in avoid)
+            )
+        parts.append(f"Task: {task.intent}")
+        parts.append(f"The MariaDB table `{table['name']}` has the columns: {columns} ({len(table['row_list'])} rows).")
+        parts.append(
+            f"You have {self.max_rounds} rounds. Each round answer JSON with `thought`, `action` and `content`:\n"
+            '- action "sql": content is SQL to run on the database; you will see its result or error.\n'
+            '- action "answer": content is your final answer; this ends the task. For a question, give the '
+            "result rows as a Python list of tuples, e.g. [(1, 'a'), (2, 'b')]. For a change to the table, "
+            "run the SQL first, then answer with a short confirmation."
+        )
+        return "\n\n".join(parts)
+
+    def run_episode(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random) -> Episode:
+        if llm is None:
+            raise ValueError("llb-db needs an LLM")
+        messages: list[dict[str, str]] = [
+            {"role": "system", "content": "You are an expert in SQL working on a MariaDB database."},
+            {"role": "user", "content": self.prompt(task, memories)},
+        ]
+        usage = Usage()
+        log = [f"Task: {task.intent}"]
+        answer: str | None = None
+        steps = 0
+        with self.database(task) as database:
+            for _ in range(self.max_rounds):
+                try:
+                    reply = llm.chat(messages, json_schema=ACTION_SCHEMA, max_tokens=self.max_tokens)
+                except LLMError as exc:  # an unparsable answer ends the episode, as an invalid action in LLB
+                    log.append(f"Invalid reply: {str(exc)[:300]}")
+                    break
+                usage = usage + reply.usage
+                steps += 1
+                action, content = reply.data["action"], reply.data["content"].strip()
+                messages.append({"role": "assistant", "content": reply.text})
+                if action == "answer":
+                    answer = content
+                    log.append(f"Final answer: {content[:1000]}")
+                    break
+                observation = self.observation(self.run_sql(content, database))
+                log.append(f"SQL: {content[:1000]}\nResult: {observation}")
+                messages.append({"role": "user", "content": observation})
+            else:
+                log.append(f"No final answer within {self.max_rounds} rounds.")
+            outcome = self.judge(task, database, answer)
+        log.append(f"Checker: {outcome.detail}")
+        return Episode(
+            success=outcome.success,
+            reward=1.0 if outcome.success else 0.0,
+            steps=steps,
+            trajectory="\n\n".join(log),
+            usage=usage,
+        )
