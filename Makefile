@@ -23,7 +23,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,bigcodebench]'
+	$(PY) -m pip install --quiet -e '.[dev,bigcodebench,docker]'
 	touch $(STAMP)
 
 llm: $(LLM_STAMP)

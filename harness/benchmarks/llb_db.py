@@ -38,8 +38,14 @@ back as the answer): see ``tests/harness/test_llb_db.py`` and the module's ``ora
 without ``ORDER BY`` or ``ORDER BY`` with ties, where MySQL and MariaDB pick different rows);
 doing nothing fails all 102 md5 tasks.
 
-Options (``--option KEY=VALUE``): ``data``, ``ids`` (comma-separated), ``limit``, ``max_rounds``,
-``max_output_chars`` (800), ``statement_timeout`` (10 s), ``max_tokens`` (512).
+Docker backend (``backend=docker``; default ``backend=mariadb``, the server above): a ``mysql``
+container (``image``, default ``mysql:8``; LifelongAgentBench pulls ``mysql`` / ``mysql:8.0``) with
+no network, SQL through the ``mysql`` client inside it, the same checker:
+:class:`harness.benchmarks.llb_docker.MySQLDocker`. Needs ``pip install 'memrl-mcp[docker]'`` and a
+reachable Docker engine (a clear error otherwise).
+
+Options (``--option KEY=VALUE``): ``backend``, ``image``, ``data``, ``ids`` (comma-separated), ``limit``,
+``max_rounds``, ``max_output_chars`` (800), ``statement_timeout`` (10 s), ``max_tokens`` (512).
 """
 
 from __future__ import annotations
@@ -427,7 +433,12 @@ class LLBDBBenchmark:
         max_output_chars: int | str = 800,
         statement_timeout: float | str = 10.0,
         max_tokens: int | str = 512,
+        backend: str = "mariadb",
+        image: str | None = None,
+        docker_client: Any = None,
     ) -> None:
+        if backend not in ("mariadb", "docker"):
+            raise ValueError(f"backend: mariadb or docker, not {backend!r}")
         path = Path(data) if data else default_data_root() / DATA_FILE
         if not path.is_file():
             raise ValueError(f"LLB DB data not found at {path} (set {ENV_DATA} or --option data=PATH)")
@@ -447,7 +458,16 @@ class LLBDBBenchmark:
         if limit is not None:
             chosen = chosen[: int(limit)]
         self._tasks = [self._task(i, rows[i]) for i in chosen]
-        self.server = MariaDB()  # stopped by close(), when collected, or at exit (weakref.finalize)
+        self.backend = backend
+        self.engine = "MariaDB"
+        if backend == "docker":
+            from harness.benchmarks import llb_docker
+
+            client = llb_docker.docker_client(docker_client)  # fails here, clearly, without Docker
+            self.server: Any = llb_docker.MySQLDocker(image or llb_docker.DEFAULT_DB_IMAGE, client=client)
+            self.engine = "MySQL"
+        else:
+            self.server = MariaDB()  # stopped by close(), when collected, or at exit (weakref.finalize)
 
     @staticmethod
     def _task(task_id: str, row: Mapping[str, Any]) -> Task:
@@ -551,7 +571,9 @@ class LLBDBBenchmark:
                 + "\n".join(f"- Task: {m.task}\n  Reflection: {m.experience}" for m in avoid)
             )
         parts.append(f"Task: {task.intent}")
-        parts.append(f"The MariaDB table `{table['name']}` has the columns: {columns} ({len(table['row_list'])} rows).")
+        parts.append(
+            f"The {self.engine} table `{table['name']}` has the columns: {columns} ({len(table['row_list'])} rows)."
+        )
         parts.append(
             f"You have {self.max_rounds} rounds. Each round answer JSON with `thought`, `action` and `content`:\n"
             '- action "sql": content is SQL to run on the database; you will see its result or error.\n'
@@ -565,7 +587,7 @@ class LLBDBBenchmark:
         if llm is None:
             raise ValueError("llb-db needs an LLM")
         messages: list[dict[str, str]] = [
-            {"role": "system", "content": "You are an expert in SQL working on a MariaDB database."},
+            {"role": "system", "content": f"You are an expert in SQL working on a {self.engine} database."},
             {"role": "user", "content": self.prompt(task, memories)},
         ]
         usage = Usage()

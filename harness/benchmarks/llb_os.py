@@ -36,7 +36,12 @@ Measured here (all 350 tasks, each in a fresh sandbox, 8 workers, 42 s): init ->
 evaluation passes 350/350; init -> evaluation (no ground truth) passes 0/350. A sandbox starts
 (overlay mount, bwrap, holder answering) in about 0.1 s.
 
-Options: ``data``, ``rootfs``, ``ids``, ``limit``, ``max_rounds``, ``command_timeout`` (20 s),
+Docker backend (``backend=docker``; default ``backend=bwrap``, the sandbox above): each task in a
+fresh container of ``image`` (default ``ubuntu:22.04``; LifelongAgentBench builds ``local-os/default``
+from an Ubuntu base) with no network, as LLB does: :class:`harness.benchmarks.llb_docker.DockerSandbox`.
+Needs ``pip install 'memrl-mcp[docker]'`` and a reachable Docker engine (a clear error otherwise).
+
+Options: ``backend``, ``image``, ``data``, ``rootfs``, ``ids``, ``limit``, ``max_rounds``, ``command_timeout`` (20 s),
 ``eval_timeout`` (60 s), ``output_chars`` (800), ``max_tokens`` (512), ``reward_success``,
 ``reward_failure``.
 """
@@ -330,12 +335,28 @@ class LLBOSBenchmark:
         max_tokens: int | str = 512,
         reward_success: float | str = 1.0,
         reward_failure: float | str = 0.0,
+        backend: str = "bwrap",
+        image: str | None = None,
+        docker_client: Any = None,
     ) -> None:
         data_file = Path(data) if data else default_data_root() / DATA_FILE
         if not data_file.is_file():
             raise ValueError(f"LLB OS data not found at {data_file} (set {ENV_DATA} or --option data=PATH)")
+        if backend not in ("bwrap", "docker"):
+            raise ValueError(f"backend: bwrap or docker, not {backend!r}")
+        self.backend = backend
         self.rootfs = Path(rootfs) if rootfs else default_rootfs()
-        check_prerequisites(self.rootfs)
+        self.system_prompt = SYSTEM_PROMPT
+        if backend == "bwrap":
+            check_prerequisites(self.rootfs)
+        else:
+            from harness.benchmarks import llb_docker
+
+            self.image = image or llb_docker.DEFAULT_OS_IMAGE
+            self.docker = llb_docker.docker_client(docker_client)  # fails here, clearly, without Docker
+            name = self.image.lower()
+            distro = "Debian" if "debian" in name else "Ubuntu" if ("ubuntu" in name or "local-os" in name) else ""
+            self.system_prompt = SYSTEM_PROMPT.replace("Linux (Debian)", f"Linux ({distro})" if distro else "Linux")
         self.max_rounds = int(max_rounds)
         self.command_timeout = float(command_timeout)
         self.eval_timeout = float(eval_timeout)
@@ -375,6 +396,10 @@ class LLBOSBenchmark:
         return str((item or {}).get("script") or "")
 
     def sandbox(self) -> Sandbox:
+        if self.backend == "docker":
+            from harness.benchmarks.llb_docker import DockerSandbox
+
+            return DockerSandbox(self.image, self.command_timeout, self.docker)  # type: ignore[return-value]
         return Sandbox(self.rootfs, self.command_timeout)
 
     def initialize(self, box: Sandbox, task: Task) -> CommandResult | None:
@@ -413,7 +438,7 @@ class LLBOSBenchmark:
         if llm is None:
             raise ValueError("llb-os needs an LLM")
         messages: list[dict[str, str]] = [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": self.prompt(task, memories)},
         ]
         usage = Usage()
