@@ -53,6 +53,26 @@ class Episode:
     usage: Usage = field(default_factory=Usage)
 
 
+def memory_sections(memories: Sequence[Memory], noun: str = "task") -> list[str]:
+    """The recalled memories as prompt sections, as MemRL injects them: successes are examples to
+    follow, failures are mistakes to avoid (best-ranked first, as recall returned them)."""
+    follow = [m for m in memories if m.outcome == "success"]
+    avoid = [m for m in memories if m.outcome == "failure"]
+    label = noun.capitalize()
+    sections = []
+    if follow:
+        sections.append(
+            f"Experiences that worked on similar {noun}s (follow them where they apply):\n"
+            + "\n".join(f"- {label}: {m.task}\n  Experience: {m.experience}" for m in follow)
+        )
+    if avoid:
+        sections.append(
+            f"Mistakes made on similar {noun}s (avoid them):\n"
+            + "\n".join(f"- {label}: {m.task}\n  Reflection: {m.experience}" for m in avoid)
+        )
+    return sections
+
+
 class Benchmark(Protocol):
     """One benchmark: its tasks and its episode. ``run_episode`` is called from worker threads."""
 

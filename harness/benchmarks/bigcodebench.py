@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.benchmarks.base import Episode, Memory, Task
+from harness.benchmarks.base import Episode, Memory, Task, memory_sections
 from harness.llm import LLM
 
 ENV_DATA = "MEMRL_SHARED_DATA"
@@ -356,19 +356,7 @@ class BigCodeBenchmark:
         )
 
     def prompt(self, task: Task, memories: Sequence[Memory]) -> str:
-        follow = [m for m in memories if m.outcome == "success"]
-        avoid = [m for m in memories if m.outcome == "failure"]
-        parts = []
-        if follow:
-            parts.append(
-                "Experiences that worked on similar tasks (follow them where they apply):\n"
-                + "\n".join(f"- Task: {m.task}\n  Experience: {m.experience}" for m in follow)
-            )
-        if avoid:
-            parts.append(
-                "Mistakes made on similar tasks (avoid them):\n"
-                + "\n".join(f"- Task: {m.task}\n  Reflection: {m.experience}" for m in avoid)
-            )
+        parts = memory_sections(memories)
         parts.append(task.data["instruct_prompt"].strip())
         parts.append("Answer with the complete, self-contained Python code in one ```python code block.")
         return "\n\n".join(parts)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.benchmarks.base import Episode, Memory, Task
+from harness.benchmarks.base import Episode, Memory, Task, memory_sections
 from harness.llm import LLM, LLMFormatError, Usage
 
 ENV_JUDGE_BASE_URL = "MEMRL_JUDGE_BASE_URL"
@@ -238,19 +238,7 @@ class HLEBenchmark:
 
     def messages(self, task: Task, memories: Sequence[Memory]) -> list[dict[str, str]]:
         system = SYSTEM_MC if task.data["answer_type"] == "multipleChoice" else SYSTEM_EXACT_ANSWER
-        parts = []
-        follow = [m for m in memories if m.outcome == "success"]
-        avoid = [m for m in memories if m.outcome == "failure"]
-        if follow:
-            parts.append(
-                "Experiences that worked on similar questions (follow them where they apply):\n"
-                + "\n".join(f"- Question: {m.task}\n  Experience: {m.experience}" for m in follow)
-            )
-        if avoid:
-            parts.append(
-                "Mistakes made on similar questions (avoid them):\n"
-                + "\n".join(f"- Question: {m.task}\n  Reflection: {m.experience}" for m in avoid)
-            )
+        parts = memory_sections(memories, noun="question")
         parts.append(("Question:\n" if parts else "") + str(task.data["question"]))
         return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 

@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.benchmarks.base import Episode, Memory, Task
+from harness.benchmarks.base import Episode, Memory, Task, memory_sections
 from harness.llm import LLM, LLMError, Usage
 
 ENV_DATA = "MEMRL_SHARED_DATA"
@@ -557,19 +557,7 @@ class LLBDBBenchmark:
     def prompt(self, task: Task, memories: Sequence[Memory]) -> str:
         table = task.data["table_info"]
         columns = ", ".join(f"{c['name']} {c['type']}" for c in table["column_info_list"])
-        follow = [m for m in memories if m.outcome == "success"]
-        avoid = [m for m in memories if m.outcome == "failure"]
-        parts = []
-        if follow:
-            parts.append(
-                "Experiences that worked on similar tasks (follow them where they apply):\n"
-                + "\n".join(f"- Task: {m.task}\n  Experience: {m.experience}" for m in follow)
-            )
-        if avoid:
-            parts.append(
-                "Mistakes made on similar tasks (avoid them):\n"
-                + "\n".join(f"- Task: {m.task}\n  Reflection: {m.experience}" for m in avoid)
-            )
+        parts = memory_sections(memories)
         parts.append(f"Task: {task.intent}")
         parts.append(
             f"The {self.engine} table `{table['name']}` has the columns: {columns} ({len(table['row_list'])} rows)."

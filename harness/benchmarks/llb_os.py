@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.benchmarks.base import Episode, Memory, Task
+from harness.benchmarks.base import Episode, Memory, Task, memory_sections
 from harness.llm import LLM, LLMFormatError, Usage
 
 ENV_DATA = "MEMRL_SHARED_DATA"
@@ -410,19 +410,7 @@ class LLBOSBenchmark:
         return box.run(self.script(task, "evaluation"), timeout=self.eval_timeout)
 
     def prompt(self, task: Task, memories: Sequence[Memory]) -> str:
-        follow = [m for m in memories if m.outcome == "success"]
-        avoid = [m for m in memories if m.outcome == "failure"]
-        parts = []
-        if follow:
-            parts.append(
-                "Experiences that worked on similar tasks (follow them where they apply):\n"
-                + "\n".join(f"- Task: {m.task}\n  Experience: {m.experience}" for m in follow)
-            )
-        if avoid:
-            parts.append(
-                "Mistakes made on similar tasks (avoid them):\n"
-                + "\n".join(f"- Task: {m.task}\n  Reflection: {m.experience}" for m in avoid)
-            )
+        parts = memory_sections(memories)
         parts.append(f"Task: {task.intent}")
         parts.append(f"You have at most {self.max_rounds} rounds. Answer with the JSON object only.")
         return "\n\n".join(parts)
