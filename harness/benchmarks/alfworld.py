@@ -37,7 +37,6 @@ cmake and a C++ compiler (about 1 minute) that needs ``wheel`` and no build isol
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -46,10 +45,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from harness.benchmarks.base import Episode, Memory, Task
+from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, shared_data_root
 from harness.llm import LLM, LLMFormatError, Usage
 
-ENV_SHARED_DATA = "MEMRL_SHARED_DATA"
 SPLITS = ("valid_seen", "valid_train")
 TYPES = {  # ALFWorld's task folders -> the example keys of alfworld_examples.json
     "pick_and_place_simple": "put",
@@ -76,14 +74,6 @@ SYSTEM = (
     "Commands: go to X, take X from Y, move X to Y, open X, close X, heat X with Y, cool X with Y, "
     "clean X with Y, use X, examine X, look, inventory."
 )
-
-
-def shared_data_root() -> Path:
-    """``$MEMRL_SHARED_DATA``, else ``<repo>/../shared/data``."""
-    env = os.environ.get(ENV_SHARED_DATA)
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 def task_type(folder: str) -> str | None:

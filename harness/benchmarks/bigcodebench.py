@@ -72,10 +72,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.benchmarks.base import Episode, Memory, Task, memory_sections
+from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
 from harness.llm import LLM
 
-ENV_DATA = "MEMRL_SHARED_DATA"
 DATA_FILE = "bigcodebench/bigcodebench_v0.1.4.jsonl"
 STDLIB_IDS = "bigcodebench/stdlib_only_ids.json"
 SPLITS_DIR = "bigcodebench/splits"
@@ -255,12 +254,6 @@ def extract_code(answer: str, entry_point: str = "task_func") -> str:
     return max(defining or blocks, key=len).strip() + "\n"
 
 
-def default_data_root() -> Path:
-    """``$MEMRL_SHARED_DATA``, else ``<repo>/../shared/data``."""
-    env = os.environ.get(ENV_DATA)
-    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "data"
-
-
 def load_rows(path: Path) -> dict[str, dict[str, Any]]:
     """BigCodeBench's jsonl rows by task id."""
     rows: dict[str, dict[str, Any]] = {}
@@ -291,10 +284,12 @@ class BigCodeBenchmark:
         max_tokens: int | str = 2048,
         python: str | None = None,
     ) -> None:
-        root = default_data_root()
+        root = shared_data_root()
         data_file = Path(data) if data else root / DATA_FILE
         if not data_file.is_file():
-            raise ValueError(f"BigCodeBench data not found at {data_file} (set {ENV_DATA} or --option data=PATH)")
+            raise ValueError(
+                f"BigCodeBench data not found at {data_file} (set {ENV_SHARED_DATA} or --option data=PATH)"
+            )
         if network not in ("isolate", "require"):
             raise ValueError(f"network: must be 'isolate' or 'require', got {network!r}")
         self.timeout = float(timeout)

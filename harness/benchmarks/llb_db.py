@@ -71,10 +71,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.benchmarks.base import Episode, Memory, Task, memory_sections
+from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
 from harness.llm import LLM, LLMError, Usage
 
-ENV_DATA = "MEMRL_SHARED_DATA"
 DATA_FILE = "llb/db_train.json"
 MD5_QUERY = (
     "SELECT MD5(GROUP_CONCAT(rowhash ORDER BY rowhash)) AS hash FROM "
@@ -93,12 +92,6 @@ ACTION_SCHEMA = {
 _XSI_NIL = "{http://www.w3.org/2001/XMLSchema-instance}nil"
 
 Row = tuple[Any, ...]
-
-
-def default_data_root() -> Path:
-    """``$MEMRL_SHARED_DATA``, else ``<repo>/../shared/data``."""
-    env = os.environ.get(ENV_DATA)
-    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 # --- the server ------------------------------------------------------------------------------
@@ -439,9 +432,9 @@ class LLBDBBenchmark:
     ) -> None:
         if backend not in ("mariadb", "docker"):
             raise ValueError(f"backend: mariadb or docker, not {backend!r}")
-        path = Path(data) if data else default_data_root() / DATA_FILE
+        path = Path(data) if data else shared_data_root() / DATA_FILE
         if not path.is_file():
-            raise ValueError(f"LLB DB data not found at {path} (set {ENV_DATA} or --option data=PATH)")
+            raise ValueError(f"LLB DB data not found at {path} (set {ENV_SHARED_DATA} or --option data=PATH)")
         self.max_rounds = int(max_rounds)
         self.max_output_chars = int(max_output_chars)
         self.statement_timeout = float(statement_timeout)

@@ -63,10 +63,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.benchmarks.base import Episode, Memory, Task, memory_sections
+from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
 from harness.llm import LLM, LLMFormatError, Usage
 
-ENV_DATA = "MEMRL_SHARED_DATA"
 ENV_ROOTFS = "MEMRL_LLB_ROOTFS"
 DATA_FILE = "llb/os_interaction_train.json"
 OUTPUT_LIMIT = 65536
@@ -162,12 +161,6 @@ class CommandResult:
 
 class SandboxError(RuntimeError):
     """The sandbox could not start or its holder died."""
-
-
-def default_data_root() -> Path:
-    """``$MEMRL_SHARED_DATA``, else ``<repo>/../shared/data``."""
-    env = os.environ.get(ENV_DATA)
-    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 def default_rootfs() -> Path:
@@ -339,9 +332,9 @@ class LLBOSBenchmark:
         image: str | None = None,
         docker_client: Any = None,
     ) -> None:
-        data_file = Path(data) if data else default_data_root() / DATA_FILE
+        data_file = Path(data) if data else shared_data_root() / DATA_FILE
         if not data_file.is_file():
-            raise ValueError(f"LLB OS data not found at {data_file} (set {ENV_DATA} or --option data=PATH)")
+            raise ValueError(f"LLB OS data not found at {data_file} (set {ENV_SHARED_DATA} or --option data=PATH)")
         if backend not in ("bwrap", "docker"):
             raise ValueError(f"backend: bwrap or docker, not {backend!r}")
         self.backend = backend

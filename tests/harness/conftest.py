@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from harness.llm import LLM
 from tests.harness.fake_llm import FakeLLMServer
+
+
+def alive_processes(marker: str) -> list[int]:
+    """Pids of the processes whose command line contains ``marker`` (for teardown checks)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
 
 
 @pytest.fixture

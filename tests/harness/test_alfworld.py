@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 from harness.benchmarks import load_benchmark
-from harness.benchmarks.alfworld import AlfworldBenchmark, Game, shared_data_root, task_type
+from harness.benchmarks.alfworld import AlfworldBenchmark, Game, task_type
+from harness.benchmarks.base import shared_data_root
 from harness.llm import LLM, Usage
 from harness.results import RunConfig, RunDir
 from harness.runner import Runner

@@ -15,10 +15,12 @@ import anyio
 import pytest
 
 from harness.benchmarks import load_benchmark
-from harness.benchmarks.bigcodebench import BigCodeBenchmark, check, default_data_root, extract_code
+from harness.benchmarks.base import shared_data_root
+from harness.benchmarks.bigcodebench import BigCodeBenchmark, check, extract_code
 from harness.llm import LLM
 from harness.results import RunConfig, RunDir
 from harness.runner import Runner
+from tests.harness.conftest import alive_processes
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 # Canonical solutions whose tests take 10-60 s by design (sleeps, subprocess timeouts): left out
@@ -39,7 +41,7 @@ def _sample(bench: BigCodeBenchmark, n: int, seed: int):
 
 
 def test_default_tasks_are_the_stdlib_only_ids(bench: BigCodeBenchmark) -> None:
-    ids = json.loads((default_data_root() / "bigcodebench" / "stdlib_only_ids.json").read_text())
+    ids = json.loads((shared_data_root() / "bigcodebench" / "stdlib_only_ids.json").read_text())
     assert [t.id for t in bench.tasks()] == ids
     task = bench.tasks()[0]
     assert len(task.intent) <= 304 and task.data["instruct_prompt"].startswith(task.intent[:200])
@@ -100,18 +102,6 @@ def test_the_solution_cannot_reach_the_network() -> None:
         assert namespace["task_func"]() == "reached"
 
 
-def _alive(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
 def _spawner(marker: str, hang: bool) -> str:
     """Code that leaves two sleeping children (one in its group, one escaped with setsid)."""
     return (
@@ -133,9 +123,9 @@ def test_no_child_survives_the_check_and_a_timeout_is_reported(hang: bool) -> No
     assert result.status == ("timeout" if hang else "pass"), result.details
     assert elapsed < 10
     deadline = time.monotonic() + 3
-    while _alive(marker) and time.monotonic() < deadline:
+    while alive_processes(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _alive(marker) == []
+    assert alive_processes(marker) == []
 
 
 def test_memory_limit() -> None:

@@ -23,24 +23,13 @@ from harness.benchmarks.llb_os import LLBOSBenchmark, Sandbox, SandboxError
 from harness.llm import LLM
 from harness.results import RunConfig, RunDir
 from harness.runner import Runner
+from tests.harness.conftest import alive_processes
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 
 @pytest.fixture(scope="module")
 def bench() -> LLBOSBenchmark:
     return LLBOSBenchmark()
-
-
-def _alive(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
 
 
 def _mounts() -> str:
@@ -151,17 +140,17 @@ def test_teardown_leaves_no_process_mount_or_file() -> None:
         sleeper = f"python3 -c 'import time; time.sleep(300)' {marker}"
         box.run(f"setsid nohup {sleeper} >/dev/null 2>&1 & ({sleeper} &) ; echo x > /tmp/y")
         deadline = time.monotonic() + 5
-        while len(_alive(marker)) < 2 and time.monotonic() < deadline:
+        while len(alive_processes(marker)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(_alive(marker)) == 2
+        assert len(alive_processes(marker)) == 2
         assert str(folder) not in _mounts()  # the overlay lives in the sandbox's own mount namespace
     finally:
         box.close()
     box.close()
     deadline = time.monotonic() + 5
-    while _alive(marker) and time.monotonic() < deadline:
+    while alive_processes(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _alive(marker) == []
+    assert alive_processes(marker) == []
     assert box.process.poll() is not None
     assert not folder.exists() and str(folder) not in _mounts()
     with pytest.raises(SandboxError):
