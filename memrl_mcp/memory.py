@@ -19,7 +19,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import numpy as np
@@ -84,11 +84,14 @@ class MemoryService:
         with self._write_lock:
             self._store.close()
 
-    def _embed_task(self, task: str) -> np.ndarray:
-        """Embed the task's canonical form, so that spacing and a trailing full stop make no twin
+    def _embed_tasks(self, tasks: Sequence[str]) -> np.ndarray:
+        """Embed the tasks' canonical forms, so that spacing and a trailing full stop make no twin
         (MiniLM puts "x." and "x" as far as 0.90 apart, while distinct tasks reach 0.98)."""
-        canonical = " ".join(task.split()).rstrip(".!;, ")
-        return self.embedder.embed([canonical or task.strip()])[0]
+        canonical = [" ".join(task.split()).rstrip(".!;, ") or task.strip() for task in tasks]
+        return self.embedder.embed(canonical)
+
+    def _embed_task(self, task: str) -> np.ndarray:
+        return self._embed_tasks([task])[0]
 
     # -- recall ---------------------------------------------------------------------------------
 
@@ -322,6 +325,41 @@ class MemoryService:
             self._store.delete_where("memories", where)
             self._store.delete_where("recalls", where)
             return ForgetResult(deleted=deleted)
+
+    def memories(self, namespace: str | None = None) -> Iterator[MemoryView]:
+        """Every memory (of one namespace, or all), in storage order: what an export writes."""
+        where = None if namespace is None else {"namespace": self._namespace(namespace)}
+        for memory_id, payload in self._store.scroll("memories", where):
+            yield _view(memory_id, payload)
+
+    def check_memory(self, memory: MemoryView) -> None:
+        """Refuse a memory to restore that the tools could not have stored; the message names the field."""
+        s = self.settings
+        if not _is_uuid(memory.id):
+            raise MemoryRequestError(f"id: {memory.id!r} is not a UUID")
+        self._namespace(memory.namespace)
+        self._text("task", memory.task, s.max_task_chars)
+        self._text("experience", memory.experience, s.max_experience_chars)
+        _float_in("q", memory.q, s.reward_min, s.reward_max)
+        if memory.last_reward is not None:
+            _float_in("last_reward", memory.last_reward, s.reward_min, s.reward_max)
+        _int_in("visits", memory.visits, 0, 2**53)
+        _int_in("merges", memory.merges, 0, 2**53)
+        _float_in("created_at", memory.created_at, 0.0, math.inf)
+        _float_in("updated_at", memory.updated_at, 0.0, math.inf)
+        self._metadata(memory.metadata)
+
+    def restore(self, memories: Sequence[MemoryView], batch: int = 64) -> int:
+        """Write memories exactly as given (same id, Q, visits, timestamps), re-embedding their tasks.
+        A memory whose id is already stored is replaced. Every memory is checked before any is written."""
+        for memory in memories:
+            self.check_memory(memory)
+        for start in range(0, len(memories), batch):
+            chunk = memories[start : start + batch]
+            vectors = self._embed_tasks([m.task for m in chunk])
+            points = [Point(m.id, v, m.model_dump(exclude={"id"})) for m, v in zip(chunk, vectors, strict=True)]
+            self._store.upsert("memories", points)
+        return len(memories)
 
     def get(self, memory_id: str) -> MemoryView:
         payload = self._store.get("memories", [memory_id]).get(memory_id) if _is_uuid(memory_id) else None
