@@ -1,4 +1,4 @@
-"""``memrl-mcp``: run the memory server over stdio (default), streamable HTTP or SSE."""
+"""``memrl-mcp``: run the memory server over stdio (default), streamable HTTP or SSE; back it up and restore it."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from types import FrameType
 
+from memrl_mcp import backup
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.server import create_server
-from memrl_mcp.settings import SettingsError, load_settings
+from memrl_mcp.settings import Settings, SettingsError, load_settings
 from memrl_mcp.storage import StoreLockedError
 
 log = logging.getLogger("memrl_mcp")
@@ -22,9 +24,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--transport", choices=("stdio", "streamable-http", "sse"), default="stdio")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1).")
     parser.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765).")
-    parser.add_argument("--config", help="YAML settings file (same as MEMRL_CONFIG); see configs/default.yaml.")
-    parser.add_argument("--data-dir", help="Folder of the embedded store (same as MEMRL_DATA_DIR).")
+    _store_options(parser, default=None)
+    commands = parser.add_subparsers(dest="command", title="backups (instead of serving)")
+    export = commands.add_parser(
+        "export", help="Write the memories as JSON Lines.", description="Write the memories as JSON Lines."
+    )
+    export.add_argument("--out", type=Path, help="File to write, replaced only once complete (default: stdout).")
+    export.add_argument("--namespace", action="append", default=[], help="Only this namespace (repeatable).")
+    _store_options(export, default=argparse.SUPPRESS)
+    restore = commands.add_parser(
+        "import",
+        help="Restore memories from an export.",
+        description="Check every line of an export, then restore its memories (same ids). Resumable: run it again.",
+    )
+    restore.add_argument("file", type=Path, help="A file written by `memrl-mcp export`.")
+    _store_options(restore, default=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def _store_options(parser: argparse.ArgumentParser, default: str | None) -> None:
+    """Given before or after the subcommand (a subcommand's SUPPRESS default keeps the value given before it)."""
+    parser.add_argument(
+        "--config", default=default, help="YAML settings file (same as MEMRL_CONFIG); see configs/default.yaml."
+    )
+    parser.add_argument("--data-dir", default=default, help="Folder of the embedded store (same as MEMRL_DATA_DIR).")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    if args.config:
+        os.environ["MEMRL_CONFIG"] = args.config
+    return load_settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -33,13 +62,14 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # stdout is the protocol's wire under stdio: everything else goes to stderr.
+    # stdout is the protocol's wire under stdio (and the export's): everything else goes to stderr.
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if args.config:
-        os.environ["MEMRL_CONFIG"] = args.config
-    overrides = {"data_dir": args.data_dir} if args.data_dir else {}
+    return serve(args) if args.command is None else run_backup(args)
+
+
+def serve(args: argparse.Namespace) -> int:
     try:
-        settings = load_settings(**overrides)
+        settings = _settings(args)
         service = MemoryService.open(settings)
     except (SettingsError, StoreLockedError) as error:
         print(f"memrl-mcp: {error}", file=sys.stderr)
@@ -59,6 +89,21 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         service.close()
+    return 0
+
+
+def run_backup(args: argparse.Namespace) -> int:
+    """``export`` or ``import``: a refusal (bad settings or file, a store held by a server) is a message and status 2."""
+    try:
+        settings = _settings(args)
+        if args.command == "export":
+            summary = backup.export_memories(settings, args.out, args.namespace, sys.stdout.buffer)
+        else:
+            summary = backup.import_memories(settings, args.file)
+    except (SettingsError, StoreLockedError, backup.BackupError, OSError) as error:
+        print(f"memrl-mcp {args.command}: {error}", file=sys.stderr)
+        return 2
+    print(f"memrl-mcp {args.command}: {summary}", file=sys.stderr)
     return 0
 
 
