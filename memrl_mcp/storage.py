@@ -8,13 +8,20 @@ The memory service needs only the few primitives of :class:`Store`. Two engines 
 Both keep the utility ``q`` and the bookkeeping in the payload; ``namespace``, ``outcome`` and
 ``status`` are indexed because searches and counts filter on them. A recall is stored as a point whose vector is the
 query embedding, so reporting it can store the new experience without embedding the task again.
+
+:meth:`Store.set_payload_if` is the one primitive for writers that share a store (threads, or replicas on one
+Qdrant server): a write applied only while the point still matches a condition. Qdrant applies the update
+operations of a shard one after another, so the condition and the write cannot be split by another writer;
+qdrant-client's local mode is plain Python, so this adapter makes each of its calls atomic with a lock.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -24,8 +31,8 @@ import numpy as np
 from memrl_mcp.settings import Settings
 
 Table = Literal["memories", "recalls"]
-Where = Mapping[str, str]
-"""Exact matches on indexed keyword fields, all of which must hold."""
+Where = Mapping[str, str | int | Sequence[str]]
+"""Conditions on payload fields, all of which must hold: an exact value, or a list of accepted values."""
 TABLES: tuple[Table, ...] = ("memories", "recalls")
 INDEXED_KEYWORDS = ("namespace", "outcome", "status")
 EXPIRY = "expires_at"  # float, indexed in the recalls table
@@ -72,6 +79,11 @@ class Store(Protocol):
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None: ...
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None: ...
+
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
+        """Set ``payload`` only if the point still matches ``where``, atomically; read the point back to learn
+        whether it did (Qdrant does not say)."""
+        ...
 
     def delete(self, table: Table, ids: Sequence[str]) -> None: ...
 
@@ -122,9 +134,13 @@ class EdgeStore:
             raise ValueError(f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones")
         return shard
 
-    def _filter(self, where: Where | None) -> Any:
+    def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
         edge = self._edge
-        must = [edge.FieldCondition(key, match=edge.MatchValue(value)) for key, value in (where or {}).items()]
+        must: list[Any] = [
+            edge.FieldCondition(key, match=_edge_match(edge, value)) for key, value in (where or {}).items()
+        ]
+        if point_id is not None:
+            must.append(edge.HasIdCondition({point_id}))
         return edge.Filter(must=must) if must else None
 
     def _apply(self, table: Table, operation: Any) -> None:
@@ -144,6 +160,9 @@ class EdgeStore:
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
         self._apply(table, self._edge.UpdateOperation.set_payload([point_id], payload))
+
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
+        self._apply(table, self._edge.UpdateOperation.set_payload_by_filter(self._filter(where, point_id), payload))
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:
@@ -195,6 +214,10 @@ class EdgeStore:
         self._shards = {}
 
 
+def _edge_match(edge: Any, value: str | int | Sequence[str]) -> Any:
+    return edge.MatchAny(list(value)) if isinstance(value, list | tuple | set | frozenset) else edge.MatchValue(value)
+
+
 def _edge_dim(path: Path) -> int:
     """The vector size a shard was created with, from its own config file."""
     config = json.loads((path / "edge_config.json").read_text())
@@ -218,6 +241,8 @@ class QdrantClientStore:
         self._models = models
         self._names = {table: f"{collection}_{table}" for table in TABLES}
         self._client_is_local = url is None
+        # A Qdrant server applies each update atomically; local mode is Python over numpy: one call at a time.
+        self._atomic: AbstractContextManager[Any] = threading.Lock() if url is None else nullcontext()
         if url is not None:
             self._client = QdrantClient(url=url, api_key=api_key)
         elif path is not None:
@@ -248,9 +273,19 @@ class QdrantClientStore:
             self._client.create_payload_index(name, key, field_schema=models.PayloadSchemaType.KEYWORD)
         self._client.create_payload_index(name, EXPIRY, field_schema=models.PayloadSchemaType.FLOAT)
 
-    def _filter(self, where: Where | None) -> Any:
+    def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
         models = self._models
-        must = [models.FieldCondition(key=k, match=models.MatchValue(value=v)) for k, v in (where or {}).items()]
+        must: list[Any] = [
+            models.FieldCondition(
+                key=key,
+                match=models.MatchAny(any=list(value))
+                if isinstance(value, list | tuple | set | frozenset)
+                else models.MatchValue(value=value),
+            )
+            for key, value in (where or {}).items()
+        ]
+        if point_id is not None:
+            must.append(models.HasIdCondition(has_id=[point_id]))
         return models.Filter(must=must) if must else None
 
     def upsert(self, table: Table, points: Sequence[Point]) -> None:
@@ -258,42 +293,59 @@ class QdrantClientStore:
             self._models.PointStruct(id=p.id, vector=p.vector.astype(np.float32).tolist(), payload=p.payload)
             for p in points
         ]
-        self._client.upsert(self._names[table], batch, wait=True)
+        with self._atomic:
+            self._client.upsert(self._names[table], batch, wait=True)
 
     def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        records = self._client.retrieve(self._names[table], list(ids), with_payload=True) if ids else []
+        if not ids:
+            return {}
+        with self._atomic:
+            records = self._client.retrieve(self._names[table], list(ids), with_payload=True)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
-        records = self._client.retrieve(self._names[table], [point_id], with_payload=False, with_vectors=True)
+        with self._atomic:
+            records = self._client.retrieve(self._names[table], [point_id], with_payload=False, with_vectors=True)
         return np.asarray(records[0].vector, dtype=np.float32) if records else None
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
-        self._client.set_payload(self._names[table], payload=payload, points=[point_id], wait=True)
+        with self._atomic:
+            self._client.set_payload(self._names[table], payload=payload, points=[point_id], wait=True)
+
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
+        selector = self._models.FilterSelector(filter=self._filter(where, point_id))
+        with self._atomic:
+            self._client.set_payload(self._names[table], payload=payload, points=selector, wait=True)
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:
             selector = self._models.PointIdsList(points=list(ids))
-            self._client.delete(self._names[table], points_selector=selector, wait=True)
+            with self._atomic:
+                self._client.delete(self._names[table], points_selector=selector, wait=True)
 
     def delete_where(self, table: Table, where: Where) -> None:
         selector = self._models.FilterSelector(filter=self._filter(where))
-        self._client.delete(self._names[table], points_selector=selector, wait=True)
+        with self._atomic:
+            self._client.delete(self._names[table], points_selector=selector, wait=True)
 
     def purge_recalls(self, expired_before: float) -> None:
         models = self._models
         expired = models.Filter(must=[models.FieldCondition(key=EXPIRY, range=models.Range(lt=expired_before))])
-        self._client.delete(self._names["recalls"], points_selector=models.FilterSelector(filter=expired), wait=True)
+        with self._atomic:
+            self._client.delete(
+                self._names["recalls"], points_selector=models.FilterSelector(filter=expired), wait=True
+            )
 
     def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Where) -> list[Hit]:
-        response = self._client.query_points(
-            self._names["memories"],
-            query=vector.astype(np.float32).tolist(),
-            query_filter=self._filter(where),
-            score_threshold=min_similarity,
-            limit=limit,
-            with_payload=True,
-        )
+        with self._atomic:
+            response = self._client.query_points(
+                self._names["memories"],
+                query=vector.astype(np.float32).tolist(),
+                query_filter=self._filter(where),
+                score_threshold=min_similarity,
+                limit=limit,
+                with_payload=True,
+            )
         return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in response.points]
 
     def scroll(
@@ -302,22 +354,25 @@ class QdrantClientStore:
         payload = True if fields is None else list(fields)
         offset = None
         while True:
-            records, offset = self._client.scroll(
-                self._names[table],
-                scroll_filter=self._filter(where),
-                limit=SCROLL_PAGE,
-                offset=offset,
-                with_payload=payload,
-            )
+            with self._atomic:
+                records, offset = self._client.scroll(
+                    self._names[table],
+                    scroll_filter=self._filter(where),
+                    limit=SCROLL_PAGE,
+                    offset=offset,
+                    with_payload=payload,
+                )
             yield from ((str(r.id), dict(r.payload or {})) for r in records)
             if offset is None:
                 return
 
     def count(self, table: Table, where: Where | None = None) -> int:
-        return int(self._client.count(self._names[table], count_filter=self._filter(where), exact=True).count)
+        with self._atomic:
+            return int(self._client.count(self._names[table], count_filter=self._filter(where), exact=True).count)
 
     def close(self) -> None:
-        self._client.close()
+        with self._atomic:
+            self._client.close()
 
 
 def open_store(settings: Settings, dim: int) -> Store:
