@@ -149,7 +149,7 @@ def read_memories(path: Path) -> list[tuple[int, MemoryView]]:
 def parse_memory(text: str) -> MemoryView:
     """One line: a JSON object with exactly the fields of a memory, each of its exact type (no coercion)."""
     try:
-        record = json.loads(text)
+        record = json.loads(text.rstrip("\r\n"))  # so that the column is the line's own
     except json.JSONDecodeError as error:
         raise BackupError(f"not JSON ({error.msg} at column {error.colno})") from None
     if not isinstance(record, dict):

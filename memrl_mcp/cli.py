@@ -93,7 +93,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def run_backup(args: argparse.Namespace) -> int:
-    """``export`` or ``import``: a refusal (bad settings or file, a store held by a server) is a message and status 2."""
+    """``export`` or ``import``: a refusal (bad settings or file, a store held by a server) is a message, status 2."""
     try:
         settings = _settings(args)
         if args.command == "export":
