@@ -29,15 +29,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     export = commands.add_parser(
         "export", help="Write the memories as JSON Lines.", description="Write the memories as JSON Lines."
     )
-    export.add_argument("--out", type=Path, help="File to write, replaced only once complete (default: stdout).")
-    export.add_argument("--namespace", action="append", default=[], help="Only this namespace (repeatable).")
+    export.add_argument(
+        "--out", type=Path, metavar="FILE", help="File to write, replaced only once complete (default: stdout)."
+    )
+    export.add_argument(
+        "--namespace", action="append", default=[], metavar="NS", help="Only this namespace (repeatable)."
+    )
     _store_options(export, default=argparse.SUPPRESS)
     restore = commands.add_parser(
         "import",
         help="Restore memories from an export.",
         description="Check every line of an export, then restore its memories (same ids). Resumable: run it again.",
     )
-    restore.add_argument("file", type=Path, help="A file written by `memrl-mcp export`.")
+    restore.add_argument("file", type=Path, metavar="FILE", help="A file written by `memrl-mcp export`.")
     _store_options(restore, default=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
