@@ -43,10 +43,9 @@ from memrl_mcp.models import (
     Stats,
     StoreResult,
 )
-from memrl_mcp.settings import MAX_K, Settings
+from memrl_mcp.settings import MAX_K, NAMESPACE_PATTERN, Settings
 from memrl_mcp.storage import Point, Store, new_id, open_store
 
-NAMESPACE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 RECALL_PENDING, RECALL_APPLYING, RECALL_REPORTED = "pending", "applying", "reported"
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it

@@ -7,18 +7,45 @@ Precedence, highest first: explicit arguments, environment, YAML file (``MEMRL_C
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 MAX_K = 100
+NAMESPACE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+ALL_NAMESPACES = "*"
+MIN_TOKEN_CHARS = 16
 
 
 class SettingsError(ValueError):
     """A setting has a bad value; the message names the setting."""
+
+
+class TokenGrant(BaseModel):
+    """One bearer token of the HTTP transports and the namespaces it may use (its tenant).
+
+    The first namespace listed is the one a call that names none uses; ``"*"`` grants every namespace.
+    Give the token itself, or only its SHA-256 (hex) to keep it out of the config file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAMESPACE_PATTERN, description="Who holds the token (logs, metrics).")
+    token: SecretStr | None = Field(None, min_length=MIN_TOKEN_CHARS, description="The bearer token.")
+    token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the bearer token.")
+    namespaces: list[str] = Field(min_length=1, description='Namespaces this token may use; "*": all.')
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> TokenGrant:
+        if (self.token is None) == (self.token_sha256 is None):
+            raise ValueError(f"token {self.name!r}: give exactly one of token or token_sha256")
+        for namespace in self.namespaces:
+            if namespace != ALL_NAMESPACES and not re.fullmatch(NAMESPACE_PATTERN, namespace):
+                raise ValueError(f"token {self.name!r}: namespace {namespace!r} is not 1-64 of A-Z a-z 0-9 _ . : -")
+        return self
 
 
 class Settings(BaseSettings):
@@ -82,7 +109,20 @@ class Settings(BaseSettings):
     max_task_chars: int = Field(4000, ge=1, description="Longest accepted task text.")
     max_experience_chars: int = Field(20000, ge=1, description="Longest accepted experience text.")
     max_metadata_chars: int = Field(4000, ge=2, description="Longest accepted metadata, as JSON.")
-    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="Default namespace.")
+    namespace: str = Field("default", pattern=NAMESPACE_PATTERN, description="Default namespace.")
+
+    # Serving over HTTP
+    tokens: list[TokenGrant] = Field(
+        default_factory=list,
+        description="Bearer tokens of the HTTP transports, each with its namespaces (env: a JSON list).",
+    )
+    tokens_file: Path | None = Field(None, description="YAML or JSON file with more tokens: {tokens: [...]}.")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host headers accepted besides loopback and the bound address (DNS-rebinding protection), "
+        "e.g. memory.example.com:*",
+    )
+    log_format: Literal["json", "text"] = Field("json", description="Logs on stderr: JSON lines or plain text.")
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

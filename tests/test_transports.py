@@ -58,12 +58,14 @@ class HttpServer:
 
 
 @contextmanager
-def http_server(data_dir: Path, tmp_path: Path, **variables: str) -> Iterator[HttpServer]:
-    """A ``memrl-mcp --transport streamable-http`` child on 127.0.0.1, stopped with SIGTERM (as a service
-    manager would) when the block ends."""
+def http_server(
+    data_dir: Path, tmp_path: Path, transport: str = "streamable-http", **variables: str
+) -> Iterator[HttpServer]:
+    """A ``memrl-mcp --transport streamable-http`` (or sse) child on 127.0.0.1, stopped with SIGTERM (as a
+    service manager would) when the block ends."""
     port = free_port()
     log_path = tmp_path / f"http-server-{port}.log"
-    args = ["--transport", "streamable-http", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
+    args = ["--transport", transport, "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [*CLI, *args], env=child_env(**variables), stdin=subprocess.DEVNULL, stdout=log, stderr=log
@@ -80,7 +82,7 @@ def http_server(data_dir: Path, tmp_path: Path, **variables: str) -> Iterator[Ht
                 if time.monotonic() > deadline:
                     pytest.fail(f"HTTP server not listening after {START_TIMEOUT_S} s:\n{log_path.read_text()}")
                 time.sleep(0.05)
-        yield HttpServer(f"http://127.0.0.1:{port}/mcp", proc, log_path)
+        yield HttpServer(f"http://127.0.0.1:{port}/{'sse' if transport == 'sse' else 'mcp'}", proc, log_path)
     finally:
         proc.terminate()
         try:

@@ -1,0 +1,106 @@
+"""Logs and metrics: one structured log line and one metric sample per tool call.
+
+Logs go to stderr (stdout is the wire under stdio), as JSON lines by default. Metrics are in Prometheus'
+text format on the HTTP transports' ``/metrics``; they carry tool names and outcomes, never task text,
+namespaces or tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from memrl_mcp.memory import MemoryService
+
+log = logging.getLogger("memrl_mcp.calls")
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+Status = Literal["ok", "refused", "error"]
+_RECORD_FIELDS = set(vars(logging.makeLogRecord({})))
+
+
+class JsonLines(logging.Formatter):
+    """A log record as one JSON object: time, level, logger, message, and any ``extra`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update({k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS and k != "message"})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(log_format: Literal["json", "text"]) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonLines())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+
+class Metrics:
+    """The server's metrics, in a registry of its own (several servers may live in one process)."""
+
+    def __init__(self, service: MemoryService) -> None:
+        self.registry = CollectorRegistry()
+        self._calls = Counter(
+            "memrl_tool_calls", "Tool calls by tool and outcome.", ("tool", "status"), registry=self.registry
+        )
+        self._seconds = Histogram(
+            "memrl_tool_call_seconds",
+            "Tool call latency, in the server.",
+            ("tool",),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_StoreCollector(service))
+
+    @contextmanager
+    def call(self, tool: str, client: str | None) -> Iterator[dict[str, Status]]:
+        """Time one tool call; the caller sets ``outcome["status"]`` to refused or error when it is."""
+        outcome: dict[str, Status] = {"status": "ok"}
+        start = time.perf_counter()
+        try:
+            yield outcome
+        except BaseException:
+            outcome["status"] = "error" if outcome["status"] == "ok" else outcome["status"]
+            raise
+        finally:
+            seconds = time.perf_counter() - start
+            self._calls.labels(tool, outcome["status"]).inc()
+            self._seconds.labels(tool).observe(seconds)
+            log.info(
+                "tool call",
+                extra={"tool": tool, "status": outcome["status"], "ms": round(seconds * 1000, 3), "client": client},
+            )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StoreCollector:
+    """Read at scrape time from the service: memories stored and optimistic-write retries."""
+
+    def __init__(self, service: MemoryService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield GaugeMetricFamily("memrl_memories", "Memories stored, all namespaces.", value=self._service.count())
+        yield CounterMetricFamily(
+            "memrl_write_conflicts",
+            "Optimistic writes that lost a race to a concurrent writer and were retried.",
+            value=self._service.write_conflicts,
+        )
