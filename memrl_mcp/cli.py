@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from memrl_mcp import backup
+from memrl_mcp import backup, serving
 from memrl_mcp.memory import MemoryService
-from memrl_mcp.server import create_server
+from memrl_mcp.observability import configure_logging
 from memrl_mcp.settings import Settings, SettingsError, load_settings
 from memrl_mcp.storage import StoreLockedError
 
@@ -67,28 +67,33 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # stdout is the protocol's wire under stdio (and the export's): everything else goes to stderr.
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     return serve(args) if args.command is None else run_backup(args)
 
 
 def serve(args: argparse.Namespace) -> int:
     try:
         settings = _settings(args)
+        configure_logging(settings.log_format)
+        tokens = serving.tokens_for(settings, args.transport, args.host)
         service = MemoryService.open(settings)
     except (SettingsError, StoreLockedError) as error:
         print(f"memrl-mcp: {error}", file=sys.stderr)
         return 2
     where = settings.qdrant_url or settings.data_dir
-    log.info("memory open: %s (embedder %s, %s transport)", where, service.embedder.name, args.transport)
+    log.info(
+        "memory open: %s (embedder %s, %s transport%s)",
+        where,
+        service.embedder.name,
+        args.transport,
+        ""
+        if args.transport == "stdio"
+        else f" on {args.host}:{args.port}, {'bearer tokens' if tokens else 'no token'}",
+    )
     # SIGTERM (service managers, uvicorn re-raising it after its own shutdown) must still close the
     # store cleanly: turn it into the KeyboardInterrupt that the finally clause below handles.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        server = create_server(service)
-        if args.transport == "stdio":
-            server.run()
-        else:
-            server.run(args.transport, host=args.host, port=args.port)
+        serving.serve(service, args.transport, args.host, args.port, tokens)
     except KeyboardInterrupt:
         pass
     finally:
