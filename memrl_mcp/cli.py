@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from memrl_mcp import backup, serving
+from memrl_mcp import backup
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.observability import configure_logging
 from memrl_mcp.settings import Settings, SettingsError, load_settings
@@ -66,11 +66,12 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # stdout is the protocol's wire under stdio (and the export's): everything else goes to stderr.
     return serve(args) if args.command is None else run_backup(args)
 
 
 def serve(args: argparse.Namespace) -> int:
+    from memrl_mcp import serving  # the MCP and HTTP stack: not loaded by export / import
+
     try:
         settings = _settings(args)
         configure_logging(settings.log_format)
@@ -105,6 +106,7 @@ def run_backup(args: argparse.Namespace) -> int:
     """``export`` or ``import``: a refusal (bad settings or file, a store held by a server) is a message, status 2."""
     try:
         settings = _settings(args)
+        configure_logging(settings.log_format)
         if args.command == "export":
             summary = backup.export_memories(settings, args.out, args.namespace, sys.stdout.buffer)
         else:

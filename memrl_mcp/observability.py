@@ -43,6 +43,7 @@ class JsonLines(logging.Formatter):
 
 
 def configure_logging(log_format: Literal["json", "text"]) -> None:
+    """Everything to stderr: under stdio, stdout is the protocol's wire (and an export's output)."""
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonLines())
