@@ -8,17 +8,21 @@ checks that no update was lost, and stops the server with SIGTERM. ``--url`` (an
 Tasks are the distinct task texts of the shared benchmark data (ALFWorld goals and their human
 annotations, LifelongAgentBench OS/DB instructions, BigCodeBench prompts), sent in a shuffled order; once
 the pool is used up, each later pass gets an " (attempt k)" suffix, so no two cycles send the same text.
-Rewards: half from {-1, 1}, half uniform in [-1, 1]; one report in four carries an experience (a new or
-merged memory).
+``--seed-memories`` (2000) of them are stored first (store_experience, 8 clients); the cycles start halfway
+into the seeded texts, so some tasks have a stored twin and others only neighbours. Rewards: half from
+{-1, 1}, half uniform in [-1, 1]; one report in four carries an experience (a new or merged memory).
 
 Lost updates: every acknowledged report returns ``updated: [{id, q_before, q_after, visits}]``. Per memory,
 the acknowledged visits must be consecutive from the memory's start (no gap, no repeat) and each q_before
 must equal the previous q_after; after each run the server's own memory (``memrl://memories/{id}``) must
-hold the last visits and q_after. Memories that a refused or failed report had recalled are left out.
+hold the last visits and q_after. Memories that a refused or failed report had recalled are left out. Qs are
+compared to 1e-12: qdrant-edge may read a stored float back one ulp off. The exit status is 1 on any error
+or lost update.
 
 Clients: ``--client lean`` (default) speaks MCP streamable HTTP (JSON-RPC over POST, JSON or SSE answers,
 Mcp-Session-Id) with httpx, so that the clients' own CPU stays small on a shared machine; ``--client sdk``
-uses the MCP SDK's ``mcp.Client``. ``--py-spy FILE`` samples the server process during the timed runs.
+uses the MCP SDK's ``mcp.Client``. ``--py-spy FILE`` (``pip install py-spy``) samples the own server during
+the timed runs and prints where its busy time goes; ``--server-env KEY=VALUE`` configures the own server.
 
     .venv/bin/python benchmarks/load.py                       # 8 clients, 30 s, own server
     .venv/bin/python benchmarks/load.py --clients 8 --seconds 30 --runs 3 --py-spy /tmp/server.txt
@@ -399,6 +403,8 @@ async def run_once(
         "updates": record.updates,
         "client_cores": client_cpu / wall,
         "server_cores": server_cpu / wall,
+        "server_ms": 1000 * server_cpu / max(len(record.cycle_ms), 1),
+        "client_ms": 1000 * client_cpu / max(len(record.cycle_ms), 1),
     }
 
 
@@ -532,8 +538,9 @@ async def main_async(args: argparse.Namespace, url: str, server_pid: int | None)
                 f"  run {run + 1}: {r['cps']:.0f} cycles/s ({r['cycles']} in {r['wall']:.1f} s); "
                 f"recall {percentiles(r['recall'])}; report {percentiles(r['report'])}; "
                 f"cycle {percentiles(r['cycle'])}; errors {len(r['errors'])}; LOST UPDATES {len(r['lost'])} "
-                f"({r['checked']} memories, {r['updates']} Q updates checked); CPU cores busy: "
-                f"server {r['server_cores']:.2f}, clients {r['client_cores']:.2f}",
+                f"({r['checked']} memories, {r['updates']} Q updates checked); CPU: server {r['server_cores']:.2f} "
+                f"cores = {r['server_ms']:.1f} ms/cycle, clients {r['client_cores']:.2f} = "
+                f"{r['client_ms']:.1f} ms/cycle",
                 flush=True,
             )
             for message in r["errors"][:3] + r["lost"][:5]:
@@ -559,8 +566,8 @@ async def main_async(args: argparse.Namespace, url: str, server_pid: int | None)
         f"recall p50 {med('recall', B.p50):.1f} / p99 {med('recall', lambda v: B.pct(v, 99)):.1f} ms; "
         f"report p50 {med('report', B.p50):.1f} / p99 {med('report', lambda v: B.pct(v, 99)):.1f} ms; "
         f"cycle p50 {med('cycle', B.p50):.1f} / p99 {med('cycle', lambda v: B.pct(v, 99)):.1f} ms; "
-        f"errors {errors}; LOST UPDATES {lost}; CPU cores busy: server {med('server_cores'):.2f}, "
-        f"clients {med('client_cores'):.2f}"
+        f"errors {errors}; LOST UPDATES {lost}; CPU: server {med('server_cores'):.2f} cores = "
+        f"{med('server_ms'):.1f} ms/cycle, clients {med('client_cores'):.2f} = {med('client_ms'):.1f} ms/cycle"
     )
     if args.py_spy and server_pid:
         print(f"server profile (py-spy {args.py_spy}.*, all runs), share of the samples of busy server threads:")
