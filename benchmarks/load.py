@@ -8,6 +8,8 @@ checks that no update was lost, and stops the server with SIGTERM. ``--url`` (an
 Tasks are the distinct task texts of the shared benchmark data (ALFWorld goals and their human
 annotations, LifelongAgentBench OS/DB instructions, BigCodeBench prompts), sent in a shuffled order; once
 the pool is used up, each later pass gets an " (attempt k)" suffix, so no two cycles send the same text.
+``--task-set N`` instead cycles over N tasks again and again, as a benchmark's epochs do (the server's
+embedding cache then spares the model run of a task seen before).
 ``--seed-memories`` (2000) of them are stored first (store_experience, 8 clients); the cycles start halfway
 into the seeded texts, so some tasks have a stored twin and others only neighbours. Rewards: half from
 {-1, 1}, half uniform in [-1, 1]; one report in four carries an experience (a new or merged memory).
@@ -215,16 +217,18 @@ def task_pool(seed: int) -> tuple[list[tuple[str, str]], str]:
 
 
 class TaskSource:
-    """Hands out the pool's texts in order; each later pass over it adds " (attempt k)", so none repeats."""
+    """Hands out the pool's texts in order. Cold (default): each later pass over the pool adds
+    " (attempt k)", so no text repeats and every recall embeds. Epochs: the same texts again and again,
+    as the benchmark protocol runs a fixed task set for several epochs."""
 
-    def __init__(self, pool: list[tuple[str, str]]) -> None:
-        self._pool, self._i = pool, 0
+    def __init__(self, pool: list[tuple[str, str]], epochs: bool) -> None:
+        self._pool, self._i, self._epochs = pool, 0, epochs
 
     def next(self) -> tuple[str, str]:
         passes, index = divmod(self._i, len(self._pool))
         self._i += 1
         ns, text = self._pool[index]
-        return ns, text if passes == 0 else f"{text.rstrip()} (attempt {passes + 1})"
+        return ns, text if passes == 0 or self._epochs else f"{text.rstrip()} (attempt {passes + 1})"
 
 
 def experience_text(rng: random.Random) -> str:
@@ -526,7 +530,9 @@ async def main_async(args: argparse.Namespace, url: str, server_pid: int | None)
         if args.seed_memories:
             took = await seed(clients, pool, min(args.seed_memories, len(pool)), ledger, args.seed)
             print(f"  seeded {min(args.seed_memories, len(pool))} memories in {took:.1f} s (store_experience)")
-        tasks = TaskSource(pool[args.seed_memories // 2 :] + pool[: args.seed_memories // 2])
+        order = pool[args.seed_memories // 2 :] + pool[: args.seed_memories // 2]
+        tasks = TaskSource(order[: args.task_set] if args.task_set else order, epochs=bool(args.task_set))
+        print(f"  cycles: {f'a fixed set of {args.task_set} tasks, repeated' if args.task_set else 'distinct texts'}")
         stats_before = await clients[0].call_tool("memory_stats", {})
         results = []
         profiles = [f"{args.py_spy}.{run + 1}" for run in range(args.runs)] if args.py_spy else []
@@ -586,6 +592,13 @@ def main() -> int:
     parser.add_argument("--seed-memories", type=int, default=2000, help="memories stored before the load")
     parser.add_argument("--server-env", action="append", default=[], help="KEY=VALUE for the own server")
     parser.add_argument("--py-spy", metavar="FILE", help="sample the own server with py-spy into FILE")
+    parser.add_argument(
+        "--task-set",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cycle over a fixed set of N tasks, as benchmark epochs do (default 0: every text distinct)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.url:

@@ -45,6 +45,14 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
     server = create_server(service, tokens)
     if transport == "stdio":
         server.run()
+        return
+    import uvicorn
+
+    security = transport_security(host, service.settings.allowed_hosts)
+    if transport == "sse":
+        app = server.sse_app(transport_security=security, host=host)
     else:
-        security = transport_security(host, service.settings.allowed_hosts)
-        server.run(transport, host=host, port=port, transport_security=security)
+        # Every tool answers once: a plain JSON answer costs the server less than an SSE stream per call.
+        app = server.streamable_http_app(json_response=True, transport_security=security, host=host)
+    # Our handlers' format for uvicorn's own logs; the per-call JSON log replaces its access log.
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)

@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     embedding_dimensions: int | None = Field(None, ge=1, le=8192, description="Output size for the openai embedder.")
     openai_base_url: str | None = Field(None, description="Base URL of the OpenAI-compatible embeddings API.")
     openai_api_key: SecretStr | None = Field(None, description="API key of the OpenAI-compatible embeddings API.")
+    embedding_cache: int = Field(
+        10_000, ge=0, le=10_000_000, description="Task texts whose vectors are kept in memory (1.5 KB each at 384-d)."
+    )
 
     # Retrieval (MEMRL.md, Phase A and B)
     k1: int = Field(5, ge=1, le=MAX_K, description="Phase A: candidates recalled by similarity.")

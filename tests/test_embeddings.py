@@ -29,6 +29,7 @@ import pytest
 from memrl_mcp.embeddings import (
     MINILM_PROFILE,
     OPENAI_PROFILE,
+    CachedEmbedder,
     Embedder,
     MiniLMEmbedder,
     OpenAIEmbedder,
@@ -346,7 +347,7 @@ def test_create_embedder_builds_the_openai_embedder_from_settings(fake_api: Fake
         data_dir=tmp_path,
     )
     e = create_embedder(settings)
-    assert isinstance(e, OpenAIEmbedder)
+    assert isinstance(e, CachedEmbedder) and isinstance(e.inner, OpenAIEmbedder)
     assert (e.name, e.dim) == ("openai:my-model:24", 24)
     assert_unit_rows(e.embed(["hello world"]), 1, 24)
     (request,) = fake_api.requests
@@ -355,6 +356,41 @@ def test_create_embedder_builds_the_openai_embedder_from_settings(fake_api: Fake
         "my-model",
         24,
     )
+
+
+# -- the cache in front of any embedder ------------------------------------------------------------
+
+
+def test_cache_asks_the_api_only_for_texts_it_has_not_seen(fake_api: FakeEmbeddingsAPI) -> None:
+    inner = OpenAIEmbedder(model="m", base_url=fake_api.base_url, api_key="k", dimensions=16)
+    cached = CachedEmbedder(inner, size=100)
+    first = cached.embed(["open the drawer", "close the door", "open the drawer"])
+    assert fake_api.requests[-1].body["input"] == ["open the drawer", "close the door"]  # a batch's repeat too
+    again = cached.embed(["close the door", "water the plant", "open the drawer"])
+    assert fake_api.requests[-1].body["input"] == ["water the plant"]
+    assert len(fake_api.requests) == 2
+    np.testing.assert_array_equal(first[0], first[2])
+    np.testing.assert_array_equal(again[[0, 2]], first[[1, 0]])
+    np.testing.assert_array_equal(again, inner.embed(["close the door", "water the plant", "open the drawer"]))
+    again[:] = 0  # callers get copies: the cache cannot be corrupted through a returned array
+    np.testing.assert_array_equal(cached.embed(["open the drawer"])[0], first[0])
+
+
+def test_cache_forgets_the_least_recently_used_text(fake_api: FakeEmbeddingsAPI) -> None:
+    cached = CachedEmbedder(OpenAIEmbedder(model="m", base_url=fake_api.base_url, dimensions=8), size=2)
+    cached.embed(["a"])
+    cached.embed(["b"])
+    cached.embed(["a"])  # a is now the most recent
+    cached.embed(["c"])  # evicts b
+    asked = len(fake_api.requests)
+    cached.embed(["a", "c"])
+    assert len(fake_api.requests) == asked
+    cached.embed(["b"])
+    assert fake_api.requests[-1].body["input"] == ["b"]
+
+
+def test_cache_is_off_with_size_zero(tmp_path: Path) -> None:
+    assert isinstance(create_embedder(load_settings(data_dir=tmp_path, embedding_cache=0)), MiniLMEmbedder)
 
 
 # -- end to end: MemoryService.open with the OpenAI embedder --------------------------------------
