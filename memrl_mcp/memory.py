@@ -100,7 +100,9 @@ class MemoryService:
             mean=profile.mean if settings.sim_mean is None else settings.sim_mean,
             std=profile.std if settings.sim_std is None else settings.sim_std,
         )
-        self._housekeeping(stale_after=0.0)
+        # An embedded store is this process's alone: whatever is still "applying" was interrupted. On a
+        # Qdrant server another replica may be mid-report: finish only reports left for a while.
+        self._housekeeping(stale_after=STALE_REPORT_SECONDS if settings.qdrant_url else 0.0)
 
     @classmethod
     def open(cls, settings: Settings) -> Self:
