@@ -69,3 +69,27 @@ def test_an_interrupted_report_is_finished_once_on_reopen(
         assert reopened.stats().recalls_reported == 1
     finally:
         reopened.close()
+
+
+def test_on_a_qdrant_server_a_replica_finishes_only_reports_left_for_a_minute(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    """Another replica may be mid-report: a fresh "applying" is left to it; a stale one is finished."""
+    settings = load_settings(data_dir=tmp_path, embedded_engine="qdrant-local")
+    store = open_store(settings, embedder.dim)
+    crashed = MemoryService(settings, embedder, store)
+    stored = crashed.store_experience("defrost the fish in the fridge", "move it from the freezer")
+    recall = crashed.recall("defrost the fish in the fridge")
+    crashed._store = DiesAtWrite(store, 1)  # type: ignore[assignment]  # dies right after claiming
+    with pytest.raises(KeyboardInterrupt):
+        crashed.report(recall.recall_id, 1.0)
+
+    # The replicas share the store; the setting only tells them it is a server's.
+    shared = settings.model_copy(update={"qdrant_url": "http://qdrant.internal:6333"})
+    now = crashed._clock()
+    MemoryService(shared, embedder, store, clock=lambda: now + 5)
+    assert store.get("memories", [stored.id])[stored.id]["visits"] == 0  # maybe still in progress elsewhere
+    MemoryService(shared, embedder, store, clock=lambda: now + 61)
+    assert store.get("memories", [stored.id])[stored.id]["visits"] == 1
+    assert store.get("recalls", [recall.recall_id])[recall.recall_id]["status"] == "reported"
+    store.close()
