@@ -210,7 +210,8 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
     @server.custom_route("/metrics", methods=["GET"])
     async def prometheus(request: Request) -> Response:
         """Prometheus text format: tool calls, latency, memories, write conflicts (no tenant data)."""
-        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        text = await anyio.to_thread.run_sync(metrics.exposition)  # counts memories: a store call
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @server.custom_route("/stats", methods=["GET"])
     async def http_stats(request: Request) -> Response:

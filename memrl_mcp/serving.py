@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memrl_mcp.auth import TokenTable, is_loopback, load_grants
 from memrl_mcp.memory import MemoryService
@@ -13,6 +15,7 @@ from memrl_mcp.settings import Settings, SettingsError
 
 Transport = Literal["stdio", "streamable-http", "sse"]
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+GUARDED_ROUTES = ("/stats", "/metrics")  # /health stays open: it says nothing but "ok"
 
 
 def tokens_for(settings: Settings, transport: Transport, host: str) -> TokenTable | None:
@@ -55,4 +58,21 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
         # Every tool answers once: a plain JSON answer costs the server less than an SSE stream per call.
         app = server.streamable_http_app(json_response=True, transport_security=security, host=host)
     # Our handlers' format for uvicorn's own logs; the per-call JSON log replaces its access log.
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+    uvicorn.run(HostCheck(app, security), host=host, port=port, log_config=None, access_log=False)
+
+
+class HostCheck:
+    """DNS-rebinding protection for the operators' routes too: the SDK checks only its MCP endpoints, and a
+    page that rebinds its name to 127.0.0.1 could otherwise read ``/stats`` of a server without tokens."""
+
+    def __init__(self, app: ASGIApp, security: TransportSecuritySettings) -> None:
+        self.app = app
+        self._guard = TransportSecurityMiddleware(security)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in GUARDED_ROUTES:
+            refusal = await self._guard.validate_request(Request(scope, receive))
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -87,6 +87,9 @@ async def test_missing_or_wrong_token_is_401_and_operators_routes_answer(tmp_pat
             evil = {**MCP_HEADERS, "Authorization": f"Bearer {ALICE}", "Host": "evil.example.com"}
             assert (await http.post("/mcp", json=INITIALIZE, headers=evil)).status_code in (400, 403, 421)
 
+            for route in ("/stats", "/metrics"):  # the operators' routes too
+                assert (await http.get(route, headers={"Host": "evil.example.com"})).status_code == 421
+
             health = await http.get("/health")
             assert (health.status_code, health.json()) == (200, {"status": "ok"})
             assert (await http.get("/stats")).status_code == 401
