@@ -32,7 +32,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--workers", type=int, default=1, help="episodes in parallel within an epoch")
     run.add_argument("--config", help="memrl-mcp settings (default: configs/BENCHMARK.yaml when it exists)")
-    run.add_argument("--memory-url", help="use a running memrl-mcp over HTTP instead of a fresh stdio one")
+    run.add_argument(
+        "--memory-url",
+        help="use a running memrl-mcp over HTTP instead of a fresh stdio one (token: MEMRL_MEMORY_TOKEN)",
+    )
     run.add_argument("--runs", default="runs", help="folder of run folders (default: runs)")
     run.add_argument("--run-dir", help="this run's folder (default: RUNS/BENCHMARK-MODE-seedS); resumes if present")
     run.add_argument("--data", help="the benchmark's data file or folder (same as --option data=PATH)")

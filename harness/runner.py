@@ -18,21 +18,26 @@ runs again; the memory keeps what the lost attempt taught it).
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from harness.benchmarks.base import Benchmark, Episode, Memory, Task
 from harness.llm import LLM, summarize_experience
 from harness.results import Q_VALUES_FILE, EpisodeRecord, RunConfig, RunDir
+
+ENV_MEMORY_TOKEN = "MEMRL_MEMORY_TOKEN"  # bearer token for --memory-url
 
 Progress = Callable[[int, int], None]
 """Called with (episodes done, episodes in the run) after each episode."""
@@ -42,10 +47,24 @@ class RunError(RuntimeError):
     """The run cannot go on (a memory tool refused, a run folder holds another run)."""
 
 
+@asynccontextmanager
+async def _http_memory_client(url: str, token: str | None) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with AsyncExitStack() as stack:
+        http = await stack.enter_async_context(create_mcp_http_client(headers=headers))
+        try:
+            client = await stack.enter_async_context(Client(streamable_http_client(url, http_client=http)))
+        except Exception as error:  # the SDK reports a 401 as a bare "error response"
+            hint = "" if token else f" (a server with tokens needs {ENV_MEMORY_TOKEN})"
+            raise RunError(f"cannot open the memory at {url}: {error}{hint}") from None
+        yield client
+
+
 def memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextManager[Client]:
-    """An MCP client of memrl-mcp: the given HTTP server, or a fresh stdio server on the run's store."""
+    """An MCP client of memrl-mcp: the given HTTP server (with the bearer token of ``MEMRL_MEMORY_TOKEN``,
+    kept out of the run's saved config), or a fresh stdio server on the run's store."""
     if config.memory_url:
-        return Client(config.memory_url)
+        return _http_memory_client(config.memory_url, os.environ.get(ENV_MEMORY_TOKEN))
     args = ["-m", "memrl_mcp.cli", "--data-dir", str(run_dir.memory_dir)]
     if config.memory_config:
         args += ["--config", config.memory_config]

@@ -1,5 +1,6 @@
 """The runner end to end: a real memrl-mcp over stdio, a scripted OpenAI-compatible LLM over HTTP."""
 
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,8 +11,9 @@ import pytest
 from harness.benchmarks.base import Episode, Memory, Task
 from harness.llm import LLM
 from harness.results import Q_VALUES_FILE, RunConfig, RunDir
-from harness.runner import RunError, Runner, epoch_order
+from harness.runner import ENV_MEMORY_TOKEN, RunError, Runner, epoch_order
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
+from tests.test_transports import http_server
 
 CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid"}
 MISSED = "Spain"  # the fake LLM gets this one wrong every time
@@ -122,3 +124,27 @@ def test_a_run_folder_refuses_another_run(llm: LLM, tmp_path: Path) -> None:
     runner = Runner(RunConfig(benchmark="capitals", mode="memrl", epochs=2), CapitalsQuiz(), run_dir, llm)
     with pytest.raises(Exception, match="holds another run"):
         runner.prepare()
+
+
+@pytest.mark.anyio
+async def test_runs_share_one_token_protected_memory_server(
+    fake_llm: FakeLLMServer, llm: LLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A fleet: runs on one memrl-mcp HTTP server, with the token from MEMRL_MEMORY_TOKEN (not the config)."""
+    fake_llm.responder = answer
+    token = "fleet-token-0123456789"
+    tokens = json.dumps([{"name": "fleet", "token": token, "namespaces": ["fleet"]}])
+    with http_server(tmp_path / "memory", tmp_path, MEMRL_TOKENS=tokens) as server, anyio.fail_after(90):
+        config = RunConfig(benchmark="capitals", mode="memrl", epochs=1, seed=3, memory_url=server.url)
+        monkeypatch.setenv(ENV_MEMORY_TOKEN, token)
+        first = await Runner(config, CapitalsQuiz(), RunDir(tmp_path / "first"), llm).run()
+        second = await Runner(config, CapitalsQuiz(), RunDir(tmp_path / "second"), llm).run()
+        opening = [next(r for r in run if r.position == 0) for run in (first, second)]
+        assert not opening[0].memory_ids  # an empty memory at first
+        assert opening[1].memory_ids  # the second run starts with what the first stored
+        assert all(r.memory_ids for r in second)
+        assert token not in RunDir(tmp_path / "second").config_file.read_text()
+
+        monkeypatch.delenv(ENV_MEMORY_TOKEN)
+        with pytest.raises(RunError, match=f"cannot open the memory at .* needs {ENV_MEMORY_TOKEN}"):
+            await Runner(config, CapitalsQuiz(), RunDir(tmp_path / "third"), llm).run()
