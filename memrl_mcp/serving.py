@@ -21,9 +21,9 @@ GUARDED_ROUTES = ("/stats", "/metrics")  # /health stays open: it says nothing b
 def tokens_for(settings: Settings, transport: Transport, host: str) -> TokenTable | None:
     """The tokens the transport will require (None: no token). An HTTP server reachable from other machines
     without any token would hand every memory to anyone who can reach the port: refused."""
-    grants = load_grants(settings)
     if transport == "stdio":
         return None
+    grants = load_grants(settings)
     if not grants and not is_loopback(host):
         raise SettingsError(
             f"refusing to serve on {host} without a token: anyone who reaches the port could read and change "

@@ -25,7 +25,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from memrl_mcp.auth import load_grants
 from memrl_mcp.settings import SettingsError, load_settings
 from tests.conftest import call, refused
-from tests.test_transports import DEADLINE_S, HttpServer, http_server, run_cli
+from tests.test_transports import DEADLINE_S, HttpServer, child_env, http_server, run_cli
 
 ALICE, BOB = "alice-token-0123456789", "bob-token-abcdefghijkl"
 TASK = "Sort a CSV file by its second column"
@@ -62,8 +62,6 @@ def base_url(server: HttpServer) -> str:
 
 
 def test_a_non_loopback_bind_without_a_token_is_refused(tmp_path: Path) -> None:
-    from tests.test_transports import child_env
-
     result = run_cli(
         "--transport", "streamable-http", "--host", "0.0.0.0", "--data-dir", str(tmp_path), env=child_env()
     )
