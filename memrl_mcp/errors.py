@@ -1,0 +1,5 @@
+"""One exception tree for the package: catch :class:`MemrlError` to catch anything memrl-mcp raises on purpose."""
+
+
+class MemrlError(Exception):
+    """Base of every error memrl-mcp raises on purpose (a refused request, a bad setting, a locked store...)."""
