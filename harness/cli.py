@@ -10,14 +10,12 @@ from pathlib import Path
 import anyio
 from tqdm import tqdm
 
-from harness.benchmarks import REGISTRY, load_benchmark
+from harness.benchmarks import REGISTRY, load_benchmark, memory_config
 from harness.llm import LLM, LLMError
 from harness.metrics import write_summary
 from harness.report import build_report, load_run
 from harness.results import RunConfig, RunDir
 from harness.runner import RunError, Runner, default_run_dir
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,7 +29,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--tasks", type=int, help="run the first K tasks only")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--workers", type=int, default=1, help="episodes in parallel within an epoch")
-    run.add_argument("--config", help="memrl-mcp settings (default: configs/BENCHMARK.yaml when it exists)")
+    run.add_argument(
+        "--config", help="memrl-mcp settings file (default: the paper's constants for the benchmark, packaged)"
+    )
     run.add_argument(
         "--memory-url",
         help="use a running memrl-mcp over HTTP instead of a fresh stdio one (token: MEMRL_MEMORY_TOKEN)",
@@ -58,9 +58,13 @@ def _options(pairs: list[str]) -> dict[str, str]:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    default_config = CONFIGS / f"{args.benchmark}.yaml"
     options = _options(args.option) | ({"data": args.data} if args.data else {})
     try:
+        if args.config and args.memory_url:
+            raise ValueError("--config sets up the harness's own memory server; a --memory-url server has its own")
+        if args.config and not Path(args.config).is_file():
+            raise ValueError(f"--config: no settings file at {args.config}")
+        settings_file = Path(args.config).resolve() if args.config else memory_config(args.benchmark)
         benchmark = load_benchmark(args.benchmark, **options)
         llm = LLM.from_env() if benchmark.needs_llm else None
     except (ValueError, LLMError) as error:  # a bad --option, no LLM configured
@@ -73,7 +77,7 @@ def run_command(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         seed=args.seed,
         workers=args.workers,
-        memory_config=args.config or (str(default_config) if default_config.exists() else None),
+        memory_config=None if args.memory_url else str(settings_file),
         memory_url=args.memory_url,
         model=llm.model if llm else None,
         benchmark_options=options,

@@ -60,6 +60,7 @@ class RunDir:
         self.summary_json = path / "summary.json"
         self.summary_csv = path / "summary.csv"
         self.memory_dir = path / "memory"
+        self.server_log = path / "memory-server.log"  # stderr of the run's own memrl-mcp
 
     def write_config(self, config: RunConfig) -> None:
         self.path.mkdir(parents=True, exist_ok=True)

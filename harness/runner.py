@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -60,15 +61,23 @@ async def _http_memory_client(url: str, token: str | None) -> AsyncIterator[Clie
         yield client
 
 
-def memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextManager[Client]:
-    """An MCP client of memrl-mcp: the given HTTP server (with the bearer token of ``MEMRL_MEMORY_TOKEN``,
-    kept out of the run's saved config), or a fresh stdio server on the run's store."""
-    if config.memory_url:
-        return _http_memory_client(config.memory_url, os.environ.get(ENV_MEMORY_TOKEN))
+@asynccontextmanager
+async def _stdio_memory_client(config: RunConfig, run_dir: RunDir) -> AsyncIterator[Client]:
     args = ["-m", "memrl_mcp.cli", "--data-dir", str(run_dir.memory_dir)]
     if config.memory_config:
         args += ["--config", config.memory_config]
-    return Client(StdioServerParameters(command=sys.executable, args=args))
+    # The server's log lines are for whoever debugs this run, not for the terminal: they go to the run folder.
+    with run_dir.server_log.open("a") as log:
+        async with Client(stdio_client(StdioServerParameters(command=sys.executable, args=args), errlog=log)) as client:
+            yield client
+
+
+def memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextManager[Client]:
+    """An MCP client of memrl-mcp: the given HTTP server (with the bearer token of ``MEMRL_MEMORY_TOKEN``,
+    kept out of the run's saved config), or a fresh stdio server on the run's store, logging into the run folder."""
+    if config.memory_url:
+        return _http_memory_client(config.memory_url, os.environ.get(ENV_MEMORY_TOKEN))
+    return _stdio_memory_client(config, run_dir)
 
 
 def epoch_order(tasks: Sequence[Task], seed: int, epoch: int) -> list[Task]:

@@ -57,10 +57,3 @@ def test_unknown_key_in_the_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setenv("MEMRL_CONFIG", str(config))
     with pytest.raises(SettingsError, match="lamda"):
         load_settings()
-
-
-@pytest.mark.parametrize("name", ["alfworld", "hle", "bigcodebench", "llb", "controlled"])
-def test_benchmark_configs_load(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    monkeypatch.setenv("MEMRL_CONFIG", str(DEFAULT_YAML.with_name(f"{name}.yaml")))
-    s = load_settings()
-    assert s.k2 <= s.k1 and s.reward_min <= s.q_init_success <= s.reward_max

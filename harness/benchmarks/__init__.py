@@ -1,25 +1,52 @@
-"""The benchmarks the harness knows, imported only when asked for (each brings its own dependencies)."""
+"""The benchmarks the harness knows, imported only when asked for (each brings its own dependencies), and the
+memory constants each one runs with."""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from harness.benchmarks.base import Benchmark
 
+
+@dataclass(frozen=True)
+class Entry:
+    """A benchmark class (``module:Class``) and the packaged memrl-mcp settings with the paper's constants for it
+    (``harness/configs/<memory_config>.yaml``; LLB's OS and DB tasks share one)."""
+
+    target: str
+    memory_config: str
+
+
 REGISTRY = {
-    "controlled": "harness.benchmarks.controlled:ControlledBenchmark",
-    "bigcodebench": "harness.benchmarks.bigcodebench:BigCodeBenchmark",
-    "hle": "harness.benchmarks.hle:HLEBenchmark",
-    "alfworld": "harness.benchmarks.alfworld:AlfworldBenchmark",
-    "llb-db": "harness.benchmarks.llb_db:LLBDBBenchmark",
-    "llb-os": "harness.benchmarks.llb_os:LLBOSBenchmark",
+    "controlled": Entry("harness.benchmarks.controlled:ControlledBenchmark", "controlled"),
+    "bigcodebench": Entry("harness.benchmarks.bigcodebench:BigCodeBenchmark", "bigcodebench"),
+    "hle": Entry("harness.benchmarks.hle:HLEBenchmark", "hle"),
+    "alfworld": Entry("harness.benchmarks.alfworld:AlfworldBenchmark", "alfworld"),
+    "llb-db": Entry("harness.benchmarks.llb_db:LLBDBBenchmark", "llb"),
+    "llb-os": Entry("harness.benchmarks.llb_os:LLBOSBenchmark", "llb"),
 }
+
+
+def _entry(name: str) -> Entry:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
 
 
 def load_benchmark(name: str, **options: Any) -> Benchmark:
     """The benchmark called ``name``, built with its options (data paths and the like)."""
-    if name not in REGISTRY:
-        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(sorted(REGISTRY))}")
-    module_name, class_name = REGISTRY[name].split(":")
+    module_name, class_name = _entry(name).target.split(":")
     return getattr(importlib.import_module(module_name), class_name)(**options)
+
+
+def memory_config(name: str) -> Path:
+    """The packaged settings file of benchmark ``name``; a missing one is an error, never the server's defaults
+    (which are ALFWorld's constants, wrong for the other benchmarks)."""
+    path = Path(str(resources.files("harness") / "configs" / f"{_entry(name).memory_config}.yaml"))
+    if not path.is_file():
+        raise ValueError(f"benchmark {name}: its memory settings {path} are missing from the installation")
+    return path

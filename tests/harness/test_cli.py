@@ -33,6 +33,9 @@ def test_three_modes_and_a_report(tmp_path: Path) -> None:
         assert run.summary_csv.exists() and json.loads(run.summary_json.read_text())["tasks"] == 16
         assert (run.path / Q_VALUES_FILE).exists() == (mode == "memrl")
         assert (run.memory_dir.exists()) == (mode != "none")
+        # Quiet by default: the memory server's log lines go to the run folder, not to the terminal.
+        assert "tool call" not in done.stderr
+        assert (mode == "none") or "tool call" in run.server_log.read_text()
 
     runs = sorted((tmp_path / "runs").iterdir())
     report = harness("report", *map(str, runs), "--out", str(tmp_path / "report"), cwd=tmp_path)
