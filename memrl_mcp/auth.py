@@ -65,6 +65,10 @@ class TokenTable:
     def __init__(self, grants: list[TokenGrant]) -> None:
         self._by_digest = {_digest_of(grant): grant for grant in grants}
 
+    def __len__(self) -> int:
+        """How many tokens (tenants) there are."""
+        return len(self._by_digest)
+
     async def verify_token(self, token: str) -> AccessToken | None:
         grant = self._by_digest.get(hashlib.sha256(token.encode()).hexdigest())
         if grant is None:

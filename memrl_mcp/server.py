@@ -209,7 +209,10 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
 
     @server.custom_route("/metrics", methods=["GET"])
     async def prometheus(request: Request) -> Response:
-        """Prometheus text format: tool calls, latency, memories, write conflicts (no tenant data)."""
+        """Prometheus text format: tool calls, latency, memories, write conflicts (no tenant data). With tokens,
+        a scraper needs one too: the totals span every tenant."""
+        if tokens is not None and get_access_token() is None:
+            return JSONResponse({"error": "invalid_token", "error_description": "a bearer token is required"}, 401)
         text = await anyio.to_thread.run_sync(metrics.exposition)  # counts memories: a store call
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -1,12 +1,20 @@
-"""The HTTP transports, served safely: bearer tokens, no open bind, DNS-rebinding protection kept."""
+"""The HTTP transports, served safely: bearer tokens, no open bind, DNS-rebinding protection kept, and a quota
+of open sessions per token so that one tenant cannot lock the others out."""
 
 from __future__ import annotations
 
+import json
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from typing import Literal
 
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memrl_mcp.auth import TokenTable, is_loopback, load_grants
 from memrl_mcp.memory import MemoryService
@@ -16,6 +24,9 @@ from memrl_mcp.settings import Settings, SettingsError
 Transport = Literal["stdio", "streamable-http", "sse"]
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 GUARDED_ROUTES = ("/stats", "/metrics")  # /health stays open: it says nothing but "ok"
+MCP_PATH = "/mcp"
+ANONYMOUS = ""  # the one tenant of a server without tokens (loopback only)
+log = logging.getLogger("memrl_mcp.serving")
 
 
 def tokens_for(settings: Settings, transport: Transport, host: str) -> TokenTable | None:
@@ -55,8 +66,24 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
     if transport == "sse":
         app = server.sse_app(transport_security=security, host=host)
     else:
-        # Every tool answers once: a plain JSON answer costs the server less than an SSE stream per call.
-        app = server.streamable_http_app(json_response=True, transport_security=security, host=host)
+        settings = service.settings
+        per_token = settings.max_sessions_per_token
+        tenants = len(tokens) if tokens is not None else 1
+        # Every tool answers once: a plain JSON answer costs the server less than an SSE stream per call. The
+        # SDK's own limit (all sessions) is set so that only the per-token quota can ever be reached.
+        app = SessionQuota(
+            server.streamable_http_app(
+                json_response=True,
+                transport_security=security,
+                host=host,
+                session_idle_timeout=settings.session_idle_seconds,
+                max_sessions=per_token * tenants,
+            ),
+            server.session_manager,
+            tokens,
+            per_token,
+            settings.session_idle_seconds,
+        )
     # Our handlers' format for uvicorn's own logs; the per-call JSON log replaces its access log.
     uvicorn.run(HostCheck(app, security), host=host, port=port, log_config=None, access_log=False)
 
@@ -76,3 +103,99 @@ class HostCheck:
                 await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class SessionQuota:
+    """At most ``per_token`` open streamable-HTTP sessions per tenant (token), in front of the SDK's app.
+
+    The SDK limits sessions only in total (10,000 by default, idle ones closed after 30 minutes): one token
+    opening that many locked every other client out. Here a request that would open a session (one without
+    ``Mcp-Session-Id``) is refused with 429 once its tenant holds ``per_token`` sessions, counting those being
+    opened; the SDK's total is set to ``per_token`` times the number of tokens, so it is never what refuses a
+    tenant under its quota. Without tokens (a loopback-only server) every client is the same tenant: there is no
+    boundary between local clients to protect, since each may use every namespace anyway.
+
+    A session is counted from the answer that opened it (its ``Mcp-Session-Id``) until the SDK forgets it (a
+    DELETE, the idle timeout, the server's end); whether it still lives is read from the session manager's table
+    of sessions, the SDK's one record of it. Requests with an invalid token pass through to the SDK's 401.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        manager: StreamableHTTPSessionManager,
+        tokens: TokenTable | None,
+        per_token: int,
+        idle_seconds: float,
+    ) -> None:
+        self.app = app
+        self._manager = manager
+        self._tokens = tokens
+        self._per_token = per_token
+        self._idle_seconds = idle_seconds
+        self._open: defaultdict[str, set[str]] = defaultdict(set)
+        self._opening: Counter[str] = Counter()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] != MCP_PATH
+            or _header(scope["headers"], MCP_SESSION_ID_HEADER) is not None
+        ):
+            await self.app(scope, receive, send)
+            return
+        tenant = await self._tenant(scope)
+        if tenant is None:  # no or a bad token: the SDK answers 401
+            await self.app(scope, receive, send)
+            return
+        # No await between counting and reserving: the event loop cannot interleave another opening here.
+        live = {session for session in self._open[tenant] if session in self._manager._server_instances}
+        self._open[tenant] = live
+        if len(live) + self._opening[tenant] >= self._per_token:
+            log.warning("session refused: tenant %r holds %d sessions", tenant or "(no token)", len(live))
+            await self._refusal(len(live))(scope, receive, send)
+            return
+        self._opening[tenant] += 1
+        reserved = True
+
+        async def watch(message: Message) -> None:
+            nonlocal reserved
+            if message["type"] == "http.response.start" and reserved:
+                session = _header(message.get("headers", []), MCP_SESSION_ID_HEADER)
+                if message["status"] < 400 and session is not None:
+                    self._open[tenant].add(session)
+                self._opening[tenant] -= 1
+                reserved = False
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if reserved:
+                self._opening[tenant] -= 1
+
+    async def _tenant(self, scope: Scope) -> str | None:
+        if self._tokens is None:
+            return ANONYMOUS
+        authorization = _header(scope["headers"], "authorization") or ""
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return None
+        access = await self._tokens.verify_token(token.strip())
+        return None if access is None else access.client_id
+
+    def _refusal(self, held: int) -> Response:
+        message = (
+            f"too many open sessions for this token: {held} of max_sessions_per_token={self._per_token}. End "
+            f"sessions you no longer use (HTTP DELETE with their {MCP_SESSION_ID_HEADER}); idle ones close after "
+            f"{self._idle_seconds:g} s"
+        )
+        body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
+        headers = {"Retry-After": str(max(1, round(self._idle_seconds)))}
+        return Response(json.dumps(body), status_code=429, headers=headers, media_type="application/json")
+
+
+def _header(headers: Iterable[tuple[bytes, bytes]], name: str) -> str | None:
+    """A header of an ASGI request scope or response start (names are lower case in both)."""
+    wanted = name.lower().encode("latin-1")
+    return next((value.decode("latin-1") for key, value in headers if key == wanted), None)

@@ -65,6 +65,12 @@ class Settings(BaseSettings):
     qdrant_url: str | None = Field(None, description="A Qdrant server URL; when set, the embedded store is not used.")
     qdrant_api_key: SecretStr | None = Field(None, description="API key of the Qdrant server.")
     collection: str = Field("memrl", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Collection name prefix.")
+    min_free_disk_mb: int = Field(
+        64,
+        ge=0,
+        le=1 << 20,
+        description="Free disk space (MB) under the embedded store below which writes are refused (0: no check).",
+    )
 
     # Embeddings
     embedder: Literal["minilm", "openai"] = Field(
@@ -124,6 +130,12 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Host headers accepted besides loopback and the bound address (DNS-rebinding protection), "
         "e.g. memory.example.com:*",
+    )
+    max_sessions_per_token: int = Field(
+        64, ge=1, le=100_000, description="Open streamable-HTTP sessions one token (or all tokenless clients) may hold."
+    )
+    session_idle_seconds: float = Field(
+        600.0, gt=0, le=86_400, description="A streamable-HTTP session with no request for this long is closed."
     )
     log_format: Literal["json", "text"] = Field("json", description="Logs on stderr: JSON lines or plain text.")
 

@@ -9,6 +9,13 @@ Both keep the utility ``q`` and the bookkeeping in the payload; ``namespace``, `
 ``status`` are indexed because searches and counts filter on them. A recall is stored as a point whose vector is the
 query embedding, so reporting it can store the new experience without embedding the task again.
 
+Every open creates the payload indexes a table lacks: a process killed during the first open of a fresh store
+(between creating a table and indexing it) would otherwise leave it unindexed for good.
+
+Embedded stores refuse writes before their disk is too full for the engine (:class:`DiskRoom`): qdrant-edge
+writes through memory-mapped files, and a page it cannot allocate kills the process with SIGBUS instead of an
+error. Deletes are always allowed (they free room); reads never need room.
+
 :meth:`Store.set_payload_if` is the one primitive for writers that share a store (threads, or replicas on one
 Qdrant server): a write applied only while the point still matches a condition. Qdrant applies the update
 operations of a shard one after another, so the condition and the write cannot be split by another writer;
@@ -18,6 +25,7 @@ qdrant-client's local mode is plain Python, so this adapter makes each of its ca
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,6 +36,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from memrl_mcp.errors import MemrlError
 from memrl_mcp.settings import Settings
 
 Table = Literal["memories", "recalls"]
@@ -37,9 +46,10 @@ TABLES: tuple[Table, ...] = ("memories", "recalls")
 INDEXED_KEYWORDS = ("namespace", "outcome", "status")
 EXPIRY = "expires_at"  # float, indexed in the recalls table
 SCROLL_PAGE = 1000
+MB = 1 << 20
 
 
-class StoreLockedError(RuntimeError):
+class StoreLockedError(MemrlError):
     """The embedded store's folder is held by another process."""
 
     def __init__(self, path: Path, detail: str) -> None:
@@ -49,6 +59,42 @@ class StoreLockedError(RuntimeError):
             "server and pointing every client at it, or use a Qdrant server (MEMRL_QDRANT_URL), "
             "or give this process its own MEMRL_DATA_DIR."
         )
+
+
+class DiskFullError(MemrlError):
+    """A write was refused: the disk under the embedded store has less free space than ``min_free_disk_mb``."""
+
+
+class DiskRoom:
+    """The free space a write needs under an embedded store's folder, checked before each write.
+
+    One ``statvfs`` per write (3.5 us measured, against 100 us and more for the write itself) keeps the check
+    exact without a cache that a burst of writes could outrun. A new recall may use half of the margin that new
+    memories and updates may not: recall keeps answering on a nearly full disk, and the other half stays for the
+    engine's own growth (WAL pages, a reopen)."""
+
+    def __init__(self, path: Path, min_free_mb: int) -> None:
+        self._path = path
+        self._min_free = min_free_mb * MB
+
+    def free_bytes(self) -> int:
+        stats = os.statvfs(self._path)
+        return stats.f_bavail * stats.f_frsize
+
+    def check(self, share: float = 1.0) -> None:
+        """Raise :class:`DiskFullError` unless ``share`` of the margin is still free."""
+        if self._min_free == 0:
+            return
+        free = self.free_bytes()
+        if free < self._min_free * share:
+            raise DiskFullError(
+                f"the disk holding the memory store ({self._path}) has {free / MB:.1f} MB free, below "
+                f"min_free_disk_mb={self._min_free // MB}: writes are refused until space is freed (recall, "
+                "stats and export still work; forgetting memories is allowed)"
+            )
+
+
+RECALL_SHARE = 0.5  # of the free-space margin, that a new recall may use
 
 
 @dataclass(frozen=True)
@@ -105,33 +151,46 @@ class Store(Protocol):
 
 
 class EdgeStore:
-    """Embedded Qdrant (qdrant-edge): one shard folder per table under ``path``; exact search."""
+    """Embedded Qdrant (qdrant-edge): one shard folder per table under ``path``; exact search.
 
-    def __init__(self, path: Path, dim: int) -> None:
+    The recalls table keeps its vectors and payload in memory-mapped files (``Memory.Cold``): a pending recall
+    is read once, when it is reported, so its bytes need not stay resident; memories are searched on every
+    recall and keep the engine's defaults."""
+
+    def __init__(self, path: Path, dim: int, room: DiskRoom | None = None) -> None:
         import qdrant_edge as edge
 
         self._edge = edge
-        self._shards = {table: self._open(path / table, dim) for table in TABLES}
+        path.mkdir(parents=True, exist_ok=True)
+        self._room = room or DiskRoom(path, 0)
+        self._shards = {table: self._open(path / table, dim, table) for table in TABLES}
 
-    def _open(self, path: Path, dim: int) -> Any:
+    def _config(self, dim: int, table: Table) -> Any:
         edge = self._edge
+        if table == "memories":
+            return edge.EdgeConfig(vectors=edge.EdgeVectorParams(size=dim, distance=edge.Distance.Cosine))
+        vectors = edge.EdgeVectorParams(size=dim, distance=edge.Distance.Cosine, memory=edge.Memory.Cold)
+        return edge.EdgeConfig(vectors=vectors, payload_memory=edge.Memory.Cold)
+
+    def _open(self, path: Path, dim: int, table: Table) -> Any:
+        edge = self._edge
+        if (path / "edge_config.json").exists():
+            stored_dim = _edge_dim(path)
+            if stored_dim != dim:
+                raise ValueError(f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones")
         try:
             if (path / "edge_config.json").exists():
-                shard = edge.EdgeShard.load(str(path))
+                shard = edge.EdgeShard.load(str(path), self._config(dim, table))
             else:
-                vectors = edge.EdgeVectorParams(size=dim, distance=edge.Distance.Cosine)
-                shard = edge.EdgeShard.create(str(path), edge.EdgeConfig(vectors=vectors))
-                for key in INDEXED_KEYWORDS:
-                    shard.update(edge.UpdateOperation.create_field_index(key, edge.PayloadSchemaType.Keyword))
-                shard.update(edge.UpdateOperation.create_field_index(EXPIRY, edge.PayloadSchemaType.Float))
+                shard = edge.EdgeShard.create(str(path), self._config(dim, table))
         except Exception as error:
             if "WouldBlock" in str(error):
                 raise StoreLockedError(path, "its write-ahead log is locked") from None
             raise
-        stored_dim = _edge_dim(path)
-        if stored_dim != dim:
-            shard.close()
-            raise ValueError(f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones")
+        indexed = set(shard.info().payload_schema)
+        for key, schema in _edge_indexes(edge, table).items():
+            if key not in indexed:
+                shard.update(edge.UpdateOperation.create_field_index(key, schema))
         return shard
 
     def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
@@ -143,12 +202,16 @@ class EdgeStore:
             must.append(edge.HasIdCondition({point_id}))
         return edge.Filter(must=must) if must else None
 
-    def _apply(self, table: Table, operation: Any) -> None:
+    def _apply(self, table: Table, operation: Any, room: float | None = 1.0) -> None:
+        """Apply one update; ``room``: the share of the free-space margin it needs (None: a delete, always let
+        through since it frees room)."""
+        if room is not None:
+            self._room.check(room)
         self._shards[table].update(operation)
 
     def upsert(self, table: Table, points: Sequence[Point]) -> None:
         batch = [self._edge.Point(p.id, p.vector.astype(np.float32).tolist(), p.payload) for p in points]
-        self._apply(table, self._edge.UpdateOperation.upsert_points(batch))
+        self._apply(table, self._edge.UpdateOperation.upsert_points(batch), RECALL_SHARE if table == "recalls" else 1.0)
 
     def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         records = self._shards[table].retrieve(list(ids), True, False) if ids else []
@@ -166,15 +229,15 @@ class EdgeStore:
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:
-            self._apply(table, self._edge.UpdateOperation.delete_points(list(ids)))
+            self._apply(table, self._edge.UpdateOperation.delete_points(list(ids)), room=None)
 
     def delete_where(self, table: Table, where: Where) -> None:
-        self._apply(table, self._edge.UpdateOperation.delete_points_by_filter(self._filter(where)))
+        self._apply(table, self._edge.UpdateOperation.delete_points_by_filter(self._filter(where)), room=None)
 
     def purge_recalls(self, expired_before: float) -> None:
         edge = self._edge
         expired = edge.Filter(must=[edge.FieldCondition(EXPIRY, range=edge.RangeFloat(lt=expired_before))])
-        self._apply("recalls", edge.UpdateOperation.delete_points_by_filter(expired))
+        self._apply("recalls", edge.UpdateOperation.delete_points_by_filter(expired), room=None)
 
     def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Where) -> list[Hit]:
         edge = self._edge
@@ -214,6 +277,13 @@ class EdgeStore:
         self._shards = {}
 
 
+def _edge_indexes(edge: Any, table: Table) -> dict[str, Any]:
+    """The payload indexes of a table, by field; the recalls table's are memory-mapped like its payload."""
+    memory = edge.Memory.Cold if table == "recalls" else None
+    keyword = edge.KeywordIndexParams(memory=memory)
+    return {key: keyword for key in INDEXED_KEYWORDS} | {EXPIRY: edge.FloatIndexParams(memory=memory)}
+
+
 def _edge_match(edge: Any, value: str | int | Sequence[str]) -> Any:
     return edge.MatchAny(list(value)) if isinstance(value, list | tuple | set | frozenset) else edge.MatchValue(value)
 
@@ -235,10 +305,12 @@ class QdrantClientStore:
         url: str | None = None,
         api_key: str | None = None,
         path: Path | None = None,
+        room: DiskRoom | None = None,
     ) -> None:
         from qdrant_client import QdrantClient, models
 
         self._models = models
+        self._room = room
         self._names = {table: f"{collection}_{table}" for table in TABLES}
         self._client_is_local = url is None
         # A Qdrant server applies each update atomically; local mode is Python over numpy: one call at a time.
@@ -259,19 +331,27 @@ class QdrantClientStore:
             self._ensure_collection(name, dim)
 
     def _ensure_collection(self, name: str, dim: int) -> None:
+        """Create the collection if it is missing, then the payload indexes it lacks (server mode: local mode
+        scans everything and warns that indexes do nothing)."""
         models = self._models
         if self._client.collection_exists(name):
             stored_dim = getattr(self._client.get_collection(name).config.params.vectors, "size", None)
             if stored_dim is not None and stored_dim != dim:
                 raise ValueError(f"collection {name} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones")
+        else:
+            vectors = models.VectorParams(size=dim, distance=models.Distance.COSINE)
+            self._client.create_collection(name, vectors_config=vectors)
+        if self._client_is_local:
             return
-        vectors = models.VectorParams(size=dim, distance=models.Distance.COSINE)
-        self._client.create_collection(name, vectors_config=vectors)
-        if self._client_is_local:  # local mode scans everything; it warns that indexes do nothing
-            return
-        for key in INDEXED_KEYWORDS:
-            self._client.create_payload_index(name, key, field_schema=models.PayloadSchemaType.KEYWORD)
-        self._client.create_payload_index(name, EXPIRY, field_schema=models.PayloadSchemaType.FLOAT)
+        indexed = set(self._client.get_collection(name).payload_schema)
+        wanted = {key: models.PayloadSchemaType.KEYWORD for key in INDEXED_KEYWORDS}
+        for key, schema in (wanted | {EXPIRY: models.PayloadSchemaType.FLOAT}).items():
+            if key not in indexed:
+                self._client.create_payload_index(name, key, field_schema=schema, wait=True)
+
+    def _check_room(self, share: float = 1.0) -> None:
+        if self._room is not None:
+            self._room.check(share)
 
     def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
         models = self._models
@@ -293,6 +373,7 @@ class QdrantClientStore:
             self._models.PointStruct(id=p.id, vector=p.vector.astype(np.float32).tolist(), payload=p.payload)
             for p in points
         ]
+        self._check_room(RECALL_SHARE if table == "recalls" else 1.0)
         with self._atomic:
             self._client.upsert(self._names[table], batch, wait=True)
 
@@ -309,11 +390,13 @@ class QdrantClientStore:
         return np.asarray(records[0].vector, dtype=np.float32) if records else None
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
+        self._check_room()
         with self._atomic:
             self._client.set_payload(self._names[table], payload=payload, points=[point_id], wait=True)
 
     def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
         selector = self._models.FilterSelector(filter=self._filter(where, point_id))
+        self._check_room()
         with self._atomic:
             self._client.set_payload(self._names[table], payload=payload, points=selector, wait=True)
 
@@ -382,8 +465,9 @@ def open_store(settings: Settings, dim: int) -> Store:
         return QdrantClientStore(dim, settings.collection, url=settings.qdrant_url, api_key=api_key)
     folder = settings.data_dir / settings.collection
     if settings.embedded_engine == "qdrant-local":
-        return QdrantClientStore(dim, settings.collection, path=folder / "qdrant-local")
-    return EdgeStore(folder / "edge", dim)
+        path = folder / "qdrant-local"
+        return QdrantClientStore(dim, settings.collection, path=path, room=DiskRoom(path, settings.min_free_disk_mb))
+    return EdgeStore(folder / "edge", dim, DiskRoom(folder / "edge", settings.min_free_disk_mb))
 
 
 def new_id() -> str:

@@ -149,7 +149,7 @@ async def test_a_tenant_never_sees_or_touches_another_tenants_memory(tmp_path: P
             denied = await http.get("/stats?namespace=alice", headers={"Authorization": f"Bearer {BOB}"})
             assert denied.status_code == 400
 
-            metrics = (await http.get("/metrics")).text
+            metrics = (await http.get("/metrics", headers={"Authorization": f"Bearer {BOB}"})).text
             assert 'memrl_tool_calls_total{status="ok",tool="store_experience"} 2.0' in metrics
             assert 'memrl_tool_calls_total{status="refused",tool="report_outcome"} 2.0' in metrics
             assert 'memrl_tool_call_seconds_count{tool="recall_experience"}' in metrics
