@@ -188,7 +188,7 @@ class EdgeStore:
                 raise StoreLockedError(path, "its write-ahead log is locked") from None
             raise
         indexed = set(shard.info().payload_schema)
-        for key, schema in _edge_indexes(edge, table).items():
+        for key, schema in _edge_indexes(edge).items():
             if key not in indexed:
                 shard.update(edge.UpdateOperation.create_field_index(key, schema))
         return shard
@@ -277,11 +277,9 @@ class EdgeStore:
         self._shards = {}
 
 
-def _edge_indexes(edge: Any, table: Table) -> dict[str, Any]:
-    """The payload indexes of a table, by field; the recalls table's are memory-mapped like its payload."""
-    memory = edge.Memory.Cold if table == "recalls" else None
-    keyword = edge.KeywordIndexParams(memory=memory)
-    return {key: keyword for key in INDEXED_KEYWORDS} | {EXPIRY: edge.FloatIndexParams(memory=memory)}
+def _edge_indexes(edge: Any) -> dict[str, Any]:
+    """The payload indexes of every table, by field."""
+    return {key: edge.PayloadSchemaType.Keyword for key in INDEXED_KEYWORDS} | {EXPIRY: edge.PayloadSchemaType.Float}
 
 
 def _edge_match(edge: Any, value: str | int | Sequence[str]) -> Any:

@@ -1,0 +1,123 @@
+"""Abuse of the HTTP server by a client holding a valid token, through the real server process (issue 11).
+
+A tenant that opens sessions without end must hit its own quota (429, naming the setting) while another tenant
+still connects and works; sessions nobody uses close after ``session_idle_seconds``; ``/metrics`` (totals over
+every tenant) needs a token once tokens exist.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from tests.conftest import call
+from tests.test_http import ALICE, BOB, INITIALIZE, MCP_HEADERS, base_url, mcp_client, tokens_file
+from tests.test_transports import DEADLINE_S, http_server
+
+TASK = "Rotate the nginx logs every night and keep a week of them"
+QUOTA, IDLE_S = 3, 2.0
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {**MCP_HEADERS, "Authorization": f"Bearer {token}"}
+
+
+async def open_session(http: httpx.AsyncClient, headers: dict[str, str]) -> httpx.Response:
+    """An ``initialize`` of protocol 2025-06-18 (most deployed clients): the request that opens a session."""
+    return await http.post("/mcp", json=INITIALIZE, headers=headers)
+
+
+async def ping(http: httpx.AsyncClient, session: str, headers: dict[str, str]) -> int:
+    request = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+    return (await http.post("/mcp", json=request, headers={**headers, "Mcp-Session-Id": session})).status_code
+
+
+@pytest.mark.anyio
+async def test_a_tenant_flooding_sessions_hits_its_own_quota_and_never_locks_out_another(tmp_path: Path) -> None:
+    env = {
+        "MEMRL_TOKENS_FILE": str(tokens_file(tmp_path)),
+        "MEMRL_MAX_SESSIONS_PER_TOKEN": str(QUOTA),
+        "MEMRL_SESSION_IDLE_SECONDS": str(IDLE_S * 100),  # no expiry during this test
+    }
+    with http_server(tmp_path / "data", tmp_path, **env) as server, anyio.fail_after(DEADLINE_S):
+        async with httpx.AsyncClient(base_url=base_url(server), timeout=10) as http:
+            opened = [await open_session(http, bearer(ALICE)) for _ in range(QUOTA)]
+            assert [r.status_code for r in opened] == [200] * QUOTA
+            sessions = [r.headers["mcp-session-id"] for r in opened]
+
+            # The flood: 50 more, sequential and concurrent, are all refused with a message naming the setting.
+            refusals: list[httpx.Response] = []
+            for _ in range(10):
+                refusals.append(await open_session(http, bearer(ALICE)))
+
+            async def attempt() -> None:
+                refusals.append(await open_session(http, bearer(ALICE)))
+
+            async with anyio.create_task_group() as group:
+                for _ in range(40):
+                    group.start_soon(attempt)
+            assert {r.status_code for r in refusals} == {429}
+            error = refusals[0].json()["error"]["message"]
+            assert f"too many open sessions for this token: {QUOTA} of max_sessions_per_token={QUOTA}" in error
+            assert "mcp-session-id" not in refusals[0].headers
+
+            # Bob is another tenant: he connects and works while alice is at her quota.
+            async with mcp_client(server, BOB) as bob:
+                stored = await call(bob, "store_experience", task=TASK, experience="logrotate daily, rotate 7")
+                recall = await call(bob, "recall_experience", task=TASK)
+                assert [m["id"] for m in recall["memories"]] == [stored["id"]]
+            # Alice's open sessions still work, and ending one (DELETE) frees a place in her quota.
+            assert await ping(http, sessions[0], bearer(ALICE)) == 200
+            ended = await http.delete("/mcp", headers={**bearer(ALICE), "Mcp-Session-Id": sessions[0]})
+            assert ended.status_code == 200
+            assert (await open_session(http, bearer(ALICE))).status_code == 200
+            assert (await open_session(http, bearer(ALICE))).status_code == 429
+
+            # A bad token opens nothing and is not counted against anyone.
+            assert (await open_session(http, bearer("not-a-token-at-all"))).status_code == 401
+
+
+@pytest.mark.anyio
+async def test_idle_sessions_close_and_give_their_place_back(tmp_path: Path) -> None:
+    env = {
+        "MEMRL_TOKENS_FILE": str(tokens_file(tmp_path)),
+        "MEMRL_MAX_SESSIONS_PER_TOKEN": str(QUOTA),
+        "MEMRL_SESSION_IDLE_SECONDS": str(IDLE_S),
+    }
+    with http_server(tmp_path / "data", tmp_path, **env) as server:
+        async with httpx.AsyncClient(base_url=base_url(server), timeout=10) as http:
+            sessions = [(await open_session(http, bearer(ALICE))).headers["mcp-session-id"] for _ in range(QUOTA)]
+            assert (await open_session(http, bearer(ALICE))).status_code == 429
+            await anyio.sleep(IDLE_S + 3)  # untouched: a request would restart the idle countdown
+            assert [await ping(http, session, bearer(ALICE)) for session in sessions] == [404] * QUOTA
+            reopened = [await open_session(http, bearer(ALICE)) for _ in range(QUOTA)]
+            assert [r.status_code for r in reopened] == [200] * QUOTA
+
+
+@pytest.mark.anyio
+async def test_without_tokens_every_local_client_shares_one_quota(tmp_path: Path) -> None:
+    env = {"MEMRL_MAX_SESSIONS_PER_TOKEN": "2", "MEMRL_SESSION_IDLE_SECONDS": "600"}
+    with http_server(tmp_path / "data", tmp_path, **env) as server:
+        async with httpx.AsyncClient(base_url=base_url(server), timeout=10) as http:
+            statuses = [(await open_session(http, MCP_HEADERS)).status_code for _ in range(3)]
+            assert statuses == [200, 200, 429]
+
+
+@pytest.mark.anyio
+async def test_metrics_need_a_token_once_tokens_exist(tmp_path: Path) -> None:
+    with http_server(tmp_path / "data", tmp_path, MEMRL_TOKENS_FILE=str(tokens_file(tmp_path))) as server:
+        async with httpx.AsyncClient(base_url=base_url(server), timeout=10) as http:
+            for headers in ({}, {"Authorization": "Bearer not-a-token-at-all"}, {"Authorization": f"Basic {ALICE}"}):
+                response = await http.get("/metrics", headers=headers)
+                assert response.status_code == 401, headers
+                assert "memrl_memories" not in response.text
+            scraped = await http.get("/metrics", headers={"Authorization": f"Bearer {ALICE}"})
+            assert scraped.status_code == 200
+            assert "memrl_memories 0.0" in scraped.text
+    # Without tokens (a loopback-only server) the route stays open, as before.
+    with http_server(tmp_path / "open", tmp_path) as server:
+        async with httpx.AsyncClient(base_url=base_url(server), timeout=10) as http:
+            assert (await http.get("/metrics")).status_code == 200
