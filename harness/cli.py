@@ -1,4 +1,8 @@
-"""``memrl-harness``: run a benchmark through memrl-mcp (``run``) and turn runs into a report (``report``)."""
+"""``memrl-harness``: run a benchmark through memrl-mcp (``run``) and turn runs into a report (``report``).
+
+One ``run`` command may run several modes and seeds (``--mode none rag memrl --seed 0 1 2``), one run folder each,
+one after another; ``report`` takes them all and aggregates the seeds of each setting.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +15,11 @@ import anyio
 from tqdm import tqdm
 
 from harness.benchmarks import REGISTRY, load_benchmark, memory_config
+from harness.benchmarks.base import Benchmark
 from harness.llm import LLM, LLMError
 from harness.metrics import write_summary
 from harness.report import build_report, load_run
-from harness.results import RunConfig, RunDir
+from harness.results import DEFAULT_TRIALS, MODES, RunConfig, RunDir, TransferConfig
 from harness.runner import RunError, Runner, default_run_dir
 
 
@@ -24,10 +29,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     run = commands.add_parser("run", help="run a benchmark in one memory mode")
     run.add_argument("benchmark", choices=sorted(REGISTRY))
-    run.add_argument("--mode", choices=("none", "rag", "memrl"), default="memrl")
+    run.add_argument("--mode", nargs="+", choices=MODES, default=["memrl"], help="one run per mode (default: memrl)")
     run.add_argument("--epochs", type=int, default=3)
     run.add_argument("--tasks", type=int, help="run the first K tasks only")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", nargs="+", type=int, default=[0], help="one run per seed (default: 0)")
+    run.add_argument(
+        "--trials", type=int, help=f"reflexion: attempts per task, reflections in between (default {DEFAULT_TRIALS})"
+    )
+    transfer = run.add_argument_group(
+        "transfer", "build the memory on one split, then evaluate on another with the memory frozen (read-only)"
+    )
+    transfer.add_argument(
+        "--eval-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="benchmark option of the evaluation, over the training's (e.g. split=valid_seen)",
+    )
+    transfer.add_argument(
+        "--held-out",
+        type=float,
+        metavar="FRACTION",
+        help="hold out this share of the tasks by a hash of their id; train on the rest",
+    )
     run.add_argument("--workers", type=int, default=1, help="episodes in parallel within an epoch")
     run.add_argument(
         "--config", help="memrl-mcp settings file (default: the paper's constants for the benchmark, packaged)"
@@ -59,30 +83,73 @@ def _options(pairs: list[str]) -> dict[str, str]:
 
 def run_command(args: argparse.Namespace) -> int:
     options = _options(args.option) | ({"data": args.data} if args.data else {})
+    eval_options = _options(args.eval_option)
+    modes, seeds = list(dict.fromkeys(args.mode)), list(dict.fromkeys(args.seed))
     try:
         if args.config and args.memory_url:
             raise ValueError("--config sets up the harness's own memory server; a --memory-url server has its own")
         if args.config and not Path(args.config).is_file():
             raise ValueError(f"--config: no settings file at {args.config}")
+        if args.run_dir and len(modes) * len(seeds) > 1:
+            raise ValueError("--run-dir names one run's folder; several modes or seeds go under --runs")
+        if args.trials is not None and modes != ["reflexion"]:
+            raise ValueError("--trials: only --mode reflexion retries")
+        transfer = (
+            TransferConfig(eval_options=eval_options, held_out=args.held_out) if eval_options or args.held_out else None
+        )
         settings_file = Path(args.config).resolve() if args.config else memory_config(args.benchmark)
         benchmark = load_benchmark(args.benchmark, **options)
-        llm = LLM.from_env() if benchmark.needs_llm else None
-    except (ValueError, LLMError) as error:  # a bad --option, no LLM configured
+        eval_benchmark = load_benchmark(args.benchmark, **(options | eval_options)) if eval_options else None
+        needs_llm = benchmark.needs_llm or (eval_benchmark is not None and eval_benchmark.needs_llm)
+        llm = LLM.from_env() if needs_llm else None
+        configs = [
+            RunConfig(
+                benchmark=args.benchmark,
+                mode=mode,
+                epochs=args.epochs,
+                tasks=args.tasks,
+                seed=seed,
+                workers=args.workers,
+                memory_config=None if args.memory_url else str(settings_file),
+                memory_url=args.memory_url,
+                model=llm.model if llm else None,
+                benchmark_options=options,
+                trials=args.trials,
+                transfer=transfer,
+            )
+            for mode in modes
+            for seed in seeds
+        ]
+    except (ValueError, LLMError) as error:  # a bad --option, no LLM configured, inconsistent settings
         print(f"memrl-harness: {error}", file=sys.stderr)
         return 2
-    config = RunConfig(
-        benchmark=args.benchmark,
-        mode=args.mode,
-        epochs=args.epochs,
-        tasks=args.tasks,
-        seed=args.seed,
-        workers=args.workers,
-        memory_config=None if args.memory_url else str(settings_file),
-        memory_url=args.memory_url,
-        model=llm.model if llm else None,
-        benchmark_options=options,
+    headlines = []
+    for config in configs:
+        run_dir = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(Path(args.runs), config))
+        code = _run_one(config, benchmark, eval_benchmark, run_dir, llm)
+        if code:
+            return code
+        headlines.append(_headline(run_dir))
+    print(json.dumps(headlines[0] if len(headlines) == 1 else headlines, indent=2))
+    return 0
+
+
+def _headline(run_dir: RunDir) -> dict[str, object]:
+    """The run's summary files written, and its headline figures."""
+    loaded = load_run(run_dir.path)
+    write_summary(run_dir, loaded.summary)
+    headline = loaded.summary.model_dump(
+        include={"last_success", "best_success", "final_csr", "forgetting_rate", "q_critic"}
     )
-    run_dir = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(Path(args.runs), config))
+    if loaded.transfer is not None:
+        write_summary(run_dir.transfer, loaded.transfer)
+        headline["transfer_success"] = loaded.transfer.last_success
+    return {"run_dir": str(run_dir.path), **headline}
+
+
+def _run_one(
+    config: RunConfig, benchmark: Benchmark, eval_benchmark: Benchmark | None, run_dir: RunDir, llm: LLM | None
+) -> int:
     bar = tqdm(unit="episode", file=sys.stderr, disable=None)  # disabled when stderr is no terminal
 
     def progress(done: int, total: int) -> None:
@@ -91,16 +158,12 @@ def run_command(args: argparse.Namespace) -> int:
         bar.refresh()
 
     try:
-        anyio.run(Runner(config, benchmark, run_dir, llm).run, progress)
+        anyio.run(Runner(config, benchmark, run_dir, llm, eval_benchmark).run, progress)
     except RunError as error:
         print(f"memrl-harness: {error}", file=sys.stderr)
         return 2
     finally:
         bar.close()
-    summary = load_run(run_dir.path).summary
-    write_summary(run_dir, summary)
-    headline = summary.model_dump(include={"last_success", "best_success", "final_csr", "forgetting_rate", "q_critic"})
-    print(json.dumps({"run_dir": str(run_dir.path), **headline}, indent=2))
     return 0
 
 

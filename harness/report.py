@@ -1,8 +1,12 @@
 """``memrl-harness report RUN...``: one markdown report and learning-curve plots over several runs.
 
-Each run folder gives its settings (``run.json``), its episodes and, for memrl runs, the final Q of
-the memories it injected (``q_values.json``). Runs of one benchmark share a plot, so the modes
-(none / rag / memrl) on the same tasks can be compared at a glance.
+Each run folder gives its settings (``run.json``), its episodes, for memrl runs the final Q of the
+memories it injected (``q_values.json``), for transfer runs the evaluation on held-out tasks
+(``transfer/``), and the benchmark's intra-dataset query similarity (``task_similarity.json``).
+Runs that differ only in their seed form one *setting*: the report gives its mean and spread per
+epoch and of the headline figures, with the number of seeds behind each, and draws it as a mean
+curve with a +-1 standard deviation band. Runs of one benchmark share a plot, so the modes on the
+same tasks can be compared at a glance.
 """
 
 from __future__ import annotations
@@ -14,7 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.metrics import RunSummary, summarize, write_summary
+from harness.metrics import (
+    RunSummary,
+    SeedAggregate,
+    Spread,
+    TaskSimilarity,
+    aggregate_seeds,
+    summarize,
+    write_summary,
+)
 from harness.results import Q_VALUES_FILE, EpisodeRecord, RunConfig, RunDir
 
 REPORT_FILE = "report.md"
@@ -30,7 +42,22 @@ class LoadedRun:
     episodes: list[EpisodeRecord]
     q_values: dict[str, float] | None
     summary: RunSummary
+    transfer: RunSummary | None = None
+    similarity: TaskSimilarity | None = None
     label: str = ""
+
+
+@dataclass
+class Setting:
+    """Runs that differ only in their seed."""
+
+    runs: list[LoadedRun]
+    aggregate: SeedAggregate
+    label: str = ""
+
+    @property
+    def config(self) -> RunConfig:
+        return self.runs[0].config
 
 
 def read_q_values(path: Path) -> dict[str, float] | None:
@@ -65,7 +92,56 @@ def load_run(path: Path, *, min_injections: int = 1) -> LoadedRun:
         min_injections=min_injections,
         epochs_planned=config.epochs,
     )
-    return LoadedRun(path=path, config=config, episodes=episodes, q_values=q_values, summary=summary)
+    transfer = None
+    if config.transfer is not None and run.transfer.episodes_file.exists():
+        transfer = summarize(run.transfer.episodes(), epochs_planned=1)
+    similarity = (
+        TaskSimilarity.model_validate_json(run.similarity_file.read_text()) if run.similarity_file.exists() else None
+    )
+    return LoadedRun(
+        path=path,
+        config=config,
+        episodes=episodes,
+        q_values=q_values,
+        summary=summary,
+        transfer=transfer,
+        similarity=similarity,
+    )
+
+
+def _mode_label(config: RunConfig) -> str:
+    label = f"{config.mode} ({config.attempts} trials)" if config.mode == "reflexion" else config.mode
+    return f"{label}, transfer" if config.transfer else label
+
+
+def settings_of(runs: Sequence[LoadedRun]) -> list[Setting]:
+    """Runs grouped by everything in their config but the seed, in the order first seen."""
+    groups: dict[str, list[LoadedRun]] = defaultdict(list)
+    for run in runs:
+        groups[run.config.model_copy(update={"seed": 0}).model_dump_json()].append(run)
+    settings = []
+    for group in groups.values():
+        transfer = [r.transfer for r in group] if group[0].config.transfer else []
+        aggregate = aggregate_seeds([r.config.seed for r in group], [r.summary for r in group], transfer)
+        settings.append(Setting(group, aggregate))
+    benchmarks = {s.config.benchmark for s in settings}
+    models = {s.config.model for s in settings}
+    for setting in settings:
+        parts = [_mode_label(setting.config)]
+        if len(benchmarks) > 1:
+            parts.append(setting.config.benchmark)
+        if len(models) > 1:
+            parts.append(setting.config.model or "no model")
+        setting.label = " / ".join(parts)
+    counts: dict[str, int] = defaultdict(int)
+    for setting in settings:
+        counts[setting.label] += 1
+    seen: dict[str, int] = defaultdict(int)
+    for setting in settings:  # same label, other options (tasks, epochs, benchmark options): numbered
+        if counts[setting.label] > 1:
+            seen[setting.label] += 1
+            setting.label = f"{setting.label} #{seen[setting.label]}"
+    return settings
 
 
 def assign_labels(runs: Sequence[LoadedRun]) -> None:
@@ -73,7 +149,7 @@ def assign_labels(runs: Sequence[LoadedRun]) -> None:
     benchmarks = {r.config.benchmark for r in runs}
     models = {r.config.model for r in runs}
     for run in runs:
-        parts: list[str] = [run.config.mode]
+        parts: list[str] = [_mode_label(run.config)]
         if len(benchmarks) > 1:
             parts.append(run.config.benchmark)
         if len(models) > 1:
@@ -89,6 +165,14 @@ def assign_labels(runs: Sequence[LoadedRun]) -> None:
 
 def _rate(value: float | None) -> str:
     return NA if value is None else f"{value:.3f}"
+
+
+def _spread(value: Spread | None) -> str:
+    """mean +- std (n), the n seeds behind the figure."""
+    if value is None:
+        return NA
+    std = "" if value.std is None else f" ± {value.std:.3f}"
+    return f"{value.mean:.3f}{std} (n={value.n})"
 
 
 def _cell(value: object) -> str:
@@ -128,6 +212,7 @@ def run_table(runs: Sequence[LoadedRun]) -> list[str]:
         "final CSR",
         "forgetting",
         "Q-critic r",
+        "held-out success",
         "mean steps",
         "tokens (prompt + completion)",
         "wall s (sum)",
@@ -148,6 +233,7 @@ def run_table(runs: Sequence[LoadedRun]) -> list[str]:
                 _rate(s.final_csr),
                 _rate(s.forgetting_rate),
                 _q_cell(s),
+                _rate(run.transfer.last_success) if run.transfer else NA,
                 f"{s.mean_steps:.2f}",
                 f"{s.prompt_tokens + s.completion_tokens} ({s.prompt_tokens} + {s.completion_tokens})",
                 f"{s.wall_s:.1f}",
@@ -198,6 +284,78 @@ def type_table(runs: Sequence[LoadedRun]) -> list[str]:
     return _table(header, rows)
 
 
+def setting_table(settings: Sequence[Setting]) -> list[str]:
+    header = [
+        "setting",
+        "seeds",
+        "last-epoch success",
+        "CSR at last epoch",
+        "forgetting",
+        "Q-critic r",
+        "held-out success (transfer)",
+    ]
+    rows = []
+    for setting in settings:
+        a = setting.aggregate
+        rows.append(
+            [
+                setting.label,
+                ", ".join(map(str, a.seeds)),
+                _spread(a.last_success),
+                _spread(a.last_csr),
+                _spread(a.forgetting_rate),
+                _spread(a.q_critic_r),
+                _spread(a.transfer_success) if setting.config.transfer else NA,
+            ]
+        )
+    return _table(header, rows)
+
+
+def setting_epoch_table(settings: Sequence[Setting]) -> list[str]:
+    header = ["setting", "epoch", "success", "CSR"]
+    rows = [
+        [setting.label, e.epoch, _spread(e.success_rate), _spread(e.csr)]
+        for setting in settings
+        for e in setting.aggregate.epochs
+    ]
+    return _table(header, rows)
+
+
+def similarity_table(settings: Sequence[Setting]) -> list[str]:
+    """Per benchmark setting: its tasks' mean pairwise similarity next to MemRL's last-epoch gain over each
+    baseline run on the same tasks (means over seeds; the paper: ALFWorld 0.518 -> +0.229, HLE 0.186 -> +0.216)."""
+    by_tasks: dict[str, list[Setting]] = defaultdict(list)
+    for setting in settings:
+        if setting.config.transfer is None:
+            same = setting.config.model_copy(update={"seed": 0, "mode": "none", "trials": None, "memory_config": None})
+            by_tasks[same.model_dump_json()].append(setting)
+    header = ["benchmark", "tasks", "embedder", "mean pairwise similarity", "memrl last-epoch success", "gain over"]
+    rows = []
+    for group in by_tasks.values():
+        memrl = next((s for s in group if s.config.mode == "memrl" and s.aggregate.last_success), None)
+        similarity = next((r.similarity for s in group for r in s.runs if r.similarity), None)
+        if memrl is None or similarity is None:
+            continue
+        best = memrl.aggregate.last_success
+        assert best is not None
+        gains = [
+            f"{s.label} {best.mean - s.aggregate.last_success.mean:+.3f}"
+            for s in group
+            if s is not memrl and s.aggregate.last_success
+        ]
+        rows.append(
+            [
+                memrl.config.benchmark,
+                similarity.tasks,
+                similarity.embedder,
+                _rate(similarity.mean_pairwise),
+                _spread(best),
+                "; ".join(gains) or NA,
+            ]
+        )
+    return _table(header, rows) if rows else []
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "benchmark"
 
@@ -206,10 +364,12 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", "-.", ":")
 
 
-def plot_metric(runs: Sequence[LoadedRun], metric: str, name: str, title: str, out: Path) -> None:
-    """One line per run over epochs (markers and dashes differ, so equal curves stay visible).
+def plot_metric(settings: Sequence[Setting], metric: str, name: str, title: str, out: Path) -> None:
+    """One line per setting over epochs (markers and dashes differ, so equal curves stay visible).
 
-    A partial epoch's point is drawn hollow: it is a share of the tasks done so far.
+    A setting of one run draws that run, a partial epoch's point hollow (a share of the tasks done so
+    far); a setting of several seeds draws the mean over the seeds that finished each epoch, with a
+    +-1 standard deviation band, and says how many seeds in its legend.
     """
     import matplotlib
 
@@ -221,20 +381,26 @@ def plot_metric(runs: Sequence[LoadedRun], metric: str, name: str, title: str, o
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     try:
         any_partial = False
-        for i, run in enumerate(runs):
-            epochs = run.summary.epochs
+        for i, setting in enumerate(settings):
+            style = {"marker": MARKERS[i % len(MARKERS)], "linestyle": LINESTYLES[i % len(LINESTYLES)], "alpha": 0.9}
+            if len(setting.runs) > 1:
+                spreads = [(e.epoch, getattr(e, metric)) for e in setting.aggregate.epochs]
+                if not spreads:
+                    continue
+                xs = [x for x, _ in spreads]
+                means = [v.mean for _, v in spreads]
+                stds = [v.std or 0.0 for _, v in spreads]
+                (line,) = ax.plot(xs, means, label=f"{setting.label} (mean of {len(setting.runs)} seeds)", **style)
+                lower = [m - d for m, d in zip(means, stds, strict=True)]
+                upper = [m + d for m, d in zip(means, stds, strict=True)]
+                ax.fill_between(xs, lower, upper, color=line.get_color(), alpha=0.18, linewidth=0)
+                continue
+            epochs = setting.runs[0].summary.epochs
             if not epochs:
                 continue
             xs = [e.epoch for e in epochs]
             ys = [getattr(e, metric) for e in epochs]
-            (line,) = ax.plot(
-                xs,
-                ys,
-                marker=MARKERS[i % len(MARKERS)],
-                linestyle=LINESTYLES[i % len(LINESTYLES)],
-                alpha=0.9,
-                label=run.label,
-            )
+            (line,) = ax.plot(xs, ys, label=setting.label, **style)
             partial = [(e.epoch, getattr(e, metric)) for e in epochs if e.partial]
             if partial:
                 any_partial = True
@@ -279,11 +445,14 @@ def build_report(
     if write_summaries:
         for run in runs:
             write_summary(run.path, run.summary)
+            if run.transfer is not None:
+                write_summary(RunDir(run.path).transfer, run.transfer)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    by_benchmark: dict[str, list[LoadedRun]] = defaultdict(list)
-    for run in runs:
-        by_benchmark[run.config.benchmark].append(run)
+    settings = settings_of(runs)
+    by_benchmark: dict[str, list[Setting]] = defaultdict(list)
+    for setting in settings:
+        by_benchmark[setting.config.benchmark].append(setting)
 
     lines = ["# memrl-harness report", ""]
     lines += ["Success rates are per epoch; CSR(t) = tasks solved at least once in epochs 1..t / tasks."]
@@ -291,6 +460,16 @@ def build_report(
     lines += ["A partial (unfinished) last epoch is left out of last-epoch success, best epoch and forgetting.", ""]
     lines += ["## Runs", "", *run_table(runs), ""]
     lines += ["## Per epoch", "", *epoch_table(runs), ""]
+    lines += ["## Across seeds", ""]
+    lines += ["Runs that differ only in their seed, as mean ± sample standard deviation (n = seeds behind it)."]
+    lines += ["Held-out success: the transfer's evaluation, memory frozen (read-only server), one pass.", ""]
+    lines += [*setting_table(settings), "", *setting_epoch_table(settings), ""]
+    similarity = similarity_table(settings)
+    if similarity:
+        lines += ["## Intra-dataset similarity and MemRL's gain", ""]
+        lines += ["Mean pairwise cosine of the tasks' queries with the run's embedder, next to MemRL's last-epoch"]
+        lines += ["success minus each other setting's on the same tasks (the paper relates the two).", ""]
+        lines += [*similarity, ""]
     types = type_table(runs)
     if types:
         lines += ["## Per task type (success rate per epoch)", "", *types, ""]

@@ -1,20 +1,52 @@
-"""A run's folder: its settings, one JSON line per finished episode, and the summaries.
+"""A run's folder: its settings, one JSON line per finished episode, what each episode saw and did, and the
+summaries.
 
 ``episodes.jsonl`` is appended (and flushed to disk) as each episode finishes, so a killed run
-loses at most the episodes in flight and resumes from the rest.
+loses at most the episodes in flight and resumes from the rest. ``trajectories.jsonl.gz`` keeps, per
+episode, the trajectory (bounded), the memories it was given and what it stored, so that a surprising
+number can be traced to the episodes behind it. A transfer run keeps its evaluation on the held-out tasks
+in the sub-folder ``transfer/``, laid out the same way.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-Mode = Literal["none", "rag", "memrl"]
+Mode = Literal["none", "rag", "memrl", "memp", "reflexion"]
+MODES: tuple[Mode, ...] = ("none", "rag", "memrl", "memp", "reflexion")
+MEMORY_MODES: tuple[Mode, ...] = ("rag", "memrl", "memp")  # the modes with a memory server
 Q_VALUES_FILE = "q_values.json"  # memory id -> final Q of every injected memory (memrl runs)
+MEMORY_EXPORT_FILE = "memory.jsonl"  # the final memory, as `memrl-mcp export` writes it
+SIMILARITY_FILE = "task_similarity.json"  # the benchmark's intra-dataset query similarity
+TRANSFER_DIR = "transfer"  # the evaluation phase of a transfer run
+TRAJECTORY_CHARS = 20_000  # per attempt: a trajectory file stays in the tens of MB for thousands of episodes
+DEFAULT_TRIALS = 3  # reflexion's attempts per task, as in the Reflexion paper's ALFWorld/HotpotQA runs
+
+
+class TransferConfig(BaseModel):
+    """The transfer setting: memory built on one task split, then frozen and used on another.
+
+    The evaluation's benchmark is the run's with ``eval_options`` laid over its options (e.g. ALFWorld
+    ``split=valid_seen`` after ``split=valid_train``). ``held_out`` splits one task list instead,
+    deterministically by a hash of the task id (``runner.split_tasks``): training on the rest, evaluation
+    on the held-out share (for benchmarks without shipped splits, such as LLB's).
+    """
+
+    eval_options: dict[str, Any] = Field(default_factory=dict)
+    held_out: float | None = Field(None, gt=0.0, lt=1.0, description="Share of the tasks held out, by id hash.")
+
+    @model_validator(mode="after")
+    def _some_split(self) -> TransferConfig:
+        if not self.eval_options and self.held_out is None:
+            raise ValueError("transfer needs eval_options or held_out (else it evaluates on the training tasks)")
+        return self
 
 
 class RunConfig(BaseModel):
@@ -30,6 +62,21 @@ class RunConfig(BaseModel):
     memory_url: str | None = Field(None, description="A running memrl-mcp over HTTP instead of a fresh one.")
     model: str | None = None
     benchmark_options: dict[str, Any] = Field(default_factory=dict)
+    trials: int | None = Field(None, ge=1, le=10, description="reflexion: attempts per task.")
+    transfer: TransferConfig | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        if self.trials is not None and self.mode != "reflexion":
+            raise ValueError(f"trials: only reflexion retries, not mode {self.mode}")
+        if self.transfer is not None and self.memory_url:
+            raise ValueError("transfer: the evaluation runs its own read-only memrl-mcp; it cannot use memory_url")
+        return self
+
+    @property
+    def attempts(self) -> int:
+        """Attempts per task: reflexion's trials, else one."""
+        return (self.trials or DEFAULT_TRIALS) if self.mode == "reflexion" else 1
 
 
 class EpisodeRecord(BaseModel):
@@ -48,6 +95,52 @@ class EpisodeRecord(BaseModel):
     memory_ids: list[str] = Field(default_factory=list, description="Memories injected into the prompt.")
     stored_id: str | None = None
     task_type: str | None = Field(None, description="Benchmark-specific group for per-type results.")
+    trials: int = Field(1, ge=1, description="Attempts made (reflexion stops at the first success).")
+
+
+class GivenMemory(BaseModel):
+    """A memory put into an episode's context, with the numbers recall chose it by (a reflection of an
+    earlier reflexion attempt has id ``reflection-N`` and no recall numbers)."""
+
+    id: str
+    outcome: str
+    q: float | None = None
+    similarity: float | None = None
+    score: float | None = None
+
+
+class Attempt(BaseModel):
+    """One attempt at a task; reflexion makes several, with the reflections of the failed ones in context."""
+
+    memories: list[GivenMemory]
+    trajectory: str = Field(description=f"Bounded: a longer one keeps its head and tail ({TRAJECTORY_CHARS} chars).")
+    success: bool
+    reward: float
+    steps: int
+    reflection: str | None = Field(None, description="What the agent concluded from this failed attempt.")
+
+
+class TrajectoryRecord(BaseModel):
+    """What one episode saw and did, kept beside its ``EpisodeRecord``."""
+
+    epoch: int
+    task_id: str
+    intent: str
+    attempts: list[Attempt]
+    experience: str | None = Field(None, description="The experience stored in memory (None: nothing stored).")
+    stored_id: str | None = None
+    reward: float
+    success: bool
+
+
+def bound(text: str, limit: int | None = None) -> str:
+    """``text`` cut to ``limit`` characters in the middle (the start says what was asked, the end how it ended)."""
+    limit = TRAJECTORY_CHARS if limit is None else limit
+    if len(text) <= limit:
+        return text
+    marker = f"\n[... {len(text) - limit} characters cut ...]\n"
+    head = (limit - len(marker)) // 2
+    return text[:head] + marker + text[len(text) - (limit - len(marker) - head) :]
 
 
 class RunDir:
@@ -61,6 +154,14 @@ class RunDir:
         self.summary_csv = path / "summary.csv"
         self.memory_dir = path / "memory"
         self.server_log = path / "memory-server.log"  # stderr of the run's own memrl-mcp
+        self.trajectories_file = path / "trajectories.jsonl.gz"
+        self.memory_export = path / MEMORY_EXPORT_FILE
+        self.similarity_file = path / SIMILARITY_FILE
+
+    @property
+    def transfer(self) -> RunDir:
+        """The evaluation phase of a transfer run (its episodes, trajectories and summary)."""
+        return RunDir(self.path / TRANSFER_DIR)
 
     def write_config(self, config: RunConfig) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -74,6 +175,32 @@ class RunDir:
             out.write(record.model_dump_json() + "\n")
             out.flush()
             os.fsync(out.fileno())
+
+    def append_trajectory(self, record: TrajectoryRecord) -> None:
+        """One gzip member per episode, appended and synced: a kill tears at most the last one."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with self.trajectories_file.open("ab") as out:
+            out.write(gzip.compress(record.model_dump_json().encode() + b"\n"))
+            out.flush()
+            os.fsync(out.fileno())
+
+    def trajectories(self) -> list[TrajectoryRecord]:
+        """Every kept trajectory in the order written (an episode run again after a kill appears twice; the last
+        one is the one recorded); a torn last member is left out."""
+        if not self.trajectories_file.exists():
+            return []
+        data, lines = self.trajectories_file.read_bytes(), []
+        while data:
+            member = zlib.decompressobj(wbits=31)  # one gzip member
+            try:
+                text = member.decompress(data)
+            except zlib.error:
+                break
+            if not member.eof:  # torn by a kill
+                break
+            lines.append(text)
+            data = member.unused_data
+        return [TrajectoryRecord.model_validate_json(line) for line in lines]
 
     def episodes(self) -> list[EpisodeRecord]:
         """Finished episodes, in the order they finished."""

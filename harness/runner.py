@@ -1,22 +1,34 @@
-"""The runtime-learning protocol (MEMRL.md), driven through an MCP client of memrl-mcp.
+"""The paper's protocol (MEMRL.md), driven through an MCP client of memrl-mcp.
 
-An epoch replays the benchmark's tasks in a seeded order. Per task: recall (query = the task's
-intent) -> the agent acts with the recalled memories -> the benchmark's checker gives the reward
--> the memory learns:
+Runtime learning: an epoch replays the benchmark's tasks in a seeded order. Per task: recall (query =
+the task's intent) -> the agent acts with the recalled memories -> the benchmark's checker gives the
+reward -> the memory learns:
 
 - ``none``: no memory at all;
 - ``rag``: recall with lambda = 0 (similarity only); the new experience is stored, no Q update;
+- ``memp``: procedural memory (MemP): recall with lambda = 0; only successes are stored, no Q update;
 - ``memrl``: recall with the server's lambda; ``report_outcome`` updates the Q of exactly the
-  recalled memories and stores the new experience.
+  recalled memories and stores the new experience;
+- ``reflexion``: no memory across tasks; up to ``trials`` attempts at a task (3 by default, as the
+  Reflexion paper's runs), each failed attempt's reflection (the benchmark's own experience text, or the
+  LLM's reflection on the trajectory) put before the next attempt as a "mistake to avoid". Every epoch
+  starts afresh, so its curve is flat by design.
+
+Transfer (``RunConfig.transfer``): the memory is built by the epochs above on the training tasks; then
+the server closes and a second memrl-mcp opens the same store with ``MEMRL_READ_ONLY=true``, refusing
+every write, and the held-out tasks run once with recall only (into the sub-folder ``transfer/``).
 
 Tasks of one epoch run in parallel on bounded workers; epochs run one after another. Each finished
-episode is appended to the run's ``episodes.jsonl`` after the memory has learned from it, so a
-killed run resumes with the episodes it lacks (an episode killed between its report and its record
-runs again; the memory keeps what the lost attempt taught it).
+episode is appended to its folder's ``episodes.jsonl`` (and its trajectory, memories and stored
+experience to ``trajectories.jsonl.gz``) after the memory has learned from it, so a killed run resumes
+with the episodes it lacks (an episode killed between its report and its record runs again; the memory
+keeps what the lost attempt taught it). A finished run exports its final memory to ``memory.jsonl``
+and writes the intra-dataset query similarity of its training tasks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -24,21 +36,35 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
+import yaml
 from mcp import Client, StdioServerParameters
-from mcp.client.stdio import stdio_client
+from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from harness.benchmarks.base import Benchmark, Episode, Memory, Task
-from harness.llm import LLM, summarize_experience
-from harness.results import Q_VALUES_FILE, EpisodeRecord, RunConfig, RunDir
+from harness.llm import LLM, Usage, summarize_experience
+from harness.metrics import TaskSimilarity, mean_pairwise_similarity
+from harness.results import (
+    MEMORY_MODES,
+    Q_VALUES_FILE,
+    Attempt,
+    EpisodeRecord,
+    GivenMemory,
+    RunConfig,
+    RunDir,
+    TrajectoryRecord,
+    bound,
+)
 
 ENV_MEMORY_TOKEN = "MEMRL_MEMORY_TOKEN"  # bearer token for --memory-url
+ENV_READ_ONLY = "MEMRL_READ_ONLY"  # memrl-mcp refuses every write and logs no recall
 
 Progress = Callable[[int, int], None]
 """Called with (episodes done, episodes in the run) after each episode."""
@@ -61,14 +87,22 @@ async def _http_memory_client(url: str, token: str | None) -> AsyncIterator[Clie
         yield client
 
 
+def _store_args(config: RunConfig, run_dir: RunDir) -> list[str]:
+    args = ["--data-dir", str(run_dir.memory_dir)]
+    return [*args, "--config", config.memory_config] if config.memory_config else args
+
+
 @asynccontextmanager
-async def _stdio_memory_client(config: RunConfig, run_dir: RunDir) -> AsyncIterator[Client]:
-    args = ["-m", "memrl_mcp.cli", "--data-dir", str(run_dir.memory_dir)]
-    if config.memory_config:
-        args += ["--config", config.memory_config]
+async def _stdio_memory_client(
+    config: RunConfig, run_dir: RunDir, log_dir: RunDir, read_only: bool
+) -> AsyncIterator[Client]:
+    args = ["-m", "memrl_mcp.cli", *_store_args(config, run_dir)]
+    env = get_default_environment() | ({ENV_READ_ONLY: "true"} if read_only else {})
     # The server's log lines are for whoever debugs this run, not for the terminal: they go to the run folder.
-    with run_dir.server_log.open("a") as log:
-        async with Client(stdio_client(StdioServerParameters(command=sys.executable, args=args), errlog=log)) as client:
+    log_dir.path.mkdir(parents=True, exist_ok=True)
+    with log_dir.server_log.open("a") as log:
+        server = StdioServerParameters(command=sys.executable, args=args, env=env)
+        async with Client(stdio_client(server, errlog=log)) as client:
             yield client
 
 
@@ -77,7 +111,23 @@ def memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextMan
     kept out of the run's saved config), or a fresh stdio server on the run's store, logging into the run folder."""
     if config.memory_url:
         return _http_memory_client(config.memory_url, os.environ.get(ENV_MEMORY_TOKEN))
-    return _stdio_memory_client(config, run_dir)
+    return _stdio_memory_client(config, run_dir, run_dir, read_only=False)
+
+
+def frozen_memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextManager[Client]:
+    """A transfer's evaluation: a memrl-mcp on the run's store with ``MEMRL_READ_ONLY=true``, so the server itself
+    refuses any write (the runner only recalls, but that is not what keeps the memory frozen)."""
+    return _stdio_memory_client(config, run_dir, run_dir.transfer, read_only=True)
+
+
+def split_tasks(tasks: Sequence[Task], held_out: float) -> tuple[list[Task], list[Task]]:
+    """(training, held-out): a task is held out when the first 8 bytes of sha256(its id), read as a fraction of
+    2**64, fall below ``held_out``. Deterministic across machines and orders, and stable when tasks are added."""
+
+    def draw(task: Task) -> float:
+        return int.from_bytes(hashlib.sha256(task.id.encode()).digest()[:8], "big") / 2**64
+
+    return [t for t in tasks if draw(t) >= held_out], [t for t in tasks if draw(t) < held_out]
 
 
 def epoch_order(tasks: Sequence[Task], seed: int, epoch: int) -> list[Task]:
@@ -95,19 +145,59 @@ async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[st
     return result.structured_content
 
 
-class Runner:
-    """Runs one configured run of one benchmark into one run folder."""
+@dataclass(frozen=True)
+class Phase:
+    """Training (the epochs; the memory learns) or a transfer's evaluation (one pass; recall only)."""
 
-    def __init__(self, config: RunConfig, benchmark: Benchmark, run_dir: RunDir, llm: LLM | None) -> None:
-        if benchmark.needs_llm and llm is None:
-            raise RunError(f"benchmark {benchmark.name} needs an LLM (MEMRL_LLM_BASE_URL / --llm-base-url)")
+    benchmark: Benchmark
+    tasks: list[Task]
+    run_dir: RunDir
+    epochs: int
+    learn: bool
+
+
+class Runner:
+    """Runs one configured run of one benchmark into one run folder.
+
+    ``eval_benchmark`` is the benchmark a transfer evaluates on when its ``eval_options`` change it (another
+    split); without eval options the held-out tasks come from ``benchmark`` itself.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        benchmark: Benchmark,
+        run_dir: RunDir,
+        llm: LLM | None,
+        eval_benchmark: Benchmark | None = None,
+    ) -> None:
+        for bench in (benchmark, eval_benchmark):
+            if bench is not None and bench.needs_llm and llm is None:
+                raise RunError(f"benchmark {bench.name} needs an LLM (MEMRL_LLM_BASE_URL / --llm-base-url)")
+        transfer = config.transfer
+        if transfer is not None and transfer.eval_options and eval_benchmark is None:
+            raise RunError("a transfer with eval_options needs the benchmark built with them (eval_benchmark)")
         self.config = config
         self.benchmark = benchmark
         self.run_dir = run_dir
         self.llm = llm
-        all_tasks = list(benchmark.tasks())
-        self.tasks = all_tasks[: config.tasks] if config.tasks else all_tasks
+        self.tasks = self._first(benchmark)
+        self.evaluation: Phase | None = None
+        if transfer is not None:
+            evaluated = eval_benchmark or benchmark
+            held = self._first(evaluated)
+            if transfer.held_out is not None:
+                self.tasks = split_tasks(self.tasks, transfer.held_out)[0]
+                held = split_tasks(held, transfer.held_out)[1]
+            if not self.tasks or not held:
+                raise RunError(f"transfer: {len(self.tasks)} training and {len(held)} held-out tasks; both need some")
+            self.evaluation = Phase(evaluated, held, run_dir.transfer, 1, learn=False)
+        self.training = Phase(benchmark, self.tasks, run_dir, config.epochs, learn=True)
         self._record_lock = anyio.Lock()
+
+    def _first(self, benchmark: Benchmark) -> list[Task]:
+        tasks = list(benchmark.tasks())
+        return tasks[: self.config.tasks] if self.config.tasks else tasks
 
     def prepare(self) -> set[tuple[int, str]]:
         """Write or check the run's config; the (epoch, task id) pairs already done."""
@@ -121,20 +211,33 @@ class Runner:
         else:
             self.run_dir.write_config(self.config)
         self.run_dir.drop_torn_tail()
+        self.run_dir.transfer.drop_torn_tail()
         return {(r.epoch, r.task_id) for r in self.run_dir.episodes()}
 
     async def run(self, progress: Progress | None = None) -> list[EpisodeRecord]:
         """Run (or finish) the run; the first failure stops it with a RunError, and it can resume."""
-        done = self.prepare()
-        total = self.config.epochs * len(self.tasks)
+        self.prepare()
+        phases = [self.training, *([self.evaluation] if self.evaluation else [])]
+        done = {id(p): {(r.epoch, r.task_id) for r in p.run_dir.episodes()} for p in phases}
+        counter = _Counter(sum(len(d) for d in done.values()), sum(p.epochs * len(p.tasks) for p in phases), progress)
+        memory = self.config.mode in MEMORY_MODES
         try:
-            if self.config.mode == "none":
-                await self._epochs(None, done, total, progress)
+            if not memory:
+                await self._epochs(None, self.training, done[id(self.training)], counter)
             else:
                 async with memory_client(self.config, self.run_dir) as client:
-                    await self._epochs(client, done, total, progress)
+                    await self._epochs(client, self.training, done[id(self.training)], counter)
                     if self.config.mode == "memrl":
                         await self._save_q_values(client)
+                if not self.config.memory_url:
+                    await self._export_memory()
+            await anyio.to_thread.run_sync(self._write_similarity)
+            if self.evaluation is not None:
+                if not memory:
+                    await self._epochs(None, self.evaluation, done[id(self.evaluation)], counter)
+                else:
+                    async with frozen_memory_client(self.config, self.run_dir) as client:
+                        await self._epochs(client, self.evaluation, done[id(self.evaluation)], counter)
         except BaseExceptionGroup as group:  # task groups nest; report the failure itself
             first: BaseException = group
             while isinstance(first, BaseExceptionGroup):
@@ -142,57 +245,53 @@ class Runner:
             raise first from None
         return self.run_dir.episodes()
 
-    async def _epochs(self, client: Client | None, done: set[tuple[int, str]], total: int, progress: Progress | None):
-        finished = len(done)
+    async def _epochs(self, client: Client | None, phase: Phase, done: set[tuple[int, str]], counter: _Counter):
         limiter = anyio.CapacityLimiter(self.config.workers)
 
         async def one(epoch: int, position: int, task: Task) -> None:
-            nonlocal finished
             async with limiter:
                 try:
-                    record = await self._episode(client, epoch, position, task)
+                    record, trajectory = await self._episode(client, phase, epoch, position, task)
                 except RunError:
                     raise
                 except Exception as error:
-                    raise RunError(f"epoch {epoch}, task {task.id}: {error!r}") from error
+                    where = "transfer" if not phase.learn else f"epoch {epoch}"
+                    raise RunError(f"{where}, task {task.id}: {error!r}") from error
             async with self._record_lock:
-                self.run_dir.append(record)
-                finished += 1
-                if progress:
-                    progress(finished, total)
+                phase.run_dir.append_trajectory(trajectory)  # first: a record always has its trajectory
+                phase.run_dir.append(record)
+                counter.step()
 
-        for epoch in range(1, self.config.epochs + 1):
+        phase.run_dir.path.mkdir(parents=True, exist_ok=True)
+        for epoch in range(1, phase.epochs + 1):
             async with anyio.create_task_group() as group:
-                for position, task in enumerate(epoch_order(self.tasks, self.config.seed, epoch)):
+                for position, task in enumerate(epoch_order(phase.tasks, self.config.seed, epoch)):
                     if (epoch, task.id) not in done:
                         group.start_soon(one, epoch, position, task)
 
-    async def _episode(self, client: Client | None, epoch: int, position: int, task: Task) -> EpisodeRecord:
+    async def _episode(
+        self, client: Client | None, phase: Phase, epoch: int, position: int, task: Task
+    ) -> tuple[EpisodeRecord, TrajectoryRecord]:
         mode = self.config.mode
         started = time.perf_counter()
         recall: dict[str, Any] | None = None
         memories: list[Memory] = []
         if client is not None:
             arguments: dict[str, Any] = {"task": task.intent}
-            if mode == "rag":
+            if mode in ("rag", "memp"):
                 arguments["q_weight"] = 0.0
             recall = await _call(client, "recall_experience", arguments)
             memories = [
                 Memory(m["id"], m["task"], m["experience"], m["outcome"], m["q"], m["similarity"])
                 for m in recall["memories"]
             ]
+        given = [GivenMemory.model_validate(m) for m in recall["memories"]] if recall else []
         rng = random.Random(f"{self.config.seed}:{epoch}:{task.id}")
-        episode: Episode = await anyio.to_thread.run_sync(self.benchmark.run_episode, task, memories, self.llm, rng)
-        usage = episode.usage
-        stored_id = None
-        if client is not None and recall is not None:
-            experience = episode.experience
-            if experience is None:
-                assert self.llm is not None, "a benchmark without its own experiences needs the LLM"
-                experience, summary_usage = await anyio.to_thread.run_sync(
-                    summarize_experience, self.llm, task.intent, episode.trajectory, episode.success
-                )
-                usage = usage + summary_usage
+        attempts, episode, usage = await self._attempts(phase.benchmark, task, memories, given, rng)
+        stored_id = experience = None
+        if phase.learn and client is not None and recall is not None and (mode != "memp" or episode.success):
+            experience, summary_usage = await self._experience(task, episode)
+            usage = usage + summary_usage
             outcome = "success" if episode.success else "failure"
             if mode == "memrl":
                 report = await _call(
@@ -219,21 +318,93 @@ class Runner:
                     },
                 )
                 stored_id = stored["id"]
-        return EpisodeRecord(
+        record = EpisodeRecord(
             epoch=epoch,
             position=position,
             task_id=task.id,
             task_type=task.type,
             success=episode.success,
             reward=episode.reward,
-            steps=episode.steps,
+            steps=sum(a.steps for a in attempts),
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             wall_s=time.perf_counter() - started,
             recall_id=recall["recall_id"] if recall else None,
             memory_ids=[m.id for m in memories],
             stored_id=stored_id,
+            trials=len(attempts),
         )
+        trajectory = TrajectoryRecord(
+            epoch=epoch,
+            task_id=task.id,
+            intent=task.intent,
+            attempts=attempts,
+            experience=experience,
+            stored_id=stored_id,
+            reward=episode.reward,
+            success=episode.success,
+        )
+        return record, trajectory
+
+    async def _attempts(
+        self, benchmark: Benchmark, task: Task, memories: list[Memory], given: list[GivenMemory], rng: random.Random
+    ) -> tuple[list[Attempt], Episode, Usage]:
+        """The attempts at one task: one, or (reflexion) until a success or ``trials``, each failed attempt's
+        reflection shown to the next ones, newest first, as a mistake to avoid."""
+        reflections: list[Memory] = []
+        attempts: list[Attempt] = []
+        usage = Usage()
+        for trial in range(1, self.config.attempts + 1):
+            shown = [*reversed(reflections), *memories]
+            episode: Episode = await anyio.to_thread.run_sync(benchmark.run_episode, task, shown, self.llm, rng)
+            usage = usage + episode.usage
+            attempt = Attempt(
+                memories=[*(GivenMemory(id=r.id, outcome=r.outcome) for r in reversed(reflections)), *given],
+                trajectory=bound(episode.trajectory),
+                success=episode.success,
+                reward=episode.reward,
+                steps=episode.steps,
+            )
+            attempts.append(attempt)
+            if episode.success or trial == self.config.attempts:
+                break
+            attempt.reflection, reflection_usage = await self._experience(task, episode)
+            usage = usage + reflection_usage
+            reflections.append(Memory(f"reflection-{trial}", task.intent, attempt.reflection, "failure", 0.0, 1.0))
+        return attempts, episode, usage
+
+    async def _experience(self, task: Task, episode: Episode) -> tuple[str, Usage]:
+        """What an episode teaches: the benchmark's own text, else the LLM's procedure (success) or reflection."""
+        if episode.experience is not None:
+            return episode.experience, Usage()
+        assert self.llm is not None, "a benchmark without its own experiences needs the LLM"
+        return await anyio.to_thread.run_sync(
+            summarize_experience, self.llm, task.intent, episode.trajectory, episode.success
+        )
+
+    async def _export_memory(self) -> None:
+        """The final memory beside the results, as `memrl-mcp export` writes it (the server has closed)."""
+        args = [sys.executable, "-m", "memrl_mcp.cli", *_store_args(self.config, self.run_dir)]
+        args += ["export", "--out", str(self.run_dir.memory_export)]
+        done = await anyio.run_process(args, check=False, env=get_default_environment())
+        if done.returncode != 0:
+            raise RunError(f"memrl-mcp export failed: {done.stderr.decode(errors='replace').strip()}")
+
+    def _write_similarity(self) -> None:
+        """The training tasks' mean pairwise query similarity with the run's embedder (once per run folder)."""
+        if self.run_dir.similarity_file.exists():
+            return
+        from memrl_mcp.embeddings import create_embedder  # the model is loaded only here, and only once
+        from memrl_mcp.settings import load_settings
+
+        overrides = yaml.safe_load(Path(self.config.memory_config).read_text()) if self.config.memory_config else {}
+        settings = load_settings(**(overrides or {}))
+        embedder = create_embedder(settings)
+        vectors = embedder.embed([t.intent for t in self.tasks])
+        similarity = TaskSimilarity(
+            embedder=embedder.name, tasks=len(self.tasks), mean_pairwise=mean_pairwise_similarity(vectors)
+        )
+        self.run_dir.similarity_file.write_text(similarity.model_dump_json(indent=2) + "\n")
 
     async def _save_q_values(self, client: Client) -> None:
         """Final Q of every memory that was ever injected, for the Q-critic metric."""
@@ -248,5 +419,18 @@ class Runner:
         (self.run_dir.path / Q_VALUES_FILE).write_text(json.dumps(q_values, indent=0) + "\n")
 
 
+class _Counter:
+    """Episodes done over the run's total, for the progress callback."""
+
+    def __init__(self, done: int, total: int, progress: Progress | None) -> None:
+        self.done, self.total, self.progress = done, total, progress
+
+    def step(self) -> None:
+        self.done += 1
+        if self.progress:
+            self.progress(self.done, self.total)
+
+
 def default_run_dir(root: Path, config: RunConfig) -> Path:
-    return root / f"{config.benchmark}-{config.mode}-seed{config.seed}"
+    transfer = "-transfer" if config.transfer else ""
+    return root / f"{config.benchmark}-{config.mode}{transfer}-seed{config.seed}"

@@ -74,7 +74,8 @@ About 0.6 s per mode and run in process; 10-20 s through the stdio MCP server.
 
 Options (``--option KEY=VALUE``): ``families`` (2-16), ``tasks_per_family`` (1-12), ``procedures``
 (3-12), ``decoys``, ``decoy_luck``, ``slip``, ``twins``, ``seed`` (the world; the runner's seed
-orders the epochs and rolls the episodes).
+orders the epochs and rolls the episodes), ``paraphrase`` (the same tasks in other words, for
+transfer: ``--transfer-held-out 0.25 --eval-option paraphrase=true``).
 """
 
 from __future__ import annotations
@@ -121,6 +122,33 @@ TEMPLATES = (
     "{who} says the {place} {appliance} {symptom} {when}.",
     "Since {since}, the {appliance} in the {place} {symptom}.",
 )
+# ``paraphrase=true``: the same tasks (ids, families, hidden fixes) in other words, for the transfer setting
+# (memory built on some tasks, evaluated on held-out ones written differently). Template i rewords template i.
+PARAPHRASE_TEMPLATES = (
+    "Could someone look at the {appliance} in the {place}? It {symptom} {when}.",
+    "{who} tells us that in the {place} the {appliance} {symptom} {when}.",
+    "Repair needed in the {place}: the {appliance} {symptom} {when}.",
+    "{who} complains the {appliance} of the {place} {symptom} {when}.",
+    "Ever since {since}, the {place} {appliance} {symptom}.",
+)
+SYMPTOM_PARAPHRASES = {
+    "leaves the plates dirty": "washes the dishes badly, they come out grimy",
+    "leaves the plates wet": "finishes with the dishes still damp",
+    "does not keep the food cold": "lets the groceries get warm",
+    "hums loudly all night": "makes a loud buzzing noise at night",
+    "does not drain the water": "stays full of water after the wash",
+    "does not spin the laundry": "leaves the clothes soaking because the drum will not turn",
+    "prints blank pages": "puts out empty sheets",
+    "keeps jamming the paper": "gets sheets stuck inside again and again",
+    "keeps dropping the connection": "loses the internet every few minutes",
+    "is very slow": "gives a sluggish connection",
+    "gives no hot water": "only delivers cold water",
+    "keeps losing pressure": "shows the pressure falling again and again",
+    "makes weak coffee": "brews coffee that tastes watery",
+    "leaks water on the counter": "leaves puddles on the worktop",
+    "blows warm air": "does not cool the room at all",
+    "drips water on the floor": "leaves a wet patch on the floor below it",
+}
 PLACES = (
     "staff kitchen",
     "second-floor flat",
@@ -203,8 +231,12 @@ class ControlledBenchmark:
         twins: bool | str = True,
         seed: int | str = 0,
         agent: str = "script",
+        paraphrase: bool | str = False,
     ) -> None:
         """Options may come as text (``--option families=4``) and are checked either way.
+
+        ``paraphrase=true`` words every task differently (``PARAPHRASE_TEMPLATES``, ``SYMPTOM_PARAPHRASES``),
+        keeping its id, family and hidden fixes: a transfer's held-out tasks, as a user would phrase them.
 
         ``agent="llm"`` lets the LLM choose the procedure from the request and the memories, and
         the runner have it write the experience: the same world, played by a real model.
@@ -217,6 +249,8 @@ class ControlledBenchmark:
         procedures = _integer("procedures", procedures, 3, len(PROCEDURES))
         decoys = _integer("decoys", decoys, 0, procedures - 2)
         twins = _boolean("twins", twins)
+        paraphrase = _boolean("paraphrase", paraphrase)
+        templates = PARAPHRASE_TEMPLATES if paraphrase else TEMPLATES
         seed = _integer("seed", seed, -(2**63), 2**63 - 1)
         self.procedures = tuple(PROCEDURES)[:procedures]
         self.decoy_luck = _probability("decoy_luck", decoy_luck)
@@ -236,8 +270,13 @@ class ControlledBenchmark:
                 wrong = [p for p in self.procedures if p not in fixes]
                 decoy_set = tuple(draw.sample(wrong, min(decoys, len(wrong))))
                 for i, (template, place, who, when) in enumerate(slots):
-                    text = TEMPLATES[template].format(
-                        appliance=appliance, place=place, who=who, symptom=symptom, when=when[0], since=when[1]
+                    text = templates[template].format(
+                        appliance=appliance,
+                        place=place,
+                        who=who,
+                        symptom=SYMPTOM_PARAPHRASES[symptom] if paraphrase else symptom,
+                        when=when[0],
+                        since=when[1],
                     )
                     self._tasks.append(
                         Task(
