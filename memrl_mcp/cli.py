@@ -14,7 +14,7 @@ from memrl_mcp import backup
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.observability import configure_logging
 from memrl_mcp.settings import Settings, SettingsError, load_settings
-from memrl_mcp.storage import StoreLockedError
+from memrl_mcp.storage import DiskFullError, StoreLockedError
 
 log = logging.getLogger("memrl_mcp")
 
@@ -77,7 +77,7 @@ def serve(args: argparse.Namespace) -> int:
         configure_logging(settings.log_format)
         tokens = serving.tokens_for(settings, args.transport, args.host)
         service = MemoryService.open(settings)
-    except (SettingsError, StoreLockedError) as error:
+    except (SettingsError, StoreLockedError, DiskFullError) as error:
         print(f"memrl-mcp: {error}", file=sys.stderr)
         return 2
     where = settings.qdrant_url or settings.data_dir
@@ -111,7 +111,7 @@ def run_backup(args: argparse.Namespace) -> int:
             summary = backup.export_memories(settings, args.out, args.namespace, sys.stdout.buffer)
         else:
             summary = backup.import_memories(settings, args.file)
-    except (SettingsError, StoreLockedError, backup.BackupError, OSError) as error:
+    except (SettingsError, StoreLockedError, DiskFullError, backup.BackupError, OSError) as error:
         print(f"memrl-mcp {args.command}: {error}", file=sys.stderr)
         return 2
     print(f"memrl-mcp {args.command}: {summary}", file=sys.stderr)

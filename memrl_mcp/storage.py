@@ -174,18 +174,28 @@ class EdgeStore:
 
     def _open(self, path: Path, dim: int, table: Table) -> Any:
         edge = self._edge
-        if (path / "edge_config.json").exists():
-            stored_dim = _edge_dim(path)
+        config_file = path / "edge_config.json"
+        stored = json.loads(config_file.read_text()) if config_file.exists() else None
+        if stored is not None:
+            stored_dim = int(next(iter(stored["vectors"].values()))["size"])
             if stored_dim != dim:
                 raise ValueError(f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones")
         try:
-            if (path / "edge_config.json").exists():
+            if stored is None:
+                shard = edge.EdgeShard.create(str(path), self._config(dim, table))
+            elif table == "recalls" and stored.get("payload_memory") != "cold":
+                # A store made before recalls were memory-mapped: loading with a config rewrites it (that needs
+                # a little room, so it is done only when something changes).
                 shard = edge.EdgeShard.load(str(path), self._config(dim, table))
             else:
-                shard = edge.EdgeShard.create(str(path), self._config(dim, table))
+                shard = edge.EdgeShard.load(str(path))
         except Exception as error:
             if "WouldBlock" in str(error):
                 raise StoreLockedError(path, "its write-ahead log is locked") from None
+            if "No space left on device" in str(error):  # the engine writes a little at every open
+                raise DiskFullError(
+                    f"cannot open the memory store at {path}: its disk is full. Free some space"
+                ) from None
             raise
         indexed = set(shard.info().payload_schema)
         for key, schema in _edge_indexes(edge).items():
@@ -284,12 +294,6 @@ def _edge_indexes(edge: Any) -> dict[str, Any]:
 
 def _edge_match(edge: Any, value: str | int | Sequence[str]) -> Any:
     return edge.MatchAny(list(value)) if isinstance(value, list | tuple | set | frozenset) else edge.MatchValue(value)
-
-
-def _edge_dim(path: Path) -> int:
-    """The vector size a shard was created with, from its own config file."""
-    config = json.loads((path / "edge_config.json").read_text())
-    return int(next(iter(config["vectors"].values()))["size"])
 
 
 class QdrantClientStore:
