@@ -189,17 +189,7 @@ class RunDir:
         one is the one recorded); a torn last member is left out."""
         if not self.trajectories_file.exists():
             return []
-        data, lines = self.trajectories_file.read_bytes(), []
-        while data:
-            member = zlib.decompressobj(wbits=31)  # one gzip member
-            try:
-                text = member.decompress(data)
-            except zlib.error:
-                break
-            if not member.eof:  # torn by a kill
-                break
-            lines.append(text)
-            data = member.unused_data
+        lines, _ = _gzip_members(self.trajectories_file.read_bytes())
         return [TrajectoryRecord.model_validate_json(line) for line in lines]
 
     def episodes(self) -> list[EpisodeRecord]:
@@ -209,11 +199,32 @@ class RunDir:
         return [EpisodeRecord.model_validate(json.loads(line)) for line in self.episodes_file.read_text().splitlines()]
 
     def drop_torn_tail(self) -> None:
-        """Cut a last line that a kill left half-written (that episode runs again on resume)."""
-        if not self.episodes_file.exists():
-            return
-        data = self.episodes_file.read_bytes()
-        keep = data.rfind(b"\n") + 1
-        if keep < len(data):
-            with self.episodes_file.open("r+b") as out:
-                out.truncate(keep)
+        """Cut a last line or gzip member that a kill left half-written (that episode runs again on resume)."""
+        if self.episodes_file.exists():
+            data = self.episodes_file.read_bytes()
+            _truncate(self.episodes_file, data, data.rfind(b"\n") + 1)
+        if self.trajectories_file.exists():
+            data = self.trajectories_file.read_bytes()
+            _truncate(self.trajectories_file, data, _gzip_members(data)[1])
+
+
+def _truncate(path: Path, data: bytes, keep: int) -> None:
+    if keep < len(data):
+        with path.open("r+b") as out:
+            out.truncate(keep)
+
+
+def _gzip_members(data: bytes) -> tuple[list[bytes], int]:
+    """The contents of the whole gzip members at the start of ``data``, and the bytes they take."""
+    contents, used = [], 0
+    while used < len(data):
+        member = zlib.decompressobj(wbits=31)  # one gzip member
+        try:
+            text = member.decompress(data[used:])
+        except zlib.error:
+            break
+        if not member.eof:  # torn by a kill
+            break
+        contents.append(text)
+        used = len(data) - len(member.unused_data)
+    return contents, used

@@ -6,9 +6,18 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from harness.metrics import RunSummary, pearson, q_critic_quality, summarize, write_summary
+from harness.metrics import (
+    RunSummary,
+    aggregate_seeds,
+    mean_pairwise_similarity,
+    pearson,
+    q_critic_quality,
+    summarize,
+    write_summary,
+)
 from harness.results import EpisodeRecord, RunDir
 
 
@@ -189,3 +198,33 @@ def test_write_summary_json_and_csv(tmp_path: Path) -> None:
     assert rows[1]["prompt_tokens"] == "300" and rows[1]["completion_tokens"] == "60"
     write_summary(tmp_path / "plain", s)  # a bare path works too
     assert (tmp_path / "plain" / "summary.csv").exists()
+
+
+def test_mean_pairwise_similarity_by_hand() -> None:
+    # Unit vectors a = (1, 0), b = (0, 1), c = (1, 1)/sqrt 2: cos ab 0, ac and bc 1/sqrt 2 -> mean sqrt(2)/3.
+    vectors = np.array([[2.0, 0.0], [0.0, 3.0], [1.0, 1.0]])
+    assert mean_pairwise_similarity(vectors) == pytest.approx(2**0.5 / 3)
+    rows = np.random.default_rng(0).normal(size=(40, 8))
+    unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    pairs = [unit[i] @ unit[j] for i in range(40) for j in range(40) if i != j]
+    assert mean_pairwise_similarity(rows) == pytest.approx(sum(pairs) / len(pairs))
+    assert mean_pairwise_similarity(vectors[:1]) is None
+
+
+def test_seeds_aggregate_by_hand() -> None:
+    # Seed 0: epoch 1 a; epoch 2 a, b. Seed 1: nothing, then all three, then a partial epoch 3.
+    seed0 = [rec(1, "a", True), rec(1, "b", False), rec(1, "c", False)]
+    seed0 += [rec(2, "a", True), rec(2, "b", True), rec(2, "c", False)]
+    seed1 = [rec(1, t, False) for t in "abc"] + [rec(2, t, True) for t in "abc"] + [rec(3, "a", True)]
+    aggregate = aggregate_seeds([0, 1], [summarize(seed0), summarize(seed1)])
+    assert aggregate.seeds == [0, 1]
+    assert [e.epoch for e in aggregate.epochs] == [1, 2]  # the partial epoch 3 counts for no seed
+    first = aggregate.epochs[0].success_rate
+    assert (first.mean, first.std, first.n) == (pytest.approx(1 / 6), pytest.approx((2 * (1 / 6) ** 2) ** 0.5), 2)
+    assert aggregate.last_success is not None and aggregate.last_success.mean == pytest.approx(5 / 6)
+    assert aggregate.last_csr is not None and aggregate.last_csr.mean == pytest.approx(5 / 6)
+    # Forgetting: seed 0 forgot nothing, seed 1 nothing (its epoch 3 is partial): 0 +- 0 over 2.
+    assert aggregate.forgetting_rate is not None and aggregate.forgetting_rate.n == 2
+    assert aggregate.q_critic_r is None and aggregate.transfer_success is None
+    one = aggregate_seeds([4], [summarize(seed0)])
+    assert one.last_success is not None and one.last_success.std is None and one.last_success.n == 1

@@ -188,6 +188,9 @@ def test_trajectories_are_bounded_and_survive_a_torn_write(tmp_path: Path) -> No
     data = run.trajectories_file.read_bytes()
     run.trajectories_file.write_bytes(data[:-10])  # a kill in the middle of the last member
     assert [t.epoch for t in run.trajectories()] == [1, 2]
+    run.drop_torn_tail()  # as a resume does, so that what it appends is readable
+    run.append_trajectory(TrajectoryRecord(epoch=3, task_id="t", intent="i", attempts=[], reward=0.0, success=False))
+    assert [t.epoch for t in run.trajectories()] == [1, 2, 3]
 
 
 def reflective(request: RecordedRequest) -> str:

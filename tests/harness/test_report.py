@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from harness.report import build_report
-from harness.results import Q_VALUES_FILE, EpisodeRecord, Mode, RunConfig, RunDir
+from harness.results import Q_VALUES_FILE, EpisodeRecord, Mode, RunConfig, RunDir, TransferConfig
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -24,9 +24,13 @@ def make_run(
     epochs: int | None = None,
     q_values: dict[str, float] | None = None,
     typed: bool = False,
+    seed: int = 0,
+    similarity: float | None = None,
 ) -> Path:
     run = RunDir(root / name)
-    run.write_config(RunConfig(benchmark=benchmark, mode=mode, epochs=epochs or len(outcomes), model="m-1"))
+    run.write_config(RunConfig(benchmark=benchmark, mode=mode, epochs=epochs or len(outcomes), model="m-1", seed=seed))
+    if similarity is not None:
+        run.similarity_file.write_text(json.dumps({"embedder": "e-1", "tasks": 3, "mean_pairwise": similarity}))
     for epoch, wins in outcomes.items():
         for i, won in enumerate(wins):
             run.append(
@@ -55,6 +59,20 @@ def table_row(report: str, first_cell: str) -> list[str]:
         if line.startswith("|") and cells[0] == first_cell:
             return cells
     raise AssertionError(f"no row {first_cell!r} in:\n{report}")
+
+
+def table(report: str, first_header: str) -> dict[str, dict[str, str]]:
+    """The markdown table whose header starts with ``first_header``: rows by first cell, cells by header."""
+    lines = report.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    header = [c.strip() for c in lines[start].strip().strip("|").split("|")]
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header, cells, strict=True))
+    return rows
 
 
 def assert_png(path: Path) -> None:
@@ -135,3 +153,51 @@ def test_same_label_runs_are_told_apart_by_folder(tmp_path: Path) -> None:
     assert table_row(report, "none (seed1)")[6] == "0.000"
     assert not (a / "summary.json").exists()
     assert "Per task type" not in report
+
+
+def test_seeds_of_one_setting_are_aggregated_with_their_count(tmp_path: Path) -> None:
+    """Runs differing only in the seed: mean +- std per epoch and of the headline figures, n named; MemRL's gain
+    sits next to the tasks' similarity; the plot draws the mean with a band."""
+    runs = [
+        make_run(tmp_path, "m0", "memrl", {1: [True, False, False], 2: [True, True, False]}, seed=0, similarity=0.4),
+        make_run(tmp_path, "m1", "memrl", {1: [False, False, False], 2: [True, True, True]}, seed=1, similarity=0.4),
+        make_run(tmp_path, "n0", "none", {1: [True, False, False], 2: [False, True, False]}, seed=0, similarity=0.4),
+    ]
+    out = tmp_path / "out"
+    report = build_report(runs, out).read_text()
+    settings = table(report, "setting")
+    memrl = settings["memrl"]
+    assert memrl["seeds"] == "0, 1"
+    assert memrl["last-epoch success"] == "0.833 ± 0.236 (n=2)"  # 2/3 and 3/3
+    assert memrl["CSR at last epoch"] == "0.833 ± 0.236 (n=2)"
+    assert memrl["held-out success (transfer)"] == "n/a"
+    assert settings["none"]["last-epoch success"] == "0.333 (n=1)"
+    assert "| memrl | 1 | 0.167 ± 0.236 (n=2) | 0.167 ± 0.236 (n=2) |" in report
+    similarity = table(report, "benchmark")["toy"]
+    assert similarity["mean pairwise similarity"] == "0.400" and similarity["embedder"] == "e-1"
+    assert similarity["gain over"] == "none +0.500"
+    assert_png(out / "success_rate_toy.png")
+    # The band: pixels of the fill colour (the line's colour, lightened) exist only where two seeds are drawn.
+    banded = build_report(runs[:2], tmp_path / "banded", write_summaries=False)
+    single = build_report(runs[:1], tmp_path / "single", write_summaries=False)
+    colours = [
+        len(Image.open(r.parent / "success_rate_toy.png").convert("RGB").getcolors(1_000_000) or [])
+        for r in (banded, single)
+    ]
+    assert colours[0] > colours[1]
+
+
+def test_transfer_runs_report_their_held_out_success(tmp_path: Path) -> None:
+    path = make_run(tmp_path, "t0", "memp", {1: [True, False, False]})
+    run = RunDir(path)
+    config = run.read_config().model_copy(update={"transfer": TransferConfig(held_out=0.5)})
+    run.write_config(config)
+    held = run.transfer
+    held.path.mkdir()
+    for i, won in enumerate([True, True, False, True]):
+        held.append(EpisodeRecord(epoch=1, position=i, task_id=f"h{i}", success=won, reward=1.0, steps=1, wall_s=0.1))
+    report = build_report([path], tmp_path / "out").read_text()
+    row = table(report, "run")["memp, transfer"]
+    assert row["held-out success"] == "0.750" and row["last-epoch success"] == "0.333"
+    assert table(report, "setting")["memp, transfer"]["held-out success (transfer)"] == "0.750 (n=1)"
+    assert (held.path / "summary.json").exists()
