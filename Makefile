@@ -16,7 +16,7 @@ LLB_ROOTFS ?= $(VENV)/llb-rootfs
 LLB_PACKAGES := python3,git,vim,curl,wget,zip,unzip,tree,zsh,passwd,procps
 SANDBOX_STAMP := $(VENV)/.llb-rootfs-built
 
-.PHONY: setup serve demo test bench llm alfworld sandbox mariadb
+.PHONY: setup serve demo test bench llm alfworld sandbox mariadb docker
 
 setup: $(STAMP)
 
@@ -63,6 +63,15 @@ $(MARIADB_STAMP): | $(STAMP)
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y mariadb-server; }
 	touch $(MARIADB_STAMP)
 
+# The Docker backends and the server's image (docker/build.sh): Debian's engine and the static tools the sandbox
+# mounts; the images are built locally (nothing is pulled), each skipped while its inputs are unchanged. An engine
+# is started for the build only if none runs; the tests start their own (tests/dockerd.py).
+DOCKER_PACKAGES := docker.io mmdebstrap bash-static busybox-static
+docker: | $(STAMP)
+	@dpkg -s $(DOCKER_PACKAGES) >/dev/null 2>&1 || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(DOCKER_PACKAGES); }
+	PYTHON=$(PY) docker/build.sh
+
 serve: setup
 	$(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
 
@@ -73,7 +82,7 @@ demo: setup
 	done
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
-test: setup llm alfworld sandbox mariadb
+test: setup llm alfworld sandbox mariadb docker
 	$(VENV)/bin/ruff check memrl_mcp harness tests benchmarks
 	$(VENV)/bin/ruff format --check memrl_mcp harness tests benchmarks
 	$(PY) -m pytest -q
