@@ -14,7 +14,7 @@ MARIADB_STAMP := $(VENV)/.mariadb-installed
 # LLB OS's sandbox: bubblewrap + a Debian bookworm minbase root filesystem (harness/benchmarks/llb_os.py).
 LLB_ROOTFS ?= $(VENV)/llb-rootfs
 LLB_PACKAGES := python3,git,vim,curl,wget,zip,unzip,tree,zsh,passwd,procps
-SANDBOX_STAMP := $(VENV)/.llb-rootfs-built
+SANDBOX_STAMP := $(VENV)/.llb-rootfs-shifted
 
 .PHONY: setup serve demo test bench llm alfworld sandbox mariadb docker
 
@@ -49,10 +49,11 @@ sandbox: $(SANDBOX_STAMP)
 
 # Needs root and Debian's apt (bubblewrap, mmdebstrap); the root filesystem (~350 MB) is built once.
 $(SANDBOX_STAMP): | $(STAMP)
-	@command -v bwrap >/dev/null && command -v mmdebstrap >/dev/null || \
-		{ apt-get update && apt-get install -y bubblewrap mmdebstrap; }
+	@command -v bwrap >/dev/null && command -v mmdebstrap >/dev/null && [ -e /usr/lib/x86_64-linux-gnu/libseccomp.so.2 ] || \
+		{ apt-get update && apt-get install -y bubblewrap mmdebstrap libseccomp2; }
 	rm -rf $(LLB_ROOTFS)
 	mmdebstrap --variant=minbase --include=$(LLB_PACKAGES) bookworm $(LLB_ROOTFS)
+	$(PY) -m harness.backends.jail $(LLB_ROOTFS)  # ids + 1,000,000: owned by the sandbox's unprivileged root
 	touch $(SANDBOX_STAMP)
 
 mariadb: $(MARIADB_STAMP)

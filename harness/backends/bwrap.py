@@ -92,19 +92,19 @@ def pristine_view():
     ok(libc.unshare(0x20000), "unshare")
     ok(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "private")
     P = "/.pristine"
-    local = os.path.isdir("/usr/local")
-    if local:
-        bind("/usr/local", P + "/mnt")
-    for target, source in (("/usr", "/usr"), ("/bin", "/usr/bin"), ("/sbin", "/usr/sbin"), ("/lib", "/usr/lib"),
-                           ("/lib64", "/usr/lib64")):
-        bind(P + source, target)
-    if local:
-        bind(P + "/mnt", "/usr/local")
-        for name in os.listdir("/usr/local/lib") if os.path.isdir("/usr/local/lib") else ():
-            if name.startswith("python"):
-                bind(P + "/media", "/usr/local/lib/" + name)
+    bind("/usr", P + "/mnt")  # the agent's /usr, held while the original one covers it
+    bind(P + "/usr", "/usr")
+    for name in ("bin", "sbin", "local"):  # the agent's new commands show through; the originals win
+        union = f"lowerdir={P}/usr/{name}:{P}/mnt/{name}".encode()
+        ok(libc.mount(b"overlay", f"/usr/{name}".encode(), b"overlay", MS_RDONLY, union), f"union /usr/{name}")
+    ok(libc.umount2(f"{P}/mnt".encode(), 2), "release")
+    for name in os.listdir("/usr/local/lib"):
+        if name.startswith("python"):  # site folders whose .pth files Python would run
+            bind(P + "/media", "/usr/local/lib/" + name)
+    for target in ("/bin", "/sbin", "/lib", "/lib64"):
+        bind("/usr" + target, target)
     for name in os.listdir(P + "/etc"):
-        if name in ("alternatives", "ld.so.cache") or name.startswith("python3"):
+        if name in ("alternatives", "ld.so.cache", "nsswitch.conf") or name.startswith("python3"):
             bind(P + "/etc/" + name, "/etc/" + name)
     if os.path.lexists("/etc/ld.so.preload"):
         bind("/dev/null", "/etc/ld.so.preload")
@@ -265,8 +265,8 @@ class BwrapSandbox:
                 args,
                 self.cgroups,
                 self.limits,
-                rootfs=self.rootfs,
                 staging=self.staging,
+                rootfs=self.rootfs,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self._stderr,

@@ -5,8 +5,9 @@ nobody in particular and ``exec``s ``bwrap``:
 
 1. it joins the sandbox's cgroups (:mod:`.cgroups`) and sets ``RLIMIT_RTPRIO`` (hard) and ``RLIMIT_CORE`` to 0
    and its death signal to SIGKILL;
-2. with a root filesystem: in a private mount namespace it mounts a tmpfs of the disk limit on an empty host
-   folder, binds the root filesystem in, and mounts there the agent's overlay (upper and work directories on
+2. in a private mount namespace it mounts a tmpfs of the disk limit on an empty host folder (the staging
+   folder), binds there read-only the host folders the sandbox may see (locked read-only: the sandbox's user
+   namespace cannot remount them writable); with a root filesystem it binds that in too, and mounts there the agent's overlay (upper and work directories on
    that tmpfs: every byte the agent writes counts against the disk limit and the memory cgroup, none lands on
    a host disk) and a read-only overlay of the untouched root (the "pristine" tree a checker runs from). It
    mounts them from inside the tmpfs with relative paths, so ``/proc/self/mountinfo`` in the sandbox shows
@@ -54,7 +55,7 @@ def mount(src, dst, fstype, flags, data=None):
     enc = lambda s: s.encode() if s else None
     ok(libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)), f"mount {dst}")
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 CLONE_NEWNS, CLONE_NEWUSER, PR_SET_PDEATHSIG = 0x20000, 0x10000000, 1
 base, ids = cfg["base"], cfg["ids"]
 for procs in cfg["cgroups"]:
@@ -63,19 +64,24 @@ for procs in cfg["cgroups"]:
 ok(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
 resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-if cfg["rootfs"]:
+if cfg["staging"]:
     ok(libc.unshare(CLONE_NEWNS), "unshare mount namespace")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     tmpfs = f"size={cfg['disk_mb']}m,mode=0755,uid={base},gid={base}"
     mount("tmpfs", cfg["staging"], "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
     os.chdir(cfg["staging"])
+for index, path in enumerate(cfg["binds"]):  # host folders the sandbox sees read-only (and locked so)
+    os.mkdir(str(index))
+    mount(path, str(index), None, MS_BIND | MS_REC)
+    mount(None, str(index), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+if cfg["rootfs"]:
     for folder in ("lower", "empty", "rw", "rw/upper", "rw/work", "root", "pristine"):
         os.mkdir(folder)
         os.chown(folder, base, base)
     mount(cfg["rootfs"], "lower", None, MS_BIND | MS_REC)
     mount("overlay", "root", "overlay", MS_NODEV, "lowerdir=lower,upperdir=rw/upper,workdir=rw/work")
     mount("overlay", "pristine", "overlay", MS_NODEV | MS_RDONLY, "lowerdir=lower:empty")
-    os.chdir("/")
+os.chdir("/")
 read_end, write_end = os.pipe()
 helper = os.fork()
 if helper == 0:  # still host root: writes the new namespace's id maps once the parent has made it
@@ -100,11 +106,14 @@ os.execv(cfg["argv"][0], cfg["argv"])  # no lookup: the stdlib may be out of rea
 
 @dataclass(frozen=True)
 class Staging:
-    """Where the launcher mounts a root filesystem's layers: ``root`` (the agent's overlay) and ``pristine``
-    (read-only, untouched), both inside ``folder`` (an empty host folder that only the sandbox's private
-    mount namespace mounts over)."""
+    """Where the launcher mounts what bwrap then binds: a root filesystem's layers, ``root`` (the agent's
+    overlay) and ``pristine`` (read-only, untouched), and read-only host folders (``bound(i)``), all inside
+    ``folder`` (an empty host folder that only the sandbox's private mount namespace mounts over)."""
 
     folder: Path
+
+    def bound(self, index: int) -> str:
+        return str(self.folder / str(index))
 
     @property
     def root(self) -> str:
@@ -120,21 +129,26 @@ def launch(
     cgroups: Cgroups,
     limits: Limits,
     *,
-    rootfs: Path | None = None,
     staging: Staging | None = None,
+    rootfs: Path | None = None,
+    binds: Sequence[str] = (),
     pass_fds: Sequence[int] = (),
     stdin: int | IO[Any] | None = subprocess.DEVNULL,
     stdout: int | IO[Any] | None = None,
     stderr: int | IO[Any] | None = None,
     text: bool = False,
 ) -> subprocess.Popen[Any]:
-    """Start ``bwrap bwrap_args...`` through the launcher (see the module doc)."""
+    """Start ``bwrap bwrap_args...`` through the launcher (see the module doc): with ``rootfs``, its layers
+    are mounted in ``staging``; each of ``binds`` (host folders) is mounted read-only at ``staging.bound(i)``."""
+    if (rootfs or binds) and staging is None:
+        raise ValueError("a root filesystem or bound folders need a staging folder")
     config = {
         "base": BASE,
         "ids": IDS,
         "cgroups": cgroups.procs_files,
         "rootfs": str(rootfs) if rootfs else None,
         "staging": str(staging.folder) if staging else None,
+        "binds": list(binds),
         "disk_mb": limits.disk_mb,
         "argv": [shutil.which("bwrap") or "bwrap", *bwrap_args],
     }

@@ -1,7 +1,7 @@
-"""LLB OS: the sandbox (oracle, isolation, background jobs, timeouts, teardown) and a Runner run.
+"""LLB OS: the bubblewrap sandbox (oracle, isolation, background jobs, timeouts, teardown) and a Runner run.
 
-These tests need root, bubblewrap and the root filesystem (``make sandbox``, a prerequisite of
-``make test``): without them they fail, they do not skip.
+These tests need root, bubblewrap, cgroup v1 and the root filesystem (``make sandbox``, a prerequisite of
+``make test``): without them they fail, they do not skip. The attacks of issue 12 are in test_attacks_llb_os.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from pathlib import Path
 import anyio
 import pytest
 
+from harness.backends.bwrap import BwrapSandbox as Sandbox
+from harness.backends.sandbox import SandboxError
 from harness.benchmarks import load_benchmark
-from harness.benchmarks.llb_os import LLBOSBenchmark, Sandbox, SandboxError
+from harness.benchmarks.llb_os import LLBOSBenchmark
 from harness.llm import LLM
 from harness.results import RunConfig, RunDir
 from harness.runner import Runner
@@ -53,7 +55,7 @@ def test_missing_rootfs_is_an_error(tmp_path: Path) -> None:
 
 
 def test_ground_truth_passes_the_evaluation_and_nothing_does_not(bench: LLBOSBenchmark) -> None:
-    # All 350 measured by hand (8 workers, 42 s): ground truth 350/350, evaluation before it 0/350.
+    # All 350 measured by hand (see llb_os's doc): ground truth 350/350, evaluation before it 0/350.
     sample = random.Random(0).sample(list(bench.tasks()), 120)
 
     def oracle(task):
@@ -111,8 +113,8 @@ def test_commands_cannot_write_to_the_host() -> None:
                 "unshare -m true && chroot /proc/1/root touch /" + name,
             ):
                 box.run(script)
-            assert box.run("mount -t tmpfs none /mnt").exit_code != 0  # no CAP_SYS_ADMIN
-            assert box.run("mknod /tmp/disk b 8 0").exit_code != 0  # no CAP_MKNOD
+            assert box.run("mount -t tmpfs none /mnt").exit_code != 0  # seccomp: no mount
+            assert box.run("mknod /tmp/disk b 8 0").exit_code != 0  # no device nodes in a user namespace
             assert box.run(f"ls {target}").output.strip() == name  # the sandbox's own copy
         assert list(target.iterdir()) == []
     assert not Path(f"/root/{name}").exists() and not Path(f"/{name}").exists()
@@ -135,7 +137,8 @@ def test_commands_cannot_reach_the_network() -> None:
 def test_teardown_leaves_no_process_mount_or_file() -> None:
     marker = f"llb-marker-{uuid.uuid4().hex}"
     box = Sandbox()
-    folder = box.dir
+    folder, groups = box.dir, list(box.cgroups.dirs.values())
+    assert groups and all((group / "cgroup.procs").read_text().split() for group in groups)
     try:
         sleeper = f"python3 -c 'import time; time.sleep(300)' {marker}"
         box.run(f"setsid nohup {sleeper} >/dev/null 2>&1 & ({sleeper} &) ; echo x > /tmp/y")
@@ -153,6 +156,7 @@ def test_teardown_leaves_no_process_mount_or_file() -> None:
     assert alive_processes(marker) == []
     assert box.process.poll() is not None
     assert not folder.exists() and str(folder) not in _mounts()
+    assert not any(group.exists() for group in groups)  # its cgroups are gone too
     with pytest.raises(SandboxError):
         box.run("true")
 
