@@ -8,6 +8,7 @@ eyes (``EdgeShard.load(...).info().payload_schema``).
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -96,3 +97,26 @@ def test_sigkill_during_the_first_open_never_leaves_a_table_unindexed(tmp_path: 
         child.send_signal(signal.SIGKILL)
         child.wait()
         assert_whole_and_working(data_dir)
+
+
+def test_recalls_are_memory_mapped_in_new_and_older_stores(tmp_path: Path) -> None:
+    """Pending recalls stay out of resident memory (issue 11.3): their vectors and payload are memory-mapped
+    (``Cold``), in a new store and in one made before, whose recalls table is rewritten at the next open."""
+    older, new = tmp_path / "older", tmp_path / "new"
+    vectors = edge.EdgeVectorParams(size=DIM, distance=edge.Distance.Cosine)
+    edge.EdgeShard.create(str(edge_folder(older) / "recalls"), edge.EdgeConfig(vectors=vectors)).close()
+    for data_dir in (older, new):
+        assert_whole_and_working(data_dir)
+        config = json.loads((edge_folder(data_dir) / "recalls" / "edge_config.json").read_text())  # the engine's
+        assert (config["payload_memory"], config["vectors"][""]["memory"]) == ("cold", "cold"), data_dir
+
+
+def test_the_resident_memory_benchmark_runs(tmp_path: Path) -> None:
+    """benchmarks/recall_rss.py at a tiny size (its figures are the README's, at 50,000 recalls)."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "recall_rss.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--recalls", "300"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "300 recalls pending" in result.stdout
+    assert "same store, reopened" in result.stdout
