@@ -71,6 +71,11 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path: Path) -> None:
     pairs = [(r.epoch, r.task_id) for r in records]
     assert len(pairs) == len(set(pairs)) == 48  # every episode exactly once
     assert records[: len(before)] == before  # what was done stays; only the rest ran
+    # Every recorded episode has its trajectory, past the kill (a torn one was cut, a re-run one kept last).
+    kept = {(t.epoch, t.task_id): t for t in RunDir(run_dir).trajectories()}
+    assert {pair: (t.stored_id, t.reward) for pair, t in kept.items()} == {
+        (r.epoch, r.task_id): (r.stored_id, r.reward) for r in records
+    }
 
 
 def test_hle_from_a_user_file_with_an_llm_from_the_environment(tmp_path: Path) -> None:
@@ -94,3 +99,47 @@ def test_a_bad_option_and_a_missing_llm_are_named(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "families" in bad.stderr and "Traceback" not in bad.stderr
     no_llm = harness("run", "controlled", "--option", "agent=llm", cwd=tmp_path)
     assert no_llm.returncode == 2 and "MEMRL_LLM_BASE_URL" in no_llm.stderr
+    for args, named in (
+        (["--mode", "memrl", "--trials", "2"], "--trials: only --mode reflexion"),
+        (["--seed", "0", "1", "--run-dir", "one"], "--run-dir names one run's folder"),
+        (["--held-out", "1.5"], "held_out"),
+        (["--eval-option", "families=99"], "families"),
+    ):
+        refused = harness("run", "controlled", *args, cwd=tmp_path)
+        assert refused.returncode == 2 and named in refused.stderr and "Traceback" not in refused.stderr, args
+    assert not (tmp_path / "runs").exists()
+
+
+def test_several_modes_and_seeds_in_one_command_and_a_transfer(tmp_path: Path) -> None:
+    """One command runs every mode for every seed; the report aggregates the seeds of each mode."""
+    runs = tmp_path / "runs"
+    args = ["--tasks", "8", "--epochs", "2", "--option", "families=2", "--runs", str(runs)]
+    done = harness("run", "controlled", "--mode", "memp", "reflexion", "--seed", "0", "1", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    headlines = json.loads(done.stdout)
+    assert [Path(h["run_dir"]).name for h in headlines] == [
+        f"controlled-{mode}-seed{seed}" for mode in ("memp", "reflexion") for seed in (0, 1)
+    ]
+    for headline in headlines:
+        run = RunDir(Path(headline["run_dir"]))
+        config = run.read_config()
+        assert len(run.episodes()) == 16 and len(run.trajectories()) == 16
+        assert run.memory_export.exists() == (config.mode == "memp") and run.similarity_file.exists()
+        assert config.attempts == (3 if config.mode == "reflexion" else 1)
+    report = harness("report", *(h["run_dir"] for h in headlines), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| memp | 0, 1 |" in text and "| reflexion (3 trials) | 0, 1 |" in text and "(n=2)" in text
+
+    transfer = harness(
+        "run", "controlled", "--mode", "memrl", "--held-out", "0.5", "--eval-option", "paraphrase=true", *args,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert transfer.returncode == 0, transfer.stderr
+    headline = json.loads(transfer.stdout)
+    run = RunDir(Path(headline["run_dir"]))
+    assert run.path.name == "controlled-memrl-transfer-seed0"
+    held = run.transfer.episodes()
+    assert held and len(held) + len(run.episodes()) // 2 == 8  # half of the first 8 tasks, by id hash
+    assert headline["transfer_success"] == sum(r.success for r in held) / len(held)
+    assert (run.transfer.path / "summary.json").exists()

@@ -256,3 +256,16 @@ def test_memrl_above_rag_above_none(embedder: Embedder, tmp_path: Path, seed: in
     assert last["rag"] > last["none"] + 0.25, results  # memory of any kind helps a lot
     csr = {mode: c[-1] for mode, (_, c) in results.items()}
     assert csr["memrl"] >= csr["rag"] > csr["none"], results
+
+
+def test_paraphrases_keep_the_tasks_and_change_the_words(embedder: Embedder) -> None:
+    """``paraphrase=true``: the same ids, families and hidden fixes in other words; each paraphrase is nearest to
+    a task of its own appliance (so a memory can transfer) without being a near-duplicate of its original."""
+    original, paraphrased = ControlledBenchmark().tasks(), ControlledBenchmark(paraphrase="true").tasks()
+    assert [(t.id, t.data, t.type) for t in original] == [(t.id, t.data, t.type) for t in paraphrased]
+    assert all(a.intent != b.intent for a, b in zip(original, paraphrased, strict=True))
+    assert len({t.intent for t in paraphrased}) == len(paraphrased)
+    sims = embedder.embed([t.intent for t in paraphrased]) @ embedder.embed([t.intent for t in original]).T
+    appliance = [t.data["family"].rsplit(" ", 1)[0] for t in original]
+    assert all(appliance[int(np.argmax(row))] == appliance[i] for i, row in enumerate(sims))
+    assert max(sims[i, i] for i in range(len(original))) < embedder.similarity.merge
