@@ -9,7 +9,8 @@ LLM_STAMP := $(VENV)/.llm-installed
 ALFWORLD_PACKAGES := alfworld==0.4.2 textworld==1.7.0 fast-downward-textworld==20.6.4 jericho==3.3.1
 ALFWORLD_DEPS := tatsu==5.8.3 hashids mementos more_itertools networkx termcolor prompt_toolkit
 ALFWORLD_STAMP := $(VENV)/.alfworld-installed
-# LLB DB's server: Debian's MariaDB (harness/benchmarks/llb_db.py starts its own private instance).
+# LLB DB's server: Debian's MariaDB (harness/backends/mariadb.py starts its own private instance as the
+# `mysql` user the package creates; the SQL goes through PyMySQL, from the harness extra).
 MARIADB_STAMP := $(VENV)/.mariadb-installed
 # LLB OS's sandbox: bubblewrap + a Debian bookworm minbase root filesystem (harness/benchmarks/llb_os.py).
 LLB_ROOTFS ?= $(VENV)/llb-rootfs

@@ -6,46 +6,38 @@ or the ``data`` option: a JSON object of tasks by id, each with ``instruction``,
 ``Task.intent`` is the instruction; ``Task.type`` is the gold SQL's kind (select / insert / update /
 delete).
 
-Server: one MariaDB server per benchmark object (:class:`MariaDB`), started lazily by the first
-episode (or :meth:`LLBDBBenchmark.start`) from Debian's ``mariadb-server`` (``make mariadb``): its own
-datadir under a temporary folder, a unix socket only (``--skip-networking``), ``root`` without a
-password, no binary log. It is stopped and its folder removed by :meth:`LLBDBBenchmark.close`, when
-the object is collected, or at interpreter exit. SQL goes through the ``mariadb`` command-line client
-(``--xml``: one result set per statement, NULL kept apart from the string ``'NULL'``), one process per
-call: no Python driver to install, a multi-statement script runs as the agent wrote it, and a hung
-client is killed by its timeout (statements also carry ``max_statement_time``).
+Server (``backend``): ``mariadb`` (default), a private MariaDB started by the first episode
+(:class:`harness.backends.mariadb.LocalMariaDB`, ``make mariadb``); ``docker``, a MariaDB container of a locally
+built image (``image``; :class:`harness.backends.docker.MariaDBContainer`). Either way the agent's SQL goes
+through a database driver as an unprivileged user made for the episode, with rights on its own database only
+and a time limit per action it cannot lift (see :mod:`harness.backends.mariadb` for what that guarantees and
+what it does not). The server is stopped by :meth:`LLBDBBenchmark.close`, when collected, or at exit.
 
-Episode (LifelongAgentBench's protocol): a fresh database named ``llb_<random>`` holds the task's
-table, created as LLB does (columns with their declared types, every value inserted as a quoted
-string). Up to ``max_rounds`` (15) rounds: the LLM answers JSON ``{thought, action, content}`` with
-``action`` ``sql`` (the SQL is run, its last result set or its error shown back, cut to
-``max_output_chars``) or ``answer`` (the final answer; ends the episode). Recalled memories are in
-the first prompt: successes to follow, failures to avoid. The database is dropped afterwards.
+Episode (LifelongAgentBench's protocol): a fresh database holds the task's table, created as LLB does
+(columns with their declared types, every value inserted as a quoted string). Up to ``max_rounds`` (15)
+rounds: the LLM answers JSON ``{thought, action, content}`` with ``action`` ``sql`` (the SQL is run, one or
+more statements stopping at the first error, its last result set or its error shown back, cut to
+``max_output_chars``) or ``answer`` (the final answer; ends the episode). Recalled memories are in the first
+prompt: successes to follow, failures to avoid. The database and its user are dropped afterwards.
 
 Checker (LLB's): for INSERT / UPDATE / DELETE tasks (``answer_info.md5``) the table's hash after the
 agent's SQL, computed as LLB computes it (:data:`MD5_QUERY`: the md5 of the sorted, comma-joined first
-5 hex digits of each row's ``MD5(CONCAT_WS(',', columns...))``), must equal ``answer_info.md5``,
-whatever the agent answered. For SELECT tasks the final answer's rows (a Python-style list of tuples,
-e.g. ``[(1, 'a'), (2, 'b')]``, or LLB's looser ``(1, a), (2, b)`` / a bare value for one cell) must
-match ``answer_info.direct``: numbers within 1e-6, strings exactly (one pair of quotes forgiven), in
-order where the gold SQL has ``ORDER BY``, as a multiset where it has none (LLB itself is strict
-about order everywhere). Reward +1 on success, 0 on failure (MemRL's LLB setting).
+5 hex digits of each row's ``MD5(CONCAT_WS(',', columns...))``) as the server's administrator, must equal
+``answer_info.md5``, whatever the agent answered. For SELECT tasks the final answer's rows (a Python-style
+list of tuples, e.g. ``[(1, 'a'), (2, 'b')]``, or LLB's looser ``(1, a), (2, b)`` / a bare value for one cell)
+must match ``answer_info.direct``: numbers within 1e-6, strings exactly (one pair of quotes forgiven), in
+order where the gold SQL has ``ORDER BY``, as a multiset where it has none (LLB itself is strict about order
+everywhere). Reward +1 on success, 0 on failure (MemRL's LLB setting).
 
 Measured here (MariaDB 10.11, the gold SQL run as the agent's single ``sql`` action, its rows given
-back as the answer): see ``tests/harness/test_llb_db.py`` and the module's ``oracle`` helper:
-349/361 train tasks pass (25 s for all, 8 threads): 99/102 md5 tasks (the 3 others are
-``DELETE FROM t AS a``, which MariaDB rejects) and 250/259 SELECT tasks (the 9 others use ``LIMIT``
-without ``ORDER BY`` or ``ORDER BY`` with ties, where MySQL and MariaDB pick different rows);
-doing nothing fails all 102 md5 tasks.
-
-Docker backend (``backend=docker``; default ``backend=mariadb``, the server above): a ``mysql``
-container (``image``, default ``mysql:8``; LifelongAgentBench pulls ``mysql`` / ``mysql:8.0``) with
-no network, SQL through the ``mysql`` client inside it, the same checker:
-:class:`harness.benchmarks.llb_docker.MySQLDocker`. Needs ``pip install 'memrl-mcp[docker]'`` and a
-reachable Docker engine (a clear error otherwise).
+back as the answer): see ``tests/harness/test_llb_db.py`` and :meth:`LLBDBBenchmark.oracle`:
+349/361 train tasks pass: 99/102 md5 tasks (the 3 others are ``DELETE FROM t AS a``, which MariaDB
+rejects) and 250/259 SELECT tasks (the 9 others use ``LIMIT`` without ``ORDER BY`` or ``ORDER BY`` with
+ties, where MySQL and MariaDB pick different rows); doing nothing fails all 102 md5 tasks.
 
 Options (``--option KEY=VALUE``): ``backend``, ``image``, ``data``, ``ids`` (comma-separated), ``limit``,
-``max_rounds``, ``max_output_chars`` (800), ``statement_timeout`` (10 s), ``max_tokens`` (512).
+``max_rounds``, ``max_output_chars`` (800), ``statement_timeout`` (10 s: one action's time), ``max_tokens``
+(512).
 """
 
 from __future__ import annotations
@@ -54,23 +46,15 @@ import ast
 import contextlib
 import json
 import math
-import os
 import random
 import re
-import shutil
-import signal
-import subprocess
-import tempfile
-import threading
-import time
-import uuid
-import weakref
-import xml.etree.ElementTree as ElementTree
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.backends.mariadb import LocalMariaDB
+from harness.backends.sql import EpisodeDatabase, ResultSet, Row, SQLResult, SQLServer
 from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
 from harness.llm import LLM, LLMError, Usage
 
@@ -89,183 +73,9 @@ ACTION_SCHEMA = {
     "required": ["thought", "action", "content"],
     "additionalProperties": False,
 }
-_XSI_NIL = "{http://www.w3.org/2001/XMLSchema-instance}nil"
-
-Row = tuple[Any, ...]
 
 
-# --- the server ------------------------------------------------------------------------------
-
-
-class MariaDBError(RuntimeError):
-    """The MariaDB server could not be installed, started or reached."""
-
-
-@dataclass(frozen=True)
-class SQLResult:
-    """What one SQL script gave: the result sets of its statements (columns, rows) or the error."""
-
-    results: list[tuple[list[str], list[Row]]] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def last(self) -> tuple[list[str], list[Row]] | None:
-        return self.results[-1] if self.results else None
-
-
-def _which(tool: str) -> str:
-    """A MariaDB program on the PATH or in the sbin folders Debian puts the server in."""
-    found = shutil.which(tool, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
-    if found is None:
-        raise MariaDBError(f"{tool} not found: install MariaDB (`make mariadb`: apt-get install mariadb-server)")
-    return found
-
-
-def _stop_server(process: subprocess.Popen[bytes] | None, folder: str) -> None:
-    if process is not None and process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-class MariaDB:
-    """A private MariaDB server on a unix socket in its own temporary datadir."""
-
-    def __init__(self, ready_timeout: float = 60.0) -> None:
-        self.ready_timeout = ready_timeout
-        self._lock = threading.RLock()
-        self._process: subprocess.Popen[bytes] | None = None
-        self._folder: str | None = None
-        self._finalizer: weakref.finalize | None = None
-        self._tools: dict[str, str] = {}
-
-    @property
-    def socket(self) -> str:
-        if self._folder is None:
-            raise MariaDBError("the MariaDB server is not started")
-        return os.path.join(self._folder, "sock")
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    def start(self) -> MariaDB:
-        """Start the server (once; thread-safe) and wait until it answers, at most ``ready_timeout``."""
-        with self._lock:
-            if self.running:
-                return self
-            if self._process is not None:
-                status = self._process.returncode
-                self.stop()
-                raise MariaDBError(f"the MariaDB server exited (status {status}); it is restarted on the next call")
-            self._tools = {tool: _which(tool) for tool in ("mariadbd", "mariadb-install-db", "mariadb")}
-            folder = tempfile.mkdtemp(prefix="llbdb")
-            datadir = os.path.join(folder, "data")
-            log = os.path.join(folder, "server.log")
-            install_argv = [self._tools["mariadb-install-db"], "--no-defaults", f"--datadir={datadir}"]
-            install_argv += ["--user=root", "--auth-root-authentication-method=normal", "--skip-test-db"]
-            install = subprocess.run(
-                install_argv,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            if install.returncode != 0:
-                shutil.rmtree(folder, ignore_errors=True)
-                raise MariaDBError(f"mariadb-install-db failed: {(install.stderr or install.stdout)[-1500:]}")
-            server_argv = [self._tools["mariadbd"], "--no-defaults", f"--datadir={datadir}"]
-            server_argv += [f"--socket={folder}/sock", "--skip-networking", "--user=root", "--skip-log-bin"]
-            server_argv += [f"--pid-file={folder}/pid", "--innodb-buffer-pool-size=64M", "--max-connections=500"]
-            server_argv += ["--character-set-server=utf8mb4"]
-            with open(log, "wb") as out:
-                self._process = subprocess.Popen(
-                    server_argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            self._folder = folder
-            self._finalizer = weakref.finalize(self, _stop_server, self._process, folder)
-            deadline = time.monotonic() + self.ready_timeout
-            while True:
-                if self._process.poll() is not None:
-                    tail = Path(log).read_text(errors="replace")[-1500:]
-                    self.stop()
-                    raise MariaDBError(f"mariadbd exited with status {self._process.returncode}: {tail}")
-                if os.path.exists(self.socket):
-                    ping = self._client("SELECT 1;", None, 10.0)
-                    if ping.error is None:
-                        return self
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise MariaDBError(f"mariadbd not ready after {self.ready_timeout:g} s")
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        """Stop the server and remove its datadir (idempotent; a later call starts a new one)."""
-        with self._lock:
-            if self._finalizer is not None:
-                self._finalizer()
-            self._finalizer = self._process = self._folder = None
-
-    def execute(self, sql: str, database: str | None = None, timeout: float = 10.0) -> SQLResult:
-        """Run an SQL script (one or more statements); stops at the first error, like LLB's container."""
-        if not self.running:
-            self.start()
-        return self._client(sql, database, timeout)
-
-    def _client(self, sql: str, database: str | None, timeout: float) -> SQLResult:
-        argv = [self._tools["mariadb"], "--no-defaults", f"--socket={self.socket}", "--user=root", "--xml"]
-        argv += ["--default-character-set=utf8mb4", f"--init-command=SET SESSION max_statement_time={timeout:g}"]
-        if database:
-            argv.append(f"--database={database}")
-        try:
-            done = subprocess.run(argv, input=sql.encode(), capture_output=True, timeout=timeout + 20)
-        except subprocess.TimeoutExpired:
-            return SQLResult(error=f"the SQL did not finish within {timeout + 20:g} s")
-        results = _parse_xml(done.stdout.decode(errors="replace"))
-        error = None
-        if done.returncode != 0:
-            error = done.stderr.decode(errors="replace").strip() or f"mariadb exited with status {done.returncode}"
-        return SQLResult(results, error)
-
-
-def _parse_xml(text: str) -> list[tuple[list[str], list[Row]]]:
-    """The client's ``--xml`` output (one ``<resultset>`` per statement that gave rows)."""
-    results: list[tuple[list[str], list[Row]]] = []
-    for chunk in re.findall(r"<resultset\b.*?</resultset>|<resultset\b[^>]*/>", text, re.S):
-        try:
-            node = ElementTree.fromstring(chunk)
-        except ElementTree.ParseError:
-            continue
-        columns: list[str] = []
-        rows: list[Row] = []
-        for row in node.findall("row"):
-            cells = row.findall("field")
-            if not columns:
-                columns = [c.get("name", "") for c in cells]
-            rows.append(tuple(None if c.get(_XSI_NIL) == "true" else _typed(c.text or "") for c in cells))
-        results.append((columns, rows))
-    return results
-
-
-_INT = re.compile(r"-?\d+")
-_FLOAT = re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?|-?\d+[eE][-+]?\d+")
-
-
-def _typed(text: str) -> Any:
-    """A cell as the agent sees it: integers and decimals as numbers, the rest as strings."""
-    if _INT.fullmatch(text) and (len(text.lstrip("-")) == 1 or not text.lstrip("-").startswith("0")):
-        return int(text)
-    if _FLOAT.fullmatch(text):
-        return float(text)
-    return text
+# --- the task's table ------------------------------------------------------------------------
 
 
 def quote(value: Any) -> str:
@@ -396,8 +206,8 @@ def has_order_by(sql: str) -> bool:
     return re.search(r"\border\s+by\b", sql, re.I) is not None
 
 
-def format_rows(columns: Sequence[str], rows: Sequence[Row]) -> str:
-    return f"columns: {list(columns)}\nrows: {list(rows)!r}"
+def format_rows(result: ResultSet) -> str:
+    return f"columns: {result.columns}\nrows: {result.rows!r}"
 
 
 # --- the benchmark --------------------------------------------------------------------------
@@ -411,8 +221,21 @@ class Outcome:
     detail: str
 
 
+def sql_server(backend: str, image: str | None) -> SQLServer:
+    """The server of ``backend``: ``mariadb`` (a private local server) or ``docker`` (a container of ``image``)."""
+    if backend == "mariadb":
+        if image is not None:
+            raise ValueError("image: only with backend=docker")
+        return LocalMariaDB()
+    if backend == "docker":
+        raise ValueError(
+            "backend=docker: the Docker SQL backend (harness.backends.docker.MariaDBContainer) is not available yet"
+        )
+    raise ValueError(f"backend: mariadb or docker, not {backend!r}")
+
+
 class LLBDBBenchmark:
-    """LifelongAgentBench's DB tasks on a private MariaDB server."""
+    """LifelongAgentBench's DB tasks, one fresh database and user per episode on a shared SQL server."""
 
     name = "llb-db"
     needs_llm = True
@@ -428,10 +251,7 @@ class LLBDBBenchmark:
         max_tokens: int | str = 512,
         backend: str = "mariadb",
         image: str | None = None,
-        docker_client: Any = None,
     ) -> None:
-        if backend not in ("mariadb", "docker"):
-            raise ValueError(f"backend: mariadb or docker, not {backend!r}")
         path = Path(data) if data else shared_data_root() / DATA_FILE
         if not path.is_file():
             raise ValueError(f"LLB DB data not found at {path} (set {ENV_SHARED_DATA} or --option data=PATH)")
@@ -452,15 +272,8 @@ class LLBDBBenchmark:
             chosen = chosen[: int(limit)]
         self._tasks = [self._task(i, rows[i]) for i in chosen]
         self.backend = backend
-        self.engine = "MariaDB"
-        if backend == "docker":
-            from harness.benchmarks import llb_docker
-
-            client = llb_docker.docker_client(docker_client)  # fails here, clearly, without Docker
-            self.server: Any = llb_docker.MySQLDocker(image or llb_docker.DEFAULT_DB_IMAGE, client=client)
-            self.engine = "MySQL"
-        else:
-            self.server = MariaDB()  # stopped by close(), when collected, or at exit (weakref.finalize)
+        self.server = sql_server(backend, image)  # started by the first episode, stopped by close() or at exit
+        self.engine = self.server.engine
 
     @staticmethod
     def _task(task_id: str, row: Mapping[str, Any]) -> Task:
@@ -486,28 +299,16 @@ class LLBDBBenchmark:
     # --- one database per episode ---------------------------------------------------------
 
     @contextlib.contextmanager
-    def database(self, task: Task):
-        """A fresh database holding the task's table, dropped afterwards; yields its name."""
-        name = f"llb_{uuid.uuid4().hex[:16]}"
-        created = self.server.execute(f"CREATE DATABASE `{name}`;")
-        if created.error:
-            raise MariaDBError(f"cannot create a database: {created.error}")
-        try:
-            setup = self.server.execute(init_sql(task.data["table_info"]), name, timeout=60)
-            if setup.error:
-                raise MariaDBError(f"task {task.id}: table set-up failed: {setup.error}")
-            yield name
-        finally:
-            self.server.execute(f"DROP DATABASE IF EXISTS `{name}`;")
+    def database(self, task: Task) -> Iterator[EpisodeDatabase]:
+        """A fresh database holding the task's table and its user, both dropped afterwards."""
+        with self.server.episode(init_sql(task.data["table_info"]), self.statement_timeout) as database:
+            yield database
 
-    def run_sql(self, sql: str, database: str) -> SQLResult:
-        return self.server.execute(sql, database, timeout=self.statement_timeout)
-
-    def table_md5(self, task: Task, database: str) -> str | None:
-        result = self.server.execute(md5_query(task.data["table_info"]), database, timeout=30)
-        if result.error or result.last is None or not result.last[1]:
+    def table_md5(self, task: Task, database: EpisodeDatabase) -> str | None:
+        result = database.inspect(md5_query(task.data["table_info"]))
+        if result.error or result.last is None or not result.last.rows:
             return None
-        value = result.last[1][0][0]
+        value = result.last.rows[0][0]
         return None if value is None else str(value)
 
     def observation(self, result: SQLResult) -> str:
@@ -516,12 +317,12 @@ class LLBDBBenchmark:
         elif result.last is None:
             text = "The SQL ran; it returned no rows (no result set)."
         else:
-            text = format_rows(*result.last)
+            text = format_rows(result.last)
         if len(text) > self.max_output_chars:
             text = text[: self.max_output_chars] + f" ... [cut: {len(text)} characters in all]"
         return text
 
-    def judge(self, task: Task, database: str, answer: str | None) -> Outcome:
+    def judge(self, task: Task, database: EpisodeDatabase, answer: str | None) -> Outcome:
         info = task.data["answer_info"]
         if info.get("md5"):
             got = self.table_md5(task, database)
@@ -536,8 +337,8 @@ class LLBDBBenchmark:
     def oracle(self, task: Task) -> Outcome:
         """Run the gold SQL as the agent would and answer with its rows (the checker's sanity check)."""
         with self.database(task) as database:
-            result = self.run_sql(task.data["answer_info"]["sql"], database)
-            answer = repr(result.last[1]) if result.last else (result.error or "")
+            result = database.execute(task.data["answer_info"]["sql"])
+            answer = repr(result.last.rows) if result.last else (result.error or "")
             return self.judge(task, database, answer)
 
     def nothing(self, task: Task) -> Outcome:
@@ -590,7 +391,7 @@ class LLBDBBenchmark:
                     answer = content
                     log.append(f"Final answer: {content[:1000]}")
                     break
-                observation = self.observation(self.run_sql(content, database))
+                observation = self.observation(database.execute(content))
                 log.append(f"SQL: {content[:1000]}\nResult: {observation}")
                 messages.append({"role": "user", "content": observation})
             else:

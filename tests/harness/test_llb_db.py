@@ -6,7 +6,6 @@ These tests need MariaDB (``make mariadb``: Debian's mariadb-server); without it
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from harness.backends.sql import Row
 from harness.benchmarks import load_benchmark
 from harness.benchmarks.llb_db import LLBDBBenchmark, answer_matches, parse_answer
 from harness.llm import LLM
@@ -45,34 +45,49 @@ def test_tasks_and_registry(bench: LLBDBBenchmark) -> None:
 
 
 def test_the_gold_sql_passes_and_doing_nothing_fails(bench: LLBDBBenchmark) -> None:
-    started = time.monotonic()
     tasks = bench.tasks()
     md5_tasks = [t for t in tasks if t.data["answer_info"]["md5"]]
     with ThreadPoolExecutor(8) as pool:
         oracle = list(pool.map(bench.oracle, tasks))
         nothing = list(pool.map(bench.nothing, md5_tasks))
-    passed = sum(o.success for o in oracle)
-    failing = [(t.id, t.type) for t, o in zip(tasks, oracle, strict=True) if not o.success]
-    # Measured: 349/361 (3 `DELETE FROM t AS a`, 9 LIMIT without / ties in ORDER BY).
-    assert passed >= 0.95 * len(tasks), failing
-    assert sum(o.success for t, o in zip(tasks, oracle, strict=True) if t in md5_tasks) >= 99
+    failing = [t for t, o in zip(tasks, oracle, strict=True) if not o.success]
+    print(f"the gold SQL passes {len(tasks) - len(failing)}/{len(tasks)}: fails {sorted(t.id for t in failing)}")
+    # The md5 tasks that fail are the 3 `DELETE FROM t AS a` (MariaDB rejects the alias).
+    assert sorted(t.id for t in failing if t in md5_tasks) == ["165", "334", "388"]
     assert not any(o.success for o in nothing)
-    assert time.monotonic() - started < 120
+    # A SELECT fails only where MariaDB may pick other rows or order than MySQL did: LIMIT, or rows that match
+    # the gold ones as a multiset (ties in ORDER BY, which MariaDB breaks differently from run to run).
+    for task in (t for t in failing if t not in md5_tasks):
+        info = task.data["answer_info"]
+        with bench.database(task) as database:
+            result = database.execute(info["sql"])
+        assert result.last is not None, (task.id, result.error)
+        assert "LIMIT" in info["sql"].upper() or answer_matches(repr(result.last.rows), info["direct"], False), task.id
+    assert len(failing) <= 15  # measured: 12 to 14 (tie order varies between runs)
 
 
-def test_databases_are_dropped_and_isolated(bench: LLBDBBenchmark) -> None:
+def llb_databases_and_users(bench: LLBDBBenchmark) -> tuple[list[Row], list[Row]]:
+    admin = bench.server.admin
+    databases = admin.admin("SHOW DATABASES LIKE 'llb\\_%'").last
+    users = admin.admin("SELECT user FROM mysql.user WHERE user LIKE 'llb\\_%'").last
+    return (databases.rows if databases else []), (users.rows if users else [])
+
+
+def test_databases_and_users_are_per_episode_and_dropped(bench: LLBDBBenchmark) -> None:
     task = {t.id: t for t in bench.tasks()}[INSERT]
-    before = bench.server.execute("SHOW DATABASES LIKE 'llb\\_%';").last
+    assert llb_databases_and_users(bench) == ([], [])
     with bench.database(task) as first, bench.database(task) as second:
-        assert first != second
-        assert bench.run_sql(task.data["answer_info"]["sql"], first).error is None
+        assert first.name != second.name
+        assert sorted(llb_databases_and_users(bench)[1]) == sorted([(first.name,), (second.name,)])
+        assert first.execute(task.data["answer_info"]["sql"]).error is None
         assert bench.table_md5(task, first) == task.data["answer_info"]["md5"]
         assert bench.table_md5(task, second) != task.data["answer_info"]["md5"]
-    after = bench.server.execute("SHOW DATABASES LIKE 'llb\\_%';").last
-    assert (after[1] if after else []) == (before[1] if before else [])
-    error = bench.run_sql("SELEC 1;", "mysql")
-    assert error.error and "syntax" in error.error.lower()
-    assert "Error:" in bench.observation(error)
+        error = first.execute("SELECT 1; SELEC 2; SELECT 3")
+        assert error.error and "syntax" in error.error.lower() and len(error.results) == 1
+        assert "Error:" in bench.observation(error)
+        many = first.execute("SELECT NULL, 1.50, '007', 'x'; SELECT 2")
+        assert many.error is None and [r.rows for r in many.results] == [[(None, 1.5, "007", "x")], [(2,)]]
+    assert llb_databases_and_users(bench) == ([], [])
 
 
 def test_answer_parsing_and_matching() -> None:
