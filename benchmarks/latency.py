@@ -44,6 +44,7 @@ from mcp import Client, StdioServerParameters
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench as B
 
+from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.server import create_server
@@ -177,12 +178,12 @@ def direct_loop(service: MemoryService, queries, with_experience: bool, seed: in
     for ns, task in queries:
         baseline(ns, task, out)
         start = time.perf_counter()
-        result = service.recall(task, ns)
+        result = service.recall(task, ns, access=EVERYTHING)
         recall_ms.append((time.perf_counter() - start) * 1000)
         found.append(len(result.memories))
         experience = experience_text(rng) if with_experience else None
         start = time.perf_counter()
-        service.report(result.recall_id, rng.choice([1.0, -1.0]), experience)
+        service.report(result.recall_id, rng.choice([1.0, -1.0]), experience, access=EVERYTHING)
         report_ms.append((time.perf_counter() - start) * 1000)
     return trimmed(out)
 
@@ -211,7 +212,7 @@ async def run_size(n: int, args, embedder, pairs, base, queries, overrides, env,
     async with Client(create_server(service)) as client:
         out["inproc"] = await mcp_loop(client, queries, True, 3, base)
         out["inproc_noexp"] = await mcp_loop(client, queries, False, 4, base)
-    out["stats_ms"] = B.timed_ms(service.stats, 3)
+    out["stats_ms"] = B.timed_ms(lambda: service.stats(access=EVERYTHING), 3)
     service.close()
 
     params = StdioServerParameters(

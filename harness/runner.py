@@ -5,7 +5,8 @@ the task's intent) -> the agent acts with the recalled memories -> the benchmark
 reward -> the memory learns:
 
 - ``none``: no memory at all;
-- ``rag``: recall with lambda = 0 (similarity only); the new experience is stored, no Q update;
+- ``rag``: look up with lambda = 0 (similarity only; ``search_experience``, which logs no recall that would
+  never be reported); the new experience is stored, no Q update;
 - ``memp``: procedural memory (MemP): recall with lambda = 0; only successes are stored, no Q update;
 - ``memrl``: recall with the server's lambda; ``report_outcome`` updates the Q of exactly the
   recalled memories and stores the new experience;
@@ -280,7 +281,9 @@ class Runner:
             arguments: dict[str, Any] = {"task": task.intent}
             if mode in ("rag", "memp"):
                 arguments["q_weight"] = 0.0
-            recall = await _call(client, "recall_experience", arguments)
+            # Only an episode that will report its outcome logs a recall; the others look up read-only.
+            reports = mode == "memrl" and phase.learn
+            recall = await _call(client, "recall_experience" if reports else "search_experience", arguments)
             memories = [
                 Memory(m["id"], m["task"], m["experience"], m["outcome"], m["q"], m["similarity"])
                 for m in recall["memories"]
@@ -329,7 +332,7 @@ class Runner:
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             wall_s=time.perf_counter() - started,
-            recall_id=recall["recall_id"] if recall else None,
+            recall_id=recall.get("recall_id") if recall else None,
             memory_ids=[m.id for m in memories],
             stored_id=stored_id,
             trials=len(attempts),

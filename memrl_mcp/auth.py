@@ -15,7 +15,7 @@ import yaml
 from mcp.server.auth.provider import AccessToken
 from pydantic import TypeAdapter, ValidationError
 
-from memrl_mcp.memory import EVERYTHING, Access
+from memrl_mcp.access import EVERYTHING, Access
 from memrl_mcp.settings import ALL_NAMESPACES, Settings, SettingsError, TokenGrant
 
 NAMESPACES_CLAIM = "memrl_namespaces"

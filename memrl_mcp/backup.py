@@ -27,7 +27,8 @@ from typing import BinaryIO, TypeVar
 
 from pydantic import ValidationError
 
-from memrl_mcp.memory import MemoryRequestError, MemoryService
+from memrl_mcp.errors import MemoryRequestError, MemrlError
+from memrl_mcp.memory import MemoryService
 from memrl_mcp.models import MemoryView
 from memrl_mcp.settings import Settings
 
@@ -36,7 +37,7 @@ SHOWN_PROBLEMS = 20  # lines listed when an import is refused
 T = TypeVar("T")
 
 
-class BackupError(ValueError):
+class BackupError(MemrlError, ValueError):
     """A backup was refused; the message names the line and the field."""
 
 
@@ -152,6 +153,8 @@ def parse_memory(text: str) -> MemoryView:
         record = json.loads(text.rstrip("\r\n"))  # so that the column is the line's own
     except json.JSONDecodeError as error:
         raise BackupError(f"not JSON ({error.msg} at column {error.colno})") from None
+    except RecursionError:
+        raise BackupError("JSON nested too deep to read") from None
     if not isinstance(record, dict):
         raise BackupError(f"not a JSON object but {type(record).__name__}")
     missing = [field for field in FIELDS if field not in record]

@@ -33,14 +33,19 @@ class RecalledMemory(MemoryView):
     score: float = Field(description="Phase-B score (1 - lambda) z(sim) + lambda z(Q).")
 
 
-class RecallResult(BaseModel):
-    """The memories to give the agent; report the episode's reward with ``recall_id``."""
+class SearchResult(BaseModel):
+    """The memories Phase A and B chose, without a recall to report (nothing is logged, no Q will move)."""
 
-    recall_id: str
     namespace: str
     candidates: int = Field(description="Size of the Phase-A pool the memories were chosen from.")
     explored: bool = Field(description="True when epsilon-greedy exploration picked the memories.")
     memories: list[RecalledMemory]
+
+
+class RecallResult(SearchResult):
+    """The memories to give the agent; report the episode's reward with ``recall_id``."""
+
+    recall_id: str = Field(description="Report the episode's outcome with it (report_outcome), once.")
 
 
 class QChange(BaseModel):

@@ -6,22 +6,33 @@ resource and ``/stats`` sees only the namespaces of the caller's token."""
 
 import functools
 from collections.abc import Callable
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, ParamSpec, TypeVar
 
 import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
-from pydantic import Field
+from pydantic import ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from memrl_mcp.access import Access
 from memrl_mcp.auth import TokenTable, access_of
-from memrl_mcp.memory import Access, MemoryRequestError, MemoryService
-from memrl_mcp.models import ForgetResult, Outcome, RecallResult, ReportResult, Stats, StoreResult
+from memrl_mcp.errors import MemoryRequestError, MemrlError
+from memrl_mcp.memory import MemoryService
+from memrl_mcp.models import ForgetResult, Outcome, RecallResult, ReportResult, SearchResult, Stats, StoreResult
 from memrl_mcp.observability import Metrics
+from memrl_mcp.validation import (
+    MAX_METADATA_DEPTH,
+    MAX_METADATA_KEY_CHARS,
+    CandidateCount,
+    NamespaceName,
+    QWeight,
+    Similarity,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -34,11 +45,13 @@ short experience of this attempt (on success: 3-5 high-level steps that worked; 
 wrong and what to avoid). Rewards teach the memory which experiences to hand out next time."""
 
 Namespace = Annotated[
-    str | None, Field(description="Memory namespace (one per project or agent); default: the server's.")
+    NamespaceName | None, Field(description="Memory namespace (one per project or agent); default: the server's.")
 ]
-Metadata = Annotated[
-    dict[str, Any] | None, Field(description="Free JSON object kept with the memory (benchmark, task id...).")
-]
+K1 = Annotated[CandidateCount | None, Field(description="Phase A: candidates by similarity (default: server's).")]
+K2 = Annotated[CandidateCount | None, Field(description="Phase B: memories returned, <= k1 (default: server's).")]
+Lambda = Annotated[QWeight | None, Field(description="lambda: 0 = similarity only (RAG), 1 = utility only.")]
+Delta = Annotated[Similarity | None, Field(description="Minimum cosine similarity for Phase A.")]
+STRICT = ConfigDict(strict=True, extra="forbid")
 
 
 def _client() -> str | None:
@@ -56,7 +69,7 @@ def _instrumented(metrics: Metrics) -> Callable[[Callable[P, R]], Callable[P, R]
             with metrics.call(fn.__name__, _client()) as outcome:
                 try:
                     return fn(*args, **kwargs)
-                except MemoryRequestError as error:
+                except MemrlError as error:
                     outcome["status"] = "refused"
                     raise ToolError(str(error)) from None
 
@@ -65,34 +78,48 @@ def _instrumented(metrics: Metrics) -> Callable[[Callable[P, R]], Callable[P, R]
     return decorate
 
 
+def strict_tool(fn: Callable[..., object], annotations: ToolAnnotations) -> Tool:
+    """A tool whose arguments are checked strictly: the SDK builds its argument model from the signature in
+    pydantic's lax mode ("0.5" passes as a number, true as an integer) and ignores unknown arguments, so a
+    client's typo would go unnoticed. The same model in strict mode and closed to extra arguments replaces it,
+    and the input schema says so (``additionalProperties: false``)."""
+    tool = Tool.from_function(fn, annotations=annotations)
+    lax = tool.fn_metadata.arg_model
+    strict = type(lax.__name__, (lax,), {"model_config": STRICT, "__module__": __name__})
+    metadata = tool.fn_metadata.model_copy(update={"arg_model": strict})
+    return tool.model_copy(update={"fn_metadata": metadata, "parameters": strict.model_json_schema(by_alias=True)})
+
+
 def create_server(service: MemoryService, tokens: TokenTable | None = None) -> MCPServer:
     """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one. The caller owns
     the service and closes it."""
-    auth = None
-    if tokens is not None:
-        # Static bearer tokens: no OAuth authorization server and no metadata routes, only verification.
-        auth = AuthSettings(issuer_url="http://127.0.0.1", resource_server_url=None)
-    server = MCPServer(name="memrl-mcp", instructions=INSTRUCTIONS, version="0.1.0", token_verifier=tokens, auth=auth)
-    limits = service.settings
+    limits, rules = service.settings, service.limits
     metrics = Metrics(service)
     instrumented = _instrumented(metrics)
+    Task = Annotated[
+        rules.task.type,
+        Field(description=f"The task at hand, in plain words (max {limits.max_task_chars} characters)."),
+    ]
+    Metadata = Annotated[
+        rules.metadata.type | None,
+        Field(
+            description="Free JSON object kept with the memory (benchmark, task id...): at most "
+            f"{limits.max_metadata_chars} characters as JSON, {MAX_METADATA_DEPTH} levels deep, keys of at most "
+            f"{MAX_METADATA_KEY_CHARS} characters, finite numbers, integers within +-2^53."
+        ),
+    ]
 
     def access() -> Access:
         return access_of(get_access_token())
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False))
     @instrumented
     def recall_experience(
-        task: Annotated[
-            str, Field(description=f"The task at hand, in plain words (max {limits.max_task_chars} characters).")
-        ],
+        task: Task,
         namespace: Namespace = None,
-        k1: Annotated[int | None, Field(description="Phase A: candidates by similarity (default: server's).")] = None,
-        k2: Annotated[int | None, Field(description="Phase B: memories returned, <= k1 (default: server's).")] = None,
-        q_weight: Annotated[
-            float | None, Field(description="lambda in [0, 1]: 0 = similarity only (RAG), 1 = utility only.")
-        ] = None,
-        delta: Annotated[float | None, Field(description="Minimum cosine similarity for Phase A.")] = None,
+        k1: K1 = None,
+        k2: K2 = None,
+        q_weight: Lambda = None,
+        delta: Delta = None,
     ) -> RecallResult:
         """Recall the past experiences most likely to help with this task.
 
@@ -102,16 +129,29 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         valid answer. Always report the episode's reward with the returned recall_id."""
         return service.recall(task, namespace, k1, k2, q_weight, delta, access=access())
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False))
+    @instrumented
+    def search_experience(
+        task: Task,
+        namespace: Namespace = None,
+        k1: K1 = None,
+        k2: K2 = None,
+        q_weight: Lambda = None,
+        delta: Delta = None,
+    ) -> SearchResult:
+        """Look memories up like recall_experience, without a recall: nothing is logged and there is nothing to
+        report, so no utility Q will learn from this use. For browsing, or a retrieval-only baseline; an agent
+        that will learn the outcome should call recall_experience instead."""
+        return service.search(task, namespace, k1, k2, q_weight, delta, access=access())
+
     @instrumented
     def report_outcome(
         recall_id: Annotated[str, Field(description="The recall_id that recall_experience returned.")],
         reward: Annotated[
-            float,
+            rules.reward.type,
             Field(description=f"Episode reward in [{limits.reward_min:g}, {limits.reward_max:g}] (success high)."),
         ],
         experience: Annotated[
-            str | None,
+            rules.experience.type | None,
             Field(
                 description="What to remember from this episode: on success a short procedure (3-5 steps), "
                 f"on failure a reflection on what to avoid (max {limits.max_experience_chars} characters)."
@@ -127,20 +167,20 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         Each recall is reported once."""
         return service.report(recall_id, reward, experience, outcome, metadata, access=access())
 
-    @server.tool(
-        annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
-        )
-    )
     @instrumented
     def store_experience(
-        task: Annotated[str, Field(description=f"The task the experience is about (max {limits.max_task_chars}).")],
+        task: Annotated[
+            rules.task.type, Field(description=f"The task the experience is about (max {limits.max_task_chars}).")
+        ],
         experience: Annotated[
-            str, Field(description=f"What to reuse or avoid (max {limits.max_experience_chars} characters).")
+            rules.experience.type,
+            Field(description=f"What to reuse or avoid (max {limits.max_experience_chars} characters)."),
         ],
         namespace: Namespace = None,
         outcome: Annotated[Outcome, Field(description="success (to follow) or failure (to avoid).")] = "success",
-        q: Annotated[float | None, Field(description="Initial utility; default: the server's Q_init.")] = None,
+        q: Annotated[
+            rules.reward.type | None, Field(description="Initial utility; default: the server's Q_init.")
+        ] = None,
         metadata: Metadata = None,
     ) -> StoreResult:
         """Add a memory directly (seeding, imports). A near-duplicate task with the same outcome in the
@@ -148,26 +188,48 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         its learned Q."""
         return service.store_experience(task, experience, namespace, outcome, q, metadata, access=access())
 
-    @server.tool(
-        annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
-        )
-    )
     @instrumented
     def forget_experience(
         memory_id: Annotated[str | None, Field(description="Delete this one memory.")] = None,
-        namespace: Annotated[str | None, Field(description="Delete every memory and recall of this namespace.")] = None,
+        namespace: Annotated[
+            NamespaceName | None, Field(description="Delete every memory and recall of this namespace.")
+        ] = None,
     ) -> ForgetResult:
         """Delete one memory by id, or all of a namespace. Give exactly one of the two."""
         return service.forget(memory_id, namespace, access=access())
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     @instrumented
     def memory_stats(
-        namespace: Annotated[str | None, Field(description="One namespace; default: all.")] = None,
+        namespace: Annotated[NamespaceName | None, Field(description="One namespace; default: all.")] = None,
     ) -> Stats:
         """Counts, the distribution of learned utility Q, and recalls pending and reported."""
         return service.stats(namespace, access=access())
+
+    writes = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+    reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    tools = [
+        strict_tool(recall_experience, writes),
+        strict_tool(search_experience, reads),
+        strict_tool(report_outcome, writes),
+        strict_tool(store_experience, writes.model_copy(update={"idempotent_hint": True})),
+        strict_tool(
+            forget_experience,
+            ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
+        ),
+        strict_tool(memory_stats, reads),
+    ]
+    auth = None
+    if tokens is not None:
+        # Static bearer tokens: no OAuth authorization server and no metadata routes, only verification.
+        auth = AuthSettings(issuer_url="http://127.0.0.1", resource_server_url=None)
+    server = MCPServer(
+        name="memrl-mcp",
+        instructions=INSTRUCTIONS,
+        version="0.1.0",
+        token_verifier=tokens,
+        auth=auth,
+        tools=tools,
+    )
 
     @server.resource(
         "memrl://stats", mime_type="application/json", description="Statistics of every namespace you may use."

@@ -7,7 +7,6 @@ Precedence, highest first: explicit arguments, environment, YAML file (``MEMRL_C
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,13 +14,14 @@ import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
-MAX_K = 100
-NAMESPACE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+from memrl_mcp.errors import MemrlError
+from memrl_mcp.validation import MAX_K, NAMESPACE_PATTERN, NamespaceName
+
 ALL_NAMESPACES = "*"
 MIN_TOKEN_CHARS = 16
 
 
-class SettingsError(ValueError):
+class SettingsError(MemrlError, ValueError):
     """A setting has a bad value; the message names the setting."""
 
 
@@ -36,15 +36,14 @@ class TokenGrant(BaseModel):
     name: str = Field(pattern=NAMESPACE_PATTERN, description="Who holds the token (logs, metrics).")
     token: SecretStr | None = Field(None, min_length=MIN_TOKEN_CHARS, description="The bearer token.")
     token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the bearer token.")
-    namespaces: list[str] = Field(min_length=1, description='Namespaces this token may use; "*": all.')
+    namespaces: list[Literal["*"] | NamespaceName] = Field(
+        min_length=1, description='Namespaces this token may use; "*": all.'
+    )
 
     @model_validator(mode="after")
     def _one_secret(self) -> TokenGrant:
         if (self.token is None) == (self.token_sha256 is None):
             raise ValueError(f"token {self.name!r}: give exactly one of token or token_sha256")
-        for namespace in self.namespaces:
-            if namespace != ALL_NAMESPACES and not re.fullmatch(NAMESPACE_PATTERN, namespace):
-                raise ValueError(f"token {self.name!r}: namespace {namespace!r} is not 1-64 of A-Z a-z 0-9 _ . : -")
         return self
 
 
@@ -112,13 +111,25 @@ class Settings(BaseSettings):
         le=1.0,
         description="Task similarity at which a new memory merges into a twin; default: embedder's.",
     )
-    recall_ttl_seconds: float = Field(7 * 24 * 3600.0, gt=0, description="How long a recall can be reported.")
+    recall_ttl_seconds: float = Field(
+        24 * 3600.0,
+        gt=0,
+        description="How long a recall can be reported. An agent reports its episode within minutes (hours for "
+        "a long coding task); a day also covers an overnight batch or a reward that waits for a human review.",
+    )
+    max_pending_recalls: int = Field(
+        1000,
+        ge=1,
+        le=10_000_000,
+        description="Unreported recalls a namespace keeps; beyond it the oldest are dropped (a report of one is "
+        "refused as expired). Agents have a few episodes in flight each; 1000 is ~3 MB of disk per namespace.",
+    )
 
     # Input limits
     max_task_chars: int = Field(4000, ge=1, description="Longest accepted task text.")
     max_experience_chars: int = Field(20000, ge=1, description="Longest accepted experience text.")
     max_metadata_chars: int = Field(4000, ge=2, description="Longest accepted metadata, as JSON.")
-    namespace: str = Field("default", pattern=NAMESPACE_PATTERN, description="Default namespace.")
+    namespace: NamespaceName = Field("default", description="Default namespace.")
 
     # Serving over HTTP
     tokens: list[TokenGrant] = Field(

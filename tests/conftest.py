@@ -13,7 +13,6 @@ from memrl_mcp.embeddings import Embedder, MiniLMEmbedder
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.server import create_server
 from memrl_mcp.settings import Settings, load_settings
-from memrl_mcp.storage import open_store
 
 
 async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
@@ -49,7 +48,7 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 def make_service(embedder: Embedder, data_dir: Path, engine: str = "edge", **overrides: Any) -> MemoryService:
     settings: Settings = load_settings(data_dir=data_dir, embedded_engine=engine, **overrides)
-    return MemoryService(settings, embedder, open_store(settings, embedder.dim))
+    return MemoryService.open(settings, embedder)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from typing import BinaryIO
 
 import pytest
 
+from memrl_mcp.access import EVERYTHING
 from memrl_mcp.backup import write_atomically, write_memories
 from memrl_mcp.cli import parse_args
 from memrl_mcp.embeddings import Embedder
@@ -31,14 +32,26 @@ def seed(embedder: Embedder, data_dir: Path, engine: str = "edge") -> dict[str, 
     service = make_service(embedder, data_dir, engine)
     try:
         metadata = {"source": "tests", "nested": {"tags": ["ü", "日本語", "🚀"], "values": [1, 2.5, None, True]}}
-        service.store_experience(CSV_TASK, "1. csv.reader 2. sort by r[1] 3. csv.writer", metadata=metadata)
-        merged = service.store_experience(CSV_TASK, "1. pandas.read_csv 2. sort_values 3. to_csv", metadata={"v": 2})
+        service.store_experience(
+            CSV_TASK, "1. csv.reader 2. sort by r[1] 3. csv.writer", metadata=metadata, access=EVERYTHING
+        )
+        merged = service.store_experience(
+            CSV_TASK, "1. pandas.read_csv 2. sort_values 3. to_csv", metadata={"v": 2}, access=EVERYTHING
+        )
         assert merged.merged
-        service.store_experience(CSV_TASK, "Sorting the column as text put 10 before 9.", outcome="failure")
-        service.store_experience(README_TASK, "Glossaire d'abord, puis section par section.", namespace="team", q=1 / 3)
-        service.store_experience(PNG_TASK, "Image.thumbnail keeps the aspect ratio: not 64x64.", "team", "failure")
+        service.store_experience(
+            CSV_TASK, "Sorting the column as text put 10 before 9.", outcome="failure", access=EVERYTHING
+        )
+        service.store_experience(
+            README_TASK, "Glossaire d'abord, puis section par section.", namespace="team", q=1 / 3, access=EVERYTHING
+        )
+        service.store_experience(
+            PNG_TASK, "Image.thumbnail keeps the aspect ratio: not 64x64.", "team", "failure", access=EVERYTHING
+        )
         for task, namespace, reward in ((CSV_TASK, None, 1.0), (CSV_TASK, None, 0.7), (PNG_TASK, "team", -0.45)):
-            service.report(service.recall(task, namespace=namespace).recall_id, reward)
+            service.report(
+                service.recall(task, namespace=namespace, access=EVERYTHING).recall_id, reward, access=EVERYTHING
+            )
         memories = {m.id: m for m in service.memories()}
     finally:
         service.close()
@@ -101,7 +114,7 @@ def test_export_import_export_round_trip(embedder: Embedder, tmp_path: Path, eng
         assert {m.id: m for m in service.memories()} == original
         # The tasks were re-embedded: recall finds each memory by its task, in its namespace.
         for memory in original.values():
-            recall = service.recall(memory.task, namespace=memory.namespace)
+            recall = service.recall(memory.task, namespace=memory.namespace, access=EVERYTHING)
             found = {m.id: m.similarity for m in recall.memories}
             assert found[memory.id] > 0.99
     finally:
@@ -176,11 +189,11 @@ def test_malformed_lines_are_all_named_and_nothing_is_written(embedder: Embedder
             "line 9: not UTF-8",
         ],
         out_of_limits: [
-            "line 2: q: 1.5 is outside [-1, 1]",
-            "line 3: id: 'not-a-uuid' is not a UUID",
-            "line 4: namespace: 'no spaces' must be",
-            "line 5: task: must be non-empty text",
-            "line 6: last_reward: must be a finite number, got nan",
+            "line 2: q: Input should be less than or equal to 1, got 1.5",
+            "line 3: id: is not a UUID, got 'not-a-uuid'",
+            "line 4: namespace: String should match pattern '^[A-Za-z0-9_.:-]{1,64}$', got 'no spaces'",
+            "line 5: task: must contain a visible character",
+            "line 6: last_reward: Input should be a finite number, got nan",
             "line 7: metadata: ",
         ],
     }
@@ -209,7 +222,10 @@ def test_import_completes_an_interrupted_one_and_keeps_other_memories(embedder: 
         first, second = list(original.values())[:2]
         target.restore([first, second.model_copy(update={"q": -0.9, "experience": "stale"})])  # the crashed run
         # As stored: qdrant-edge may move a float by an ulp on its first write (a fixed point from then on).
-        kept = target.get(target.store_experience(PNG_TASK, "Image.resize((64, 64))", namespace="elsewhere").id)
+        elsewhere = target.store_experience(
+            PNG_TASK, "Image.resize((64, 64))", namespace="elsewhere", access=EVERYTHING
+        )
+        kept = target.get(elsewhere.id, access=EVERYTHING)
     finally:
         target.close()
 

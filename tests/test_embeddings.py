@@ -26,6 +26,7 @@ import numpy as np
 import openai
 import pytest
 
+from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import (
     MINILM_PROFILE,
     OPENAI_PROFILE,
@@ -407,10 +408,12 @@ def test_service_over_openai_recalls_by_shared_words_and_refuses_another_vector_
     service = MemoryService.open(openai_settings)
     try:
         assert service.embedder.dim == NATIVE_DIM  # probed
-        soup = service.store_experience("heat some soup in the microwave", "open the microwave, put the soup in")
-        code = service.store_experience("sort a python list of numbers", "use sorted(numbers)")
+        soup = service.store_experience(
+            "heat some soup in the microwave", "open the microwave, put the soup in", access=EVERYTHING
+        )
+        code = service.store_experience("sort a python list of numbers", "use sorted(numbers)", access=EVERYTHING)
         assert not soup.merged and not code.merged
-        result = service.recall("warm the soup in the microwave")
+        result = service.recall("warm the soup in the microwave", access=EVERYTHING)
         assert result.memories, result
         assert result.memories[0].id == soup.memory.id
         assert code.memory.id not in [m.id for m in result.memories]
@@ -424,7 +427,7 @@ def test_service_over_openai_recalls_by_shared_words_and_refuses_another_vector_
     # The refused open leaves the store usable: the OpenAI embedder opens it again, memories intact.
     service = MemoryService.open(openai_settings)
     try:
-        assert service.recall("microwave soup").memories[0].id == soup.memory.id
+        assert service.recall("microwave soup", access=EVERYTHING).memories[0].id == soup.memory.id
     finally:
         service.close()
 
@@ -437,8 +440,8 @@ def test_service_over_openai_handles_a_punctuation_only_task(fake_api: FakeEmbed
     try:
         # Accepted by the task check (not blank): each call must work or be refused as a bad request.
         with contextlib.suppress(MemoryRequestError):
-            service.store_experience("...", "nothing to do")
+            service.store_experience("...", "nothing to do", access=EVERYTHING)
         with contextlib.suppress(MemoryRequestError):
-            service.recall("?")
+            service.recall("?", access=EVERYTHING)
     finally:
         service.close()

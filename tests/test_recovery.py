@@ -5,8 +5,10 @@ from typing import Any
 
 import pytest
 
+from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.memory import MemoryRequestError, MemoryService
+from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.memory import MemoryService
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
 
@@ -43,30 +45,30 @@ def test_an_interrupted_report_is_finished_once_on_reopen(
 ) -> None:
     settings = load_settings(data_dir=tmp_path, embedded_engine=engine, k1=2, k2=2)
     store = open_store(settings, embedder.dim)
-    service = MemoryService(settings, embedder, store)
-    mug = service.store_experience("put a clean mug in the coffee machine", "rinse, then place")
-    cup = service.store_experience("put a clean cup in the coffee machine", "wash, then place")
+    service = MemoryService.open(settings, embedder, store)
+    mug = service.store_experience("put a clean mug in the coffee machine", "rinse, then place", access=EVERYTHING)
+    cup = service.store_experience("put a clean cup in the coffee machine", "wash, then place", access=EVERYTHING)
     task = "heat a potato and put it on the table"
-    recall = service.recall(task, delta=-1.0)
+    recall = service.recall(task, delta=-1.0, access=EVERYTHING)
     assert {m.id for m in recall.memories} == {mug.id, cup.id}
 
-    service._store = DiesAtWrite(store, crash_at)  # type: ignore[assignment]
+    dying = MemoryService(settings, embedder, DiesAtWrite(store, crash_at))  # type: ignore[arg-type]
     with pytest.raises(KeyboardInterrupt):
-        service.report(recall.recall_id, 1.0, experience="microwave it, then place it")
+        dying.report(recall.recall_id, 1.0, experience="microwave it, then place it", access=EVERYTHING)
     store.close()
 
-    reopened = MemoryService(settings, embedder, open_store(settings, embedder.dim))
+    reopened = MemoryService.open(settings, embedder)  # finishes the interrupted report
     try:
         if crash_at == 0:  # died before claiming: the recall is still pending and can be reported
-            reopened.report(recall.recall_id, 1.0, experience="microwave it, then place it")
+            reopened.report(recall.recall_id, 1.0, experience="microwave it, then place it", access=EVERYTHING)
         for memory_id in (mug.id, cup.id):
-            memory = reopened.get(memory_id)
+            memory = reopened.get(memory_id, access=EVERYTHING)
             assert (memory.q, memory.visits, memory.last_reward) == (pytest.approx(0.3), 1, 1.0)
         with pytest.raises(MemoryRequestError, match="already reported"):
-            reopened.report(recall.recall_id, 1.0)
+            reopened.report(recall.recall_id, 1.0, access=EVERYTHING)
         learned = [m for m in reopened.memories() if m.task == task]
         assert [m.experience for m in learned] == ["microwave it, then place it"]  # stored once
-        assert reopened.stats().recalls_reported == 1
+        assert reopened.stats(access=EVERYTHING).recalls_reported == 1
     finally:
         reopened.close()
 
@@ -77,19 +79,19 @@ def test_on_a_qdrant_server_a_replica_finishes_only_reports_left_for_a_minute(
     """Another replica may be mid-report: a fresh "applying" is left to it; a stale one is finished."""
     settings = load_settings(data_dir=tmp_path, embedded_engine="qdrant-local")
     store = open_store(settings, embedder.dim)
-    crashed = MemoryService(settings, embedder, store)
-    stored = crashed.store_experience("defrost the fish in the fridge", "move it from the freezer")
-    recall = crashed.recall("defrost the fish in the fridge")
-    crashed._store = DiesAtWrite(store, 1)  # type: ignore[assignment]  # dies right after claiming
+    crashed = MemoryService.open(settings, embedder, store)
+    stored = crashed.store_experience("defrost the fish in the fridge", "move it from the freezer", access=EVERYTHING)
+    recall = crashed.recall("defrost the fish in the fridge", access=EVERYTHING)
+    dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # type: ignore[arg-type]  # dies after claiming
     with pytest.raises(KeyboardInterrupt):
-        crashed.report(recall.recall_id, 1.0)
+        dying.report(recall.recall_id, 1.0, access=EVERYTHING)
 
     # The replicas share the store; the setting only tells them it is a server's.
     shared = settings.model_copy(update={"qdrant_url": "http://qdrant.internal:6333"})
     now = crashed._clock()
-    MemoryService(shared, embedder, store, clock=lambda: now + 5)
+    MemoryService.open(shared, embedder, store, clock=lambda: now + 5)
     assert store.get("memories", [stored.id])[stored.id]["visits"] == 0  # maybe still in progress elsewhere
-    MemoryService(shared, embedder, store, clock=lambda: now + 61)
+    MemoryService.open(shared, embedder, store, clock=lambda: now + 61)
     assert store.get("memories", [stored.id])[stored.id]["visits"] == 1
     assert store.get("recalls", [recall.recall_id])[recall.recall_id]["status"] == "reported"
     store.close()

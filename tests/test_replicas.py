@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
+from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.memory import MemoryRequestError, MemoryService
+from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.memory import MemoryService
 from memrl_mcp.models import QChange
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
@@ -58,16 +60,16 @@ def run_together(jobs: list[Callable[[], Any]]) -> list[Any]:
 
 def test_concurrent_reports_on_two_replicas_lose_no_update(replicas: tuple[MemoryService, MemoryService]) -> None:
     first, second = replicas
-    ids = [first.store_experience(task, "look around first").id for task in TASKS]
+    ids = [first.store_experience(task, "look around first", access=EVERYTHING).id for task in TASKS]
     rng = random.Random(7)
     work = []
     for i in range(48):
         replica = (first, second)[i % 2]
-        recall = replica.recall(TASKS[i % len(TASKS)])
+        recall = replica.recall(TASKS[i % len(TASKS)], access=EVERYTHING)
         assert {m.id for m in recall.memories} == set(ids)
         work.append((replica, recall.recall_id, rng.choice((-1.0, 0.5, 1.0))))
 
-    results = run_together([lambda r=r, rid=rid, w=w: r.report(rid, w) for r, rid, w in work])
+    results = run_together([lambda r=r, rid=rid, w=w: r.report(rid, w, access=EVERYTHING) for r, rid, w in work])
     assert not [r for r in results if isinstance(r, Exception)]
 
     for memory_id in ids:
@@ -81,7 +83,7 @@ def test_concurrent_reports_on_two_replicas_lose_no_update(replicas: tuple[Memor
         for change in changes:
             reward = next(r.reward for r in results if change in r.updated)
             assert change.q_after == pytest.approx(change.q_before + ALPHA * (reward - change.q_before))
-        stored = second.get(memory_id)
+        stored = second.get(memory_id, access=EVERYTHING)
         assert (stored.visits, stored.q) == (len(work), pytest.approx(changes[-1].q_after, abs=1e-12))
 
 
@@ -89,17 +91,21 @@ def test_a_recall_reported_on_both_replicas_at_once_counts_once(
     replicas: tuple[MemoryService, MemoryService],
 ) -> None:
     first, second = replicas
-    memory_id = first.store_experience(TASKS[0], "pull the handle").id
-    recalls = [first.recall(TASKS[0], k1=1, k2=1).recall_id for _ in range(16)]
+    memory_id = first.store_experience(TASKS[0], "pull the handle", access=EVERYTHING).id
+    recalls = [first.recall(TASKS[0], k1=1, k2=1, access=EVERYTHING).recall_id for _ in range(16)]
 
-    jobs = [lambda rid=rid, r=r: r.report(rid, 1.0, experience="it worked") for rid in recalls for r in replicas]
+    jobs = [
+        lambda rid=rid, r=r: r.report(rid, 1.0, experience="it worked", access=EVERYTHING)
+        for rid in recalls
+        for r in replicas
+    ]
     results = run_together(jobs)
     for rid, pair in zip(recalls, zip(results[::2], results[1::2], strict=True), strict=True):
         won = [r for r in pair if not isinstance(r, Exception)]
         lost = [r for r in pair if isinstance(r, Exception)]
         assert len(won) == 1, (rid, pair)
         assert isinstance(lost[0], MemoryRequestError) and "already reported" in str(lost[0])
-    memory = second.get(memory_id)
+    memory = second.get(memory_id, access=EVERYTHING)
     assert memory.visits == len(recalls)
     assert memory.q == pytest.approx(1 - (1 - ALPHA) ** len(recalls))
     # The 16 experiences of one task with one outcome fold into the twin the recalls saw: no duplicates.
@@ -111,12 +117,12 @@ def test_a_memory_forgotten_on_one_replica_is_not_revived_by_a_report_on_the_oth
     replicas: tuple[MemoryService, MemoryService],
 ) -> None:
     first, second = replicas
-    keep, drop = (first.store_experience(task, "step by step").id for task in TASKS[:2])
-    recall = first.recall(TASKS[0], k1=2, k2=2)
-    second.forget(memory_id=drop)
-    result = first.report(recall.recall_id, 1.0)
+    keep, drop = (first.store_experience(task, "step by step", access=EVERYTHING).id for task in TASKS[:2])
+    recall = first.recall(TASKS[0], k1=2, k2=2, access=EVERYTHING)
+    second.forget(memory_id=drop, access=EVERYTHING)
+    result = first.report(recall.recall_id, 1.0, access=EVERYTHING)
     assert [c.id for c in result.updated] == [keep]
     assert result.missing == [drop]
     with pytest.raises(MemoryRequestError, match="no memory"):
-        second.get(drop)
-    assert second.stats().memories == 1
+        second.get(drop, access=EVERYTHING)
+    assert second.stats(access=EVERYTHING).memories == 1

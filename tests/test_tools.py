@@ -9,8 +9,10 @@ import anyio
 import pytest
 from mcp import Client
 
+from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.memory import MemoryRequestError, MemoryService
+from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.memory import MemoryService
 from memrl_mcp.server import create_server
 from tests.conftest import call, make_service, refused
 
@@ -24,16 +26,37 @@ async def test_lists_tools_with_schemas_and_hints(client: Client) -> None:
     tools = {t.name: t for t in (await client.list_tools()).tools}
     assert set(tools) == {
         "recall_experience",
+        "search_experience",
         "report_outcome",
         "store_experience",
         "forget_experience",
         "memory_stats",
     }
     assert tools["memory_stats"].annotations.read_only_hint is True
+    assert tools["search_experience"].annotations.read_only_hint is True
     assert tools["forget_experience"].annotations.destructive_hint is True
     assert tools["report_outcome"].annotations.destructive_hint is False
     assert "recall_id" in tools["recall_experience"].output_schema["properties"]
     assert "description" in tools["recall_experience"].input_schema["properties"]["task"]
+    # The bounds are in the schemas, so clients are told them; unknown arguments are refused.
+    recall = tools["recall_experience"].input_schema
+    assert recall["additionalProperties"] is False
+    assert recall["properties"]["task"]["maxLength"] == 4000
+    assert recall["properties"]["k1"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 100}
+    assert recall["properties"]["q_weight"]["anyOf"][0] == {"type": "number", "minimum": 0.0, "maximum": 1.0}
+    assert recall["properties"]["delta"]["anyOf"][0] == {"type": "number", "minimum": -1.0, "maximum": 1.0}
+    assert "pattern" in recall["properties"]["namespace"]["anyOf"][0]
+    report = tools["report_outcome"].input_schema["properties"]
+    assert (report["reward"]["minimum"], report["reward"]["maximum"]) == (-1.0, 1.0)
+    assert "8 levels deep" in report["metadata"]["description"]
+
+
+async def test_search_looks_up_without_a_recall(client: Client) -> None:
+    stored = await call(client, "store_experience", task=MUG, experience=MUG_PROCEDURE)
+    found = await call(client, "search_experience", task=MUG, q_weight=0.0)
+    assert "recall_id" not in found and [m["id"] for m in found["memories"]] == [stored["id"]]
+    stats = await call(client, "memory_stats")
+    assert stats["recalls_pending"] == 0 and stats["recalls_reported"] == 0
 
 
 async def test_store_then_recall_returns_the_memory_with_its_numbers(client: Client, service: MemoryService) -> None:
@@ -168,6 +191,25 @@ async def test_stats_resources_and_prompt(client: Client) -> None:
 BAD_REQUESTS = [
     ("recall_experience", {"task": ""}, "task"),
     ("recall_experience", {"task": "   "}, "task"),
+    ("recall_experience", {"task": "\x00\x00"}, "visible"),
+    ("recall_experience", {"task": "\ufeff\u200b\u200d\u2060"}, "visible"),
+    ("recall_experience", {"task": " \t\n\u3000\u00a0"}, "visible"),
+    ("recall_experience", {"task": "\ud800 lone surrogate"}, "task"),
+    ("recall_experience", {"task": MUG, "k1": True}, "k1"),
+    ("recall_experience", {"task": MUG, "k1": "5"}, "k1"),
+    ("recall_experience", {"task": MUG, "k1": 2.0}, "k1"),
+    ("recall_experience", {"task": MUG, "q_weight": "0.5"}, "q_weight"),
+    ("recall_experience", {"task": MUG, "tsak": "typo"}, "tsak"),
+    ("search_experience", {"task": MUG, "k2": 0}, "k2"),
+    ("store_experience", {"task": MUG, "experience": "e", "q": True}, "q"),
+    ("store_experience", {"task": MUG, "experience": "e", "q": "0.5"}, "q"),
+    ("store_experience", {"task": MUG, "experience": "e", "namespce": "x"}, "namespce"),
+    ("store_experience", {"task": MUG, "experience": "\u200b"}, "experience"),
+    ("store_experience", {"task": MUG, "experience": "e", "metadata": [1, 2]}, "metadata"),
+    ("report_outcome", {"recall_id": "3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", "reward": "0.5"}, "reward"),
+    ("report_outcome", {"recall_id": "3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", "reward": 1, "rewrd": 1}, "rewrd"),
+    ("forget_experience", {"namespace": "x", "everything": True}, "everything"),
+    ("memory_stats", {"namespace": 5}, "namespace"),
     ("recall_experience", {"task": "x" * 4001}, "4000"),
     ("recall_experience", {"task": MUG, "k1": 0}, "k1"),
     ("recall_experience", {"task": MUG, "k1": 101}, "k1"),
@@ -211,11 +253,31 @@ async def test_bad_reward_leaves_the_recall_reportable(client: Client, reward: A
 
 
 def test_non_finite_rewards_are_refused_by_the_service(service: MemoryService) -> None:
-    recall = service.recall(MUG)
+    recall = service.recall(MUG, access=EVERYTHING)
     for reward in (float("nan"), float("inf"), -float("inf")):
-        with pytest.raises(MemoryRequestError, match="reward: must be a finite number"):
-            service.report(recall.recall_id, reward)
-    assert service.report(recall.recall_id, 0.5).reward == 0.5
+        with pytest.raises(MemoryRequestError, match="reward: Input should be a finite number"):
+            service.report(recall.recall_id, reward, access=EVERYTHING)
+    for reward in ("0.5", True):  # the Python API is as strict as the tools
+        with pytest.raises(MemoryRequestError, match="reward: Input should be a valid number"):
+            service.report(recall.recall_id, reward, access=EVERYTHING)  # type: ignore[arg-type]
+    assert service.report(recall.recall_id, 0.5, access=EVERYTHING).reward == 0.5
+
+
+def test_every_caller_facing_method_requires_the_callers_access(service: MemoryService) -> None:
+    """Fail-closed tenancy: a new tool that forgets to pass its caller's access gets a TypeError, never every
+    tenant's memories."""
+    calls = {
+        "recall": (MUG,),
+        "search": (MUG,),
+        "report": ("3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", 1.0),
+        "store_experience": (MUG, MUG_PROCEDURE),
+        "forget": (None, "default"),
+        "get": ("3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11",),
+        "stats": (),
+    }
+    for name, arguments in calls.items():
+        with pytest.raises(TypeError, match="access"):
+            getattr(service, name)(*arguments)
 
 
 async def test_an_expired_recall_is_refused(embedder: Embedder, tmp_path: Path) -> None:

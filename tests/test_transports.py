@@ -23,7 +23,14 @@ from mcp import Client, StdioServerParameters
 
 from tests.conftest import call, refused
 
-TOOLS = {"recall_experience", "report_outcome", "store_experience", "forget_experience", "memory_stats"}
+TOOLS = {
+    "recall_experience",
+    "search_experience",
+    "report_outcome",
+    "store_experience",
+    "forget_experience",
+    "memory_stats",
+}
 TASK = "Sort a CSV file by its second column and write the result to a new file"
 EXPERIENCE = "1. Read with csv.reader. 2. sorted(rows, key=lambda r: r[1]). 3. Write with csv.writer."
 DEADLINE_S = 60  # a whole test body; the server answers in milliseconds once started

@@ -20,6 +20,7 @@ from harness.benchmarks.controlled import (
     named_procedure,
     success_experience,
 )
+from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder, SimilarityProfile
 from tests.conftest import make_service
 
@@ -226,7 +227,7 @@ def simulate(bench: ControlledBenchmark, mode: str, seed: int, epochs: int, embe
             for task in order:
                 recall, memories = None, []
                 if service is not None:
-                    recall = service.recall(task.intent, q_weight=0.0 if mode == "rag" else None)
+                    recall = service.recall(task.intent, q_weight=0.0 if mode == "rag" else None, access=EVERYTHING)
                     memories = [
                         Memory(m.id, m.task, m.experience, m.outcome, m.q, m.similarity) for m in recall.memories
                     ]
@@ -236,9 +237,15 @@ def simulate(bench: ControlledBenchmark, mode: str, seed: int, epochs: int, embe
                     solved.add(task.id)
                 outcome = "success" if episode.success else "failure"
                 if mode == "memrl":
-                    service.report(recall.recall_id, episode.reward, experience=episode.experience, outcome=outcome)
+                    service.report(
+                        recall.recall_id,
+                        episode.reward,
+                        experience=episode.experience,
+                        outcome=outcome,
+                        access=EVERYTHING,
+                    )
                 elif mode == "rag":
-                    service.store_experience(task.intent, episode.experience, outcome=outcome)
+                    service.store_experience(task.intent, episode.experience, outcome=outcome, access=EVERYTHING)
             success.append(wins / len(tasks))
             csr.append(len(solved) / len(tasks))
     finally:

@@ -1,0 +1,25 @@
+"""Tenancy: the namespaces a caller may use. Every service call that serves a caller takes one, required,
+so that a new tool cannot forget its caller's tenant and see every tenant's memories by default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Access:
+    """The namespaces a caller may use (from its bearer token), and the one used when a call names none.
+
+    ``namespaces=None`` is every namespace: a local caller (stdio, an in-process client, a server without
+    tokens, the operator's CLI). Memories and recalls outside a caller's namespaces are reported as unknown,
+    never as forbidden, so their existence does not leak."""
+
+    namespaces: frozenset[str] | None = None
+    default: str | None = None
+
+    def allows(self, namespace: str) -> bool:
+        return self.namespaces is None or namespace in self.namespaces
+
+
+EVERYTHING = Access()
+"""Every namespace: for local callers only (see :class:`Access`)."""

@@ -1,0 +1,233 @@
+"""Optimistic writes: why no reward is lost or counted twice, whatever races and whatever crashes.
+
+There is no lock around the learned state (replicas of the server may share one Qdrant server). Instead:
+
+1. **A versioned write applied once** (:meth:`Ledger.update_once`). Each memory carries a ``version`` and the
+   last :data:`APPLIED_KEPT` operation ids folded into it (``applied``). A write is conditional on the version it
+   read (``Store.set_payload_if``), then read back: if the operation is in ``applied`` it landed (or had landed
+   before: a retried or redone operation is never applied twice); otherwise another writer won, and it reads
+   again and retries. A memory that is gone is reported as such, never re-created.
+2. **The claim** (:meth:`Ledger.claim`). A report writes ``pending -> applying`` conditionally, with a fresh claim
+   id and everything the report needs (:class:`~memrl_mcp.records.ClaimedReport`); the record read back tells
+   who won. Of two reports of one recall (two threads, two replicas) exactly one proceeds.
+3. **The redo** (:meth:`Ledger.redo`). A claimed recall is its report's redo log. Its steps are each idempotent:
+   update each recalled memory once (operation ``q:<recall>``), merge the experience into the twin once
+   (``merge:<recall>``) or add it under an id derived from the recall (a redo finds it), then
+   ``applying -> reported`` (conditional). Whoever runs it (the reporter, or the next server to open the store
+   after a crash) gets the same result, so running it twice is harmless.
+
+A namespace being forgotten deletes its recalls before its memories: a report whose recall is gone stops
+before writing (:class:`RecallGone`), so a forgotten namespace never comes back through a report.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from memrl_mcp import algorithm
+from memrl_mcp.errors import MemoryRequestError, MemrlError
+from memrl_mcp.models import MemoryView, QChange, StoreResult
+from memrl_mcp.records import ClaimedReport, RecallRecord, memory_payload, memory_view, merged_metadata
+from memrl_mcp.storage import Point, Store
+
+APPLIED_KEPT = 64  # operations a memory remembers having applied: more than any retry can race past
+WRITE_ATTEMPTS = 200  # optimistic write retries before giving up on a memory (contention, not an error)
+
+
+class WriteContention(MemrlError):
+    """A memory's optimistic write lost :data:`WRITE_ATTEMPTS` races in a row; nothing of this call was written
+    to it. Retrying later is safe (every operation is applied once)."""
+
+
+class RecallGone(MemoryRequestError):
+    """The recall being reported was deleted mid-report: its namespace was forgotten, or it was evicted."""
+
+    def __init__(self, recall_id: str) -> None:
+        super().__init__(
+            f"recall_id: recall {recall_id} is gone (its namespace was forgotten, or it expired) while it was being "
+            "reported; nothing more was written"
+        )
+
+
+@dataclass(frozen=True)
+class Written:
+    """An applied :meth:`Ledger.update_once`: the memory before, and the fields written (None: the operation
+    had been applied already, by an earlier attempt or another writer)."""
+
+    before: dict[str, Any]
+    update: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class NewMemory:
+    """How a reported experience becomes a memory: Q_init per outcome, and the metadata size limit of merges."""
+
+    q_init_success: float
+    q_init_failure: float
+    max_metadata_chars: int
+
+
+@dataclass(frozen=True)
+class Applied:
+    changes: list[QChange]
+    missing: list[str]
+    stored: StoreResult | None
+
+
+class Ledger:
+    """The conditional writes of one service over its store; ``conflicts`` counts lost races (a metric)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.conflicts = 0
+
+    def update_once(
+        self, memory_id: str, operation: str, change: Callable[[Mapping[str, Any]], dict[str, Any]]
+    ) -> Written | None:
+        """Apply ``change`` to a memory once, however many writers race; None when the memory is gone."""
+        for attempt in range(WRITE_ATTEMPTS):
+            before = self._store.get("memories", [memory_id]).get(memory_id)
+            if before is None:
+                return None
+            applied = list(before.get("applied", []))
+            if operation in applied:
+                return Written(before, None)
+            version = int(before.get("version", 0))
+            update = {**change(before), "version": version + 1, "applied": [*applied, operation][-APPLIED_KEPT:]}
+            self._store.set_payload_if("memories", memory_id, update, {"version": version})
+            after = self._store.get("memories", [memory_id]).get(memory_id)
+            if after is None:
+                return None
+            if operation in after.get("applied", []):
+                return Written(before, update)
+            self.conflicts += 1
+            time.sleep(random.uniform(0, 0.0005 * min(attempt + 1, 20)))  # jitter; not the service's seeded rng
+        raise WriteContention(
+            f"memory {memory_id}: {WRITE_ATTEMPTS} concurrent writers in a row won the race; retry the call"
+        )
+
+    def claim(self, recall_id: str, report: ClaimedReport) -> RecallRecord:
+        """``pending -> applying`` with ``report``; the claimed record, or a refusal naming why it was not ours."""
+        self._store.set_payload_if(
+            "recalls", recall_id, {"status": "applying", "report": report.model_dump()}, {"status": "pending"}
+        )
+        payload = self._store.get("recalls", [recall_id]).get(recall_id)
+        if payload is None:
+            raise RecallGone(recall_id)
+        record = RecallRecord.model_validate(payload)
+        if record.report is None or record.report.claim != report.claim:
+            raise MemoryRequestError(f"recall_id: recall {recall_id} was already reported; a recall is reported once")
+        return record
+
+    def merge(
+        self, memory_id: str, operation: str, experience: str, metadata: Mapping[str, Any], now: float, max_chars: int
+    ) -> StoreResult | None:
+        """Merge rule: the twin takes the newer experience and metadata and keeps its id, learned Q and visits.
+        None when the twin was forgotten meanwhile."""
+        written = self.update_once(
+            memory_id,
+            operation,
+            lambda m: {
+                "experience": experience,
+                "metadata": merged_metadata(m.get("metadata") or {}, metadata, max_chars),
+                "merges": int(m.get("merges", 0)) + 1,
+                "updated_at": now,
+            },
+        )
+        if written is None:
+            return None
+        return StoreResult(
+            id=memory_id, merged=True, memory=memory_view(memory_id, {**written.before, **(written.update or {})})
+        )
+
+    def add(self, memory: MemoryView, vector: np.ndarray) -> StoreResult:
+        self._store.upsert("memories", [Point(memory.id, vector, memory_payload(memory))])
+        return StoreResult(id=memory.id, merged=False, memory=memory)
+
+    def redo(self, recall_id: str, recall: RecallRecord, alpha: float, new: NewMemory) -> Applied:
+        """Everything a claimed report does (module docstring, 3.): run by the reporter, or again after a crash."""
+        report = recall.report
+        assert report is not None, "only a claimed recall is redone"
+        reward, now = report.reward, report.reported_at
+        changes, missing = [], []
+        for memory_id in recall.memory_ids:
+            written = self.update_once(
+                memory_id,
+                f"q:{recall_id}",
+                lambda m: {
+                    "q": algorithm.update_q(float(m["q"]), reward, alpha),
+                    "visits": int(m["visits"]) + 1,
+                    "last_reward": reward,
+                    "updated_at": now,
+                },
+            )
+            if written is None:
+                missing.append(memory_id)
+            elif written.update is not None:
+                changes.append(
+                    QChange(
+                        id=memory_id,
+                        q_before=float(written.before["q"]),
+                        q_after=written.update["q"],
+                        visits=written.update["visits"],
+                    )
+                )
+        stored = None
+        if report.experience is not None:
+            stored = self._store_experience(recall_id, recall, report, new)
+        self._store.set_payload_if("recalls", recall_id, {"status": "reported"}, {"status": "applying"})
+        return Applied(changes, missing, stored)
+
+    def _store_experience(
+        self, recall_id: str, recall: RecallRecord, report: ClaimedReport, new: NewMemory
+    ) -> StoreResult:
+        """Merge into the twin the recall saw, or add a memory whose id derives from the recall."""
+        assert report.experience is not None and report.outcome is not None
+        twin_id = recall.twins.get(report.outcome)
+        if twin_id is not None:
+            operation = f"merge:{recall_id}"
+            merged = self.merge(
+                twin_id, operation, report.experience, report.metadata, report.reported_at, new.max_metadata_chars
+            )
+            if merged is not None:
+                return merged
+        memory_id = experience_id(recall_id)
+        existing = self._store.get("memories", [memory_id]).get(memory_id)
+        if existing is not None:
+            return StoreResult(id=memory_id, merged=False, memory=memory_view(memory_id, existing))
+        vector = self._store.get_vector("recalls", recall_id)
+        if vector is None:  # the recall was deleted mid-report: its namespace is being forgotten
+            raise RecallGone(recall_id)
+        q = new.q_init_success if report.outcome == "success" else new.q_init_failure
+        memory = MemoryView(
+            id=memory_id,
+            namespace=recall.namespace,
+            task=recall.task,
+            experience=report.experience,
+            outcome=report.outcome,
+            q=q,
+            visits=0,
+            last_reward=None,
+            merges=0,
+            created_at=report.reported_at,
+            updated_at=report.reported_at,
+            metadata=dict(report.metadata),
+        )
+        stored = self.add(memory, vector)
+        if recall_id not in self._store.get("recalls", [recall_id]):  # forgotten between the read and the add
+            self._store.delete("memories", [memory_id])
+            raise RecallGone(recall_id)
+        return stored
+
+
+def experience_id(recall_id: str) -> str:
+    """The id of the memory a report of ``recall_id`` adds: derived, so that a redo finds it instead of adding
+    it twice."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-recall:{recall_id}"))

@@ -1,0 +1,78 @@
+"""What the two tables hold, typed: a memory's payload and a recall's record.
+
+A recall record is written by ``recall``, claimed by ``report`` and finished by the redo of
+:mod:`memrl_mcp.optimistic`; every one of its keys is declared here, once."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from memrl_mcp.models import MemoryView, Outcome
+
+RecallStatus = Literal["pending", "applying", "reported"]
+"""pending: issued, reportable; applying: claimed by a report, which may have been interrupted (the record is its
+redo log); reported: done, kept until it expires so that a second report is told so."""
+
+
+class ClaimedReport(BaseModel):
+    """What a report asked for, written into the recall by the claim: enough to redo the report after a crash."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    claim: str = Field(description="Unique per report attempt: of two racing reports, the one read back won.")
+    reward: float
+    reported_at: float
+    experience: str | None
+    outcome: Outcome | None
+    metadata: dict[str, Any]
+
+
+class RecallRecord(BaseModel):
+    """A recall as stored; the point's vector is the query embedding, reused to store the reported experience."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str
+    task: str
+    memory_ids: list[str] = Field(description="The memories the recall returned: the ones its report updates.")
+    twins: dict[Outcome, str] = Field(
+        description="Per outcome, the memory this task's experience merges into (Phase A already searched around "
+        "this very vector, so the report need not search again)."
+    )
+    status: RecallStatus
+    created_at: float
+    expires_at: float
+    report: ClaimedReport | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, payload: Any) -> Any:
+        """Stores written before the report had its own record kept the claim's fields beside the others."""
+        if isinstance(payload, dict) and "claim" in payload:
+            payload = dict(payload)
+            flat = {key: payload.pop(key, None) for key in ("claim", "reward", "reported_at", "experience", "outcome")}
+            payload["report"] = {**flat, "metadata": payload.pop("report_metadata", None) or {}}
+        return payload
+
+    def payload(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+def memory_payload(memory: MemoryView) -> dict[str, Any]:
+    """A memory as stored: its fields, plus the version and applied operations of optimistic writes."""
+    return {**memory.model_dump(exclude={"id"}), "version": 0, "applied": []}
+
+
+def memory_view(memory_id: str, payload: Mapping[str, Any]) -> MemoryView:
+    return MemoryView.model_validate({"merges": 0, "metadata": {}, **payload, "id": memory_id})
+
+
+def merged_metadata(old: Mapping[str, Any], new: Mapping[str, Any], max_chars: int) -> dict[str, Any]:
+    """A twin's metadata after a merge: its keys updated with the new ones, or the new metadata alone when the
+    union would exceed the size limit (repeated merges must not grow a memory without bound)."""
+    union = {**old, **new}
+    return union if len(json.dumps(union, ensure_ascii=False)) <= max_chars else dict(new)

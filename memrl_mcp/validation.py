@@ -1,0 +1,197 @@
+"""Every rule an input must pass, declared once as a type, and enforced at every entry point.
+
+The same types annotate the MCP tools' arguments (so the tool input schemas tell clients the bounds, and the
+SDK refuses a bad argument before the tool runs) and are checked by :class:`~memrl_mcp.memory.MemoryService`
+(so the Python API, ``memrl-mcp import`` and ``restore`` refuse exactly what the tools refuse). Checks are
+strict: ``"0.5"`` is not a number and ``true`` is not an integer. A refusal names the field and the limit.
+
+The metadata contract (a free JSON object kept with a memory) exists because the stores are less tolerant than
+JSON: qdrant-edge replays its write-ahead log through a parser with a recursion limit of 128, so one payload
+nested about 122 levels deep is accepted once and makes every later open of the store fail; a 400-digit
+integer has no Qdrant representation at all. Hence:
+
+- a JSON object (keys are strings), at most :data:`MAX_METADATA_DEPTH` containers deep;
+- keys of at most :data:`MAX_METADATA_KEY_CHARS` characters;
+- numbers finite, integers within +-2^53 (what every JSON reader, JavaScript's included, holds exactly);
+- strings of valid Unicode (no lone surrogate, which UTF-8 cannot encode);
+- at most ``max_metadata_chars`` characters as JSON (a setting).
+"""
+
+from __future__ import annotations
+
+import json
+import reprlib
+import unicodedata
+import uuid
+from collections.abc import Callable
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
+
+from memrl_mcp.errors import MemoryRequestError
+
+T = TypeVar("T")
+
+MAX_K = 100
+NAMESPACE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+MAX_METADATA_DEPTH = 8
+"""Containers (objects and lists) nested in metadata, the top object included. Metadata are labels (a
+benchmark, a task id, a few tags): two or three levels is what they use, and 8 leaves room for a small
+structured record while staying 15 times below the engines' recursion limit (128), which the memory's own
+payload levels (the memory, a recall's report) also count against."""
+MAX_METADATA_KEY_CHARS = 128
+MAX_SAFE_INTEGER = 2**53
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
+"""Unicode categories that show nothing: controls (NUL), formats (BOM, zero-width space and joiners),
+surrogates, private use, unassigned, separators (every kind of space)."""
+
+
+class Rule(Generic[T]):
+    """An input type with its check: ``type`` annotates a tool argument, :meth:`check` validates a value."""
+
+    def __init__(self, kind: Any) -> None:
+        self.type = kind
+        self._adapter: TypeAdapter[T] = TypeAdapter(kind, config=ConfigDict(strict=True))
+
+    def check(self, field: str, value: Any) -> T:
+        """The value, or :class:`MemoryRequestError` naming ``field`` (and the part of it that is wrong)."""
+        try:
+            return self._adapter.validate_python(value)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"])
+            message = first["msg"].removeprefix("Value error, ")
+            raise MemoryRequestError(f"{field}{where}: {message}, got {_shown(value)}") from None
+
+
+def _shown(value: Any) -> str:
+    """A short repr, bounded in depth and length (the value may be a hostile one)."""
+    return reprlib.repr(value)
+
+
+# -- text -----------------------------------------------------------------------------------------
+
+
+def visible(text: str) -> str:
+    """Text must hold at least one visible character, and be encodable as UTF-8."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (it holds a lone surrogate)") from None
+    if all(unicodedata.category(char) in INVISIBLE_CATEGORIES for char in text):
+        raise ValueError(
+            "must contain a visible character (spaces, controls such as NUL, BOM and zero-width "
+            "characters do not count)"
+        )
+    return text
+
+
+def text_rule(max_chars: int) -> Rule[str]:
+    return Rule(Annotated[str, Field(min_length=1, max_length=max_chars), AfterValidator(visible)])
+
+
+# -- metadata -------------------------------------------------------------------------------------
+
+
+def json_object_check(max_chars: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The metadata contract (module docstring) with a size limit of ``max_chars`` characters as JSON."""
+
+    def check(value: dict[str, Any]) -> dict[str, Any]:
+        _check_tree(value, max_chars)
+        size = len(json.dumps(value, ensure_ascii=False, allow_nan=False))
+        if size > max_chars:
+            raise ValueError(f"{size} characters as JSON exceeds the limit of {max_chars}")
+        return value
+
+    return check
+
+
+def _check_tree(root: dict[str, Any], max_nodes: int) -> None:
+    """Walk the value without recursion (a hostile depth cannot exhaust the stack), stopping at the first
+    violation; every JSON value takes at least one character, so more than ``max_nodes`` nodes is too big."""
+    stack: list[tuple[Any, int, str]] = [(root, 1, "")]
+    nodes = 0
+    while stack:
+        value, depth, path = stack.pop()
+        nodes += 1
+        if nodes > max_nodes:
+            raise ValueError(f"more values than the limit of {max_nodes} characters as JSON can hold")
+        where = f"at {path}: " if path else ""
+        if isinstance(value, dict):
+            if depth > MAX_METADATA_DEPTH:
+                raise ValueError(f"{where}nested deeper than {MAX_METADATA_DEPTH} levels")
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"{where}key {_shown(key)} is not a string")
+                if len(key) > MAX_METADATA_KEY_CHARS:
+                    raise ValueError(f"{where}a key of {len(key)} characters exceeds {MAX_METADATA_KEY_CHARS}")
+                _check_string(key, where)
+                stack.append((item, depth + 1, f"{path}.{key}" if len(key) <= 40 else f"{path}.{key[:40]}..."))
+        elif isinstance(value, list):
+            if depth > MAX_METADATA_DEPTH:
+                raise ValueError(f"{where}nested deeper than {MAX_METADATA_DEPTH} levels")
+            stack.extend((item, depth + 1, f"{path}[{i}]") for i, item in enumerate(value))
+        elif isinstance(value, bool) or value is None:
+            continue
+        elif isinstance(value, int):
+            if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+                raise ValueError(f"{where}integer of {len(str(abs(value)))} digits is outside +-2^53")
+        elif isinstance(value, float):
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(f"{where}{value} is not a finite number")
+        elif isinstance(value, str):
+            _check_string(value, where)
+        else:
+            raise ValueError(f"{where}{type(value).__name__} is not a JSON value")
+
+
+def _check_string(text: str, where: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"{where}a string holds a lone surrogate (not valid Unicode)") from None
+
+
+def metadata_rule(max_chars: int) -> Rule[dict[str, Any]]:
+    return Rule(Annotated[dict[str, Any], AfterValidator(json_object_check(max_chars))])
+
+
+# -- numbers and names ----------------------------------------------------------------------------
+
+
+def number_rule(low: float, high: float) -> Rule[float]:
+    return Rule(Annotated[float, Field(ge=low, le=high, allow_inf_nan=False)])
+
+
+def _uuid(text: str) -> str:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        raise ValueError("is not a UUID") from None
+    return text
+
+
+CandidateCount = Annotated[int, Field(ge=1, le=MAX_K)]
+QWeight = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Similarity = Annotated[float, Field(ge=-1.0, le=1.0, allow_inf_nan=False)]
+NamespaceName = Annotated[str, Field(pattern=NAMESPACE_PATTERN)]
+
+K = Rule[int](CandidateCount)
+Q_WEIGHT = Rule[float](QWeight)
+DELTA = Rule[float](Similarity)
+NAMESPACE = Rule[str](NamespaceName)
+POINT_ID = Rule[str](Annotated[str, Field(max_length=36), AfterValidator(_uuid)])
+COUNT = Rule[int](Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)])
+TIMESTAMP = Rule[float](Annotated[float, Field(ge=0.0, allow_inf_nan=False)])
+
+
+class Limits:
+    """The rules whose bounds are settings (text lengths, reward range, metadata size)."""
+
+    def __init__(
+        self, max_task_chars: int, max_experience_chars: int, max_metadata_chars: int, reward: tuple[float, float]
+    ) -> None:
+        self.task = text_rule(max_task_chars)
+        self.experience = text_rule(max_experience_chars)
+        self.metadata = metadata_rule(max_metadata_chars)
+        self.reward = number_rule(*reward)
