@@ -87,12 +87,6 @@ class Cgroups:
             return [int(p) for p in (self.dirs["pids"] / "cgroup.procs").read_text().split()]
         return []
 
-    def memory_failures(self) -> int:
-        """How often an allocation hit the memory limit."""
-        with contextlib.suppress(OSError, KeyError, ValueError):
-            return int((self.dirs["memory"] / "memory.failcnt").read_text())
-        return 0
-
     def kill(self, timeout: float = 10.0) -> None:
         """SIGKILL every process in the group, frozen first so that none can fork in between."""
         if "pids" not in self.dirs:

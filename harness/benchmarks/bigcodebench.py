@@ -13,65 +13,73 @@ follow, failures as mistakes to avoid) and answers with code; the code in its ``
 (the one defining the entry point, else the longest; the raw answer without a fence) is checked.
 The memory key (``Task.intent``) is the instruct prompt cut to ``intent_chars`` (300) characters.
 
-Checker (:func:`check`, in the style of BigCodeBench's ``untrusted_check``): solution + test code
-are written to ``__test__.py`` in a fresh temporary working directory, compiled (a syntax error is
-the outcome ``syntax_error``), executed as a module and its ``TestCases`` run with ``unittest``;
-any failure or error is ``fail``, all passing is ``pass``, running past ``timeout`` (60 s; a few
-tasks' tests take 10-60 s by design) is ``timeout``. Reward +1 on ``pass``, -1 otherwise.
-Isolation (no security sandbox, as with BigCodeBench's own evaluation):
+Checker (:func:`check`, in the style of BigCodeBench's ``untrusted_check``): solution + test code run as one
+module ``__test__`` (a syntax error is the outcome ``syntax_error``), then each test of its ``TestCases`` (with
+``setUp`` / ``tearDown`` / cleanups, and ``setUpClass`` / ``tearDownClass``); any failure or error is ``fail``,
+all passing is ``pass``, running past ``timeout`` (60 s; a few tasks' tests take 10-60 s by design) is
+``timeout``. Reward +1 on ``pass``, -1 otherwise.
 
-- its own session / process group (``start_new_session``), SIGKILLed as a whole afterwards,
-  whatever the outcome, so no child it spawned outlives the check;
-- a new PID namespace where the kernel allows it (root, or unprivileged user namespaces): the
-  tests run as PID 1 of it, so even a child that left the process group (``setsid``) dies with it;
-- a new network namespace with only its own loopback (brought up: tests serve on localhost),
-  so no internet and not even the host's 127.0.0.1. As root
-  ``unshare(CLONE_NEWNET)`` works; otherwise a user namespace is tried (``CLONE_NEWUSER``; the
-  tests then run as an unmapped uid). What was achieved is recorded in the trajectory
-  (``isolation: net+pid``); with ``network=require`` a check that cannot isolate the network
-  fails loudly instead of running with network access;
-- ``RLIMIT_AS`` of ``memory_mb`` (4096 MB) and no core files;
-- its own ``HOME``/``TMPDIR`` (the working directory), removed afterwards.
+Each check runs in its own bubblewrap jail (:mod:`harness.backends.jail`, the one LLB OS uses):
 
-The limits and namespaces are set by the child's own bootstrap (via ``ctypes``' ``unshare``),
-before any untrusted code runs, rather than in a ``preexec_fn``, which is unsafe in the runner's
-worker threads.
+- as uid 1000 of a user namespace with no capabilities (host uid 1,001,000), unable to make more user
+  namespaces, under the seccomp filter of :mod:`harness.backends.seccomp` (no ``setns``, ``unshare``, mount,
+  ptrace, keyring, BPF, io_uring, vsock...);
+- its own mount namespace: a read-only tmpfs root with ``/usr`` (and its ``/bin``, ``/lib`` links), the Python
+  environment that runs the checks (``python`` option: its prefix and base prefix) and a few ``/etc`` files
+  bound read-only, ``/home/sandbox`` (its working folder, ``HOME`` and ``TMPDIR``) and ``/tmp`` private tmpfs
+  folders; no other host
+  file is visible, none can be written;
+- its own PID namespace and ``/proc`` (no host process is visible: no ``/proc/*/environ`` to read, no
+  ``/proc/N/ns`` to enter), network namespace (only its own loopback, up: tests serve on localhost), IPC and
+  UTS namespaces; an environment of ``PATH`` (the interpreter's folder first), ``HOME``, ``TMPDIR``, ``LANG``,
+  ``OMP_NUM_THREADS``, ``PYTHONDONTWRITEBYTECODE`` only;
+- one memory limit (``memory_mb``, 4096 MB) for all its processes together (a cgroup), and the same as
+  ``RLIMIT_AS`` per process (an allocation fails with ``MemoryError`` rather than waking the OOM killer);
+  ``pids`` (512) processes; no real-time scheduling; everything killed at the end (the cgroup);
+- the verdict is made here, outside the jail, from the report a runner writes on an inherited pipe (no file,
+  no path in any command line): one line per test as it ends, then an end mark. Its runner calls each test
+  itself, not through ``unittest.TestResult`` / ``TextTestRunner`` (patching those changes nothing), exiting
+  early (``sys.exit``, ``os._exit``, a crash, the OOM killer) leaves the report incomplete, which is ``fail``,
+  and every ``test*`` method of ``TestCases`` that the test source defines (read here with ``ast``) must be
+  reported passed.
 
-Measured here (canonical solution = ``code_prompt`` + ``canonical_solution``, 2 workers, timeout
-240 s, all 327 ids of ``stdlib_only_ids.json``, about 3 minutes): 293/327 with this project's venv,
-where 26 fail only because their *tests* import faker / pytz / pandas / requests_mock / pyfakefs;
-319/327 (320 with the tempdir name fixed for task 1127) with ``python=`` a venv holding those five.
-The rest need DNS / the network (176, 314, 1005), a non-root user (812, 832), another pandas (201,
-609), or a clean host: 350 creates ``/non/existent/...`` on the host, so it passes only once. With
-the default 60 s, 1040 and 1104 time out (their tests take 60-85 s). Stub bodies (``code_prompt``
-+ ``pass``) pass 0/327 (1/327 with the extra packages: 272, whose tests mock everything).
-Beware: there is no filesystem isolation (the code runs as the harness's user, root here, with
-the working directory as cwd / HOME / TMPDIR only by convention).
+What a candidate can still do, since BigCodeBench runs it in the same interpreter as the tests it must pass:
+patch what the tests call (``unittest.TestCase.assert*``, builtins, the modules they import), return objects
+whose ``__eq__`` always holds, or reach the runner's pipe (it is a file descriptor of its own process) and write
+a complete forged report. These need code written to cheat, not to solve; they stay inside the jail.
+
+Measured here (canonical solution = ``code_prompt`` + ``canonical_solution``, all 327 ids of
+``stdlib_only_ids.json``, 2 workers, timeout 240 s, this project's venv with the ``bigcodebench`` extra):
+see ``tests/harness/test_bigcodebench.py`` for the figures. Stub bodies (``code_prompt`` + ``pass``) pass none.
 
 Options (``--option KEY=VALUE``): ``data``, ``split``, ``ids`` (comma-separated task ids),
-``limit`` (the first N tasks), ``timeout``,
-``memory_mb``, ``network`` (``isolate`` best effort, ``require``), ``intent_chars``,
-``max_tokens`` (2048), ``python``.
+``limit`` (the first N tasks), ``timeout``, ``memory_mb``, ``pids``, ``intent_chars``, ``max_tokens`` (2048),
+``python`` (the interpreter that runs the checks; default this one).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import json
 import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.backends.cgroups import Cgroups, Limits
+from harness.backends.jail import Staging, launch
+from harness.backends.seccomp import bpf_program
 from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
 from harness.llm import LLM
 
@@ -80,71 +88,67 @@ STDLIB_IDS = "bigcodebench/stdlib_only_ids.json"
 SPLITS_DIR = "bigcodebench/splits"
 
 OUTCOMES = ("pass", "fail", "timeout", "syntax_error")
+WORKDIR = "/home/sandbox"  # the check's private working folder, HOME and TMPDIR (a tmpfs)
+# Host files a unit test may read (name lookups, time zones, certificates, MIME types, services).
+ETC_FILES = ("passwd", "group", "hosts", "nsswitch.conf", "localtime", "timezone", "ld.so.cache", "mime.types")
+ETC_FILES += ("protocols", "services", "ssl", "ca-certificates")
 
-# The child's bootstrap: limits and namespaces first, then the untrusted module and its tests.
-# argv: result path, program path, memory limit in MB, network policy ("isolate" / "require").
-_BOOTSTRAP = r"""
-import ctypes, json, os, resource, sys
-result_path, program_path, memory_mb, policy = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
+# The runner, run in the jail by the checks' Python: reads "code NUL test" on stdin, reports on the pipe whose
+# descriptor is its first argument.
+# Everything it needs is bound before the candidate's code runs.
+_RUNNER = r"""
+import json, os, resource, sys, traceback, types, unittest
+REPORT, MEMORY = int(sys.argv[1]), int(sys.argv[2])
+write, dumps, format_exc, getattr_, BaseException_ = os.write, json.dumps, traceback.format_exc, getattr, BaseException
 
-def write(payload):
-    with open(result_path, "w") as out:
-        json.dump(payload, out)
+def emit(**payload):
+    write(REPORT, (dumps(payload) + "\n").encode())
 
-libc = ctypes.CDLL(None, use_errno=True)
-isolation = []
-if libc.unshare(CLONE_NEWNET | CLONE_NEWPID) == 0:
-    isolation = ["net", "pid"]
-elif libc.unshare(CLONE_NEWNET) == 0:
-    isolation = ["net"]
-elif libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) == 0:
-    isolation = ["user", "net", "pid"]
-if "net" in isolation:  # bring the namespace's own loopback up (tests serve on localhost)
-    import fcntl, socket, struct
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            flags = struct.unpack("16sH", fcntl.ioctl(probe, 0x8913, struct.pack("16sH", b"lo", 0)))[1]
-            fcntl.ioctl(probe, 0x8914, struct.pack("16sH", b"lo", flags | 0x1))
-    except OSError:
-        pass
-if "net" not in isolation and policy == "require":
-    write({"status": "error", "isolation": "none", "details": {"isolation": "cannot unshare the network"}})
-    sys.exit(3)
-if "pid" in isolation:  # the next child is PID 1 of the new namespace: when it dies, all in it die
-    pid = os.fork()
-    if pid:
-        _, status = os.waitpid(pid, 0)
-        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-isolation = "+".join(isolation) or "none"
-
-import builtins, types, unittest
-sys.argv = [program_path]  # the code under test need not see where the verdict is written
-with open(program_path) as source:
-    code = source.read()
+code, _, test = sys.stdin.read().partition("\0")
+sys.stdin.close()
+resource.setrlimit(resource.RLIMIT_AS, (MEMORY << 20, MEMORY << 20))
 try:
-    compiled = compile(code, program_path, "exec")
+    compiled = compile(code + "\n\n" + test, "__test__.py", "exec")
 except (SyntaxError, ValueError) as exc:
-    write({"status": "syntax_error", "isolation": isolation, "details": {"compile": repr(exc)}})
-    sys.exit(0)
+    emit(syntax_error=repr(exc))
+    os._exit(0)
 module = types.ModuleType("__test__")
-module.__dict__.update({"__builtins__": builtins, "__file__": program_path, "__package__": None, "__doc__": None})
+module.__dict__.update({"__file__": os.path.abspath("__test__.py"), "__builtins__": __builtins__})
 sys.modules["__test__"] = module
-details = {}
+sys.argv = ["__test__.py"]
 try:
     exec(compiled, module.__dict__)
-    suite = unittest.TestLoader().loadTestsFromTestCase(module.TestCases)
-    result = unittest.TestResult()
-    suite.run(result)
-    for test, trace in result.failures + result.errors:
-        details[test.id().split(".")[-1]] = trace[-2000:]
-    if result.testsRun == 0:
-        details["tests"] = "no test ran"
-except BaseException as exc:
-    details["module"] = repr(exc)[-2000:]
-write({"status": "fail" if details else "pass", "isolation": isolation, "details": details})
+    cases = module.TestCases
+    names = unittest.TestLoader().getTestCaseNames(cases)
+except BaseException_:
+    emit(module_error=format_exc()[-2000:])
+    os._exit(0)
+try:
+    cases.setUpClass()
+    ready = None
+except BaseException_:
+    ready = format_exc()[-2000:]
+for name in names:
+    error = ready
+    if error is None:
+        try:
+            case = cases(name)
+            try:
+                case.setUp()
+                try:
+                    getattr_(case, name)()
+                finally:
+                    case.tearDown()
+            finally:
+                case.doCleanups()
+        except BaseException_:
+            error = format_exc()[-2000:]
+    emit(test=name, error=error)
+try:
+    cases.tearDownClass()
+except BaseException_:
+    emit(test="tearDownClass", error=format_exc()[-2000:])
+emit(done=len(names))
 sys.stdout.flush()
 os._exit(0)
 """
@@ -156,12 +160,33 @@ class CheckResult:
 
     status: str
     details: Mapping[str, str] = field(default_factory=dict)
-    isolation: str = "none"
     seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
         return self.status == "pass"
+
+
+@functools.cache
+def python_folders(python: str) -> tuple[str, ...]:
+    """The folders an interpreter's environment lives in (prefix, base prefix, resolved), outside ``/usr``."""
+    probe = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]))"
+    found = json.loads(subprocess.run([python, "-I", "-c", probe], capture_output=True, check=True, text=True).stdout)
+    folders = {str(Path(p).resolve()) for p in found} | set(found)
+    return tuple(sorted(f for f in folders if f != "/usr" and not f.startswith("/usr/")))
+
+
+def test_names(test: str) -> set[str]:
+    """The ``test*`` methods the source defines on ``TestCases`` (which its report must all pass)."""
+    with contextlib.suppress(SyntaxError, ValueError):
+        for node in ast.walk(ast.parse(test)):
+            if isinstance(node, ast.ClassDef) and node.name == "TestCases":
+                return {
+                    item.name
+                    for item in node.body
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name.startswith("test")
+                }
+    return set()
 
 
 def check(
@@ -170,71 +195,119 @@ def check(
     *,
     timeout: float = 60.0,
     memory_mb: int = 4096,
-    network: str = "isolate",
+    pids: int = 512,
     python: str | None = None,
 ) -> CheckResult:
-    """Run ``test`` (a ``TestCases`` unittest class) against ``code`` in an isolated child process."""
+    """Run ``test`` (a ``TestCases`` unittest class) against ``code`` in a fresh jail (see the module doc)."""
     started = time.perf_counter()
-    workdir = Path(tempfile.mkdtemp(prefix="bcbcheck"))
-    private = Path(tempfile.mkdtemp(prefix="bcbresult"))  # outside the working directory
-    result_path, output_path = private / "result.json", private / "output.txt"
-    program = workdir / "__test__.py"
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(workdir),
-        "TMPDIR": str(workdir),
-        "LANG": "C.UTF-8",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    argv = [python or sys.executable, "-c", _BOOTSTRAP, str(result_path), str(program), str(memory_mb), network]
-    try:
-        program.write_text(code + "\n\n" + test)
-        # Output goes to a file, not a pipe: a leftover child holding a pipe open would stall the read.
-        with output_path.open("wb") as output:
-            process = subprocess.Popen(
-                argv,
-                cwd=workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
+    interpreter = python or sys.executable
+    folders = python_folders(interpreter)
+    limits = Limits(memory_mb=memory_mb, pids=pids, disk_mb=memory_mb)
+    staging = Staging(Path(tempfile.mkdtemp(prefix="memrl-bcb-")))
+    staging.folder.chmod(0o711)
+    args = ["--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "sbin", "lib", "lib64"):
+        if Path("/" + link).is_symlink():
+            args += ["--symlink", os.readlink("/" + link), "/" + link]
+        elif Path("/" + link).is_dir():
+            args += ["--ro-bind", "/" + link, "/" + link]
+    etc = [name for name in ETC_FILES if Path("/etc", name).exists()]
+    for name in etc:
+        args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    for index, folder in enumerate(folders):
+        args += ["--ro-bind", staging.bound(index), folder]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.disk_mb << 20), "--tmpfs", WORKDIR]
+    args += ["--size", str(limits.disk_mb << 20), "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", WORKDIR]
+    args += ["--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns"]
+    args += ["--hostname", "bigcodebench", "--die-with-parent", "--new-session", "--clearenv"]
+    path = f"{Path(interpreter).parent}:/usr/local/bin:/usr/bin:/bin"  # `python` is the checks' interpreter
+    env = {"PATH": path, "HOME": WORKDIR, "TMPDIR": WORKDIR, "LANG": "C.UTF-8"}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    cgroups = Cgroups(limits, prefix="memrl-bcb")
+    report_read, report_write = os.pipe()
+    with tempfile.TemporaryFile() as rules, tempfile.TemporaryFile() as output:
+        rules.write(bpf_program())
+        rules.seek(0)
+        args += ["--seccomp", str(rules.fileno())]
+        args += [interpreter, "-c", _RUNNER, str(report_write), str(memory_mb)]
+        try:
+            process = launch(
+                args,
+                cgroups,
+                limits,
+                staging=staging,
+                binds=folders,
+                pass_fds=(rules.fileno(), report_write),
+                stdin=subprocess.PIPE,
                 stdout=output,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
             )
+        except BaseException:
+            os.close(report_read)
+            os.close(report_write)
+            cgroups.destroy()
+            shutil.rmtree(staging.folder, ignore_errors=True)
+            raise
+        os.close(report_write)
+        lines: list[bytes] = []
+        reader = threading.Thread(target=_drain, args=(report_read, lines), daemon=True)
+        reader.start()
+        try:
+            assert process.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                process.stdin.write((code + "\0" + test).encode())
+                process.stdin.close()
             try:
                 process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                _kill_group(process.pid)
-                process.wait()
-                return CheckResult(
-                    "timeout", {"timeout": f"still running after {timeout:g} s"}, seconds=_since(started)
-                )
-            finally:
-                _kill_group(process.pid)  # whatever it left behind in its group
+                return CheckResult("timeout", {"timeout": f"still running after {timeout:g} s"}, _since(started))
+        finally:
+            cgroups.destroy()  # whatever it left behind
+            process.wait()
+            reader.join(timeout=5)
+            shutil.rmtree(staging.folder, ignore_errors=True)
+        output.seek(max(0, output.seek(0, os.SEEK_END) - 2000))
+        tail = output.read().decode(errors="replace")
+    return _verdict(lines, test, process.returncode, tail, _since(started))
+
+
+def _drain(fd: int, lines: list[bytes]) -> None:
+    with open(fd, "rb") as report:
+        lines.extend(report)
+
+
+def _verdict(lines: list[bytes], test: str, exit_code: int, tail: str, seconds: float) -> CheckResult:
+    """The outcome from the runner's report: complete, every test passed, every defined test reported."""
+    entries = []
+    for line in lines:
         try:
-            payload = json.loads(result_path.read_text())
-        except (OSError, ValueError):
-            with output_path.open("rb") as out:
-                out.seek(max(0, output_path.stat().st_size - 2000))
-                tail = out.read().decode(errors="replace")
-            return CheckResult(
-                "fail",
-                {"process": f"exit status {process.returncode}, no result; output: {tail}"},
-                "?",
-                _since(started),
-            )
-        status = payload.get("status")
-        if status == "error":
-            raise RuntimeError(f"BigCodeBench check refused to run: {payload.get('details')}")
-        return CheckResult(status, payload.get("details") or {}, payload.get("isolation", "?"), _since(started))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(private, ignore_errors=True)
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+            entries.append(json.loads(line))
+        except ValueError:
+            return CheckResult("fail", {"report": f"unreadable report line {line[:200]!r}"}, seconds)
+    if entries and "syntax_error" in entries[0]:
+        return CheckResult("syntax_error", {"compile": str(entries[0]["syntax_error"])}, seconds)
+    details: dict[str, str] = {}
+    reported: list[str] = []
+    for entry in entries:
+        if "module_error" in entry:
+            details["module"] = str(entry["module_error"])
+        elif "test" in entry:
+            reported.append(str(entry["test"]))
+            if entry.get("error") is not None:
+                details[str(entry["test"])] = str(entry["error"])
+    done = [e["done"] for e in entries if "done" in e]
+    if done != [len([r for r in reported if r != "tearDownClass"])] and not details:
+        details["process"] = f"the tests did not run to the end (exit status {exit_code}); output: {tail}"
+    if len(set(reported)) != len(reported):
+        details["report"] = "a test was reported twice"
+    missing = test_names(test) - set(reported)
+    if missing:
+        details.setdefault("tests", f"not run: {', '.join(sorted(missing))}")
+    if not reported and not details:
+        details["tests"] = "no test ran"
+    return CheckResult("fail" if details else "pass", details, seconds)
 
 
 def _since(started: float) -> float:
@@ -279,7 +352,7 @@ class BigCodeBenchmark:
         ids: str | Sequence[str] | None = None,
         timeout: float | str = 60.0,
         memory_mb: int | str = 4096,
-        network: str = "isolate",
+        pids: int | str = 512,
         intent_chars: int | str = 300,
         max_tokens: int | str = 2048,
         python: str | None = None,
@@ -290,11 +363,9 @@ class BigCodeBenchmark:
             raise ValueError(
                 f"BigCodeBench data not found at {data_file} (set {ENV_SHARED_DATA} or --option data=PATH)"
             )
-        if network not in ("isolate", "require"):
-            raise ValueError(f"network: must be 'isolate' or 'require', got {network!r}")
         self.timeout = float(timeout)
         self.memory_mb = int(memory_mb)
-        self.network = network
+        self.pids = int(pids)
         self.intent_chars = int(intent_chars)
         self.max_tokens = int(max_tokens)
         self.python = python
@@ -346,7 +417,7 @@ class BigCodeBenchmark:
             task.data["test"],
             timeout=self.timeout,
             memory_mb=self.memory_mb,
-            network=self.network,
+            pids=self.pids,
             python=self.python,
         )
 
@@ -369,8 +440,7 @@ class BigCodeBenchmark:
         problems = "\n".join(f"{name}: {trace.strip()[-600:]}" for name, trace in list(result.details.items())[:3])
         trajectory = (
             f"Task: {task.intent}\n\nCode written:\n```python\n{code[:4000]}```\n\n"
-            f"Unit tests: {result.status} ({result.seconds:.1f} s, isolation: {result.isolation})"
-            + (f"\n{problems}" if problems else "")
+            f"Unit tests: {result.status} ({result.seconds:.1f} s)" + (f"\n{problems}" if problems else "")
         )
         return Episode(
             success=result.passed,

@@ -1,11 +1,14 @@
-"""BigCodeBench: the checker (oracle, stubs, isolation, limits) and a run through the Runner."""
+"""BigCodeBench: the checker (oracle, stubs, isolation, limits) and a run through the Runner.
+
+The checks run in the bubblewrap jail (root, bubblewrap and cgroup v1 needed: they fail without them). The
+attacks of issue 12 are in test_attacks_bigcodebench.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import socket
+import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -68,7 +71,6 @@ def test_canonical_solutions_pass_and_stubs_do_not(bench: BigCodeBenchmark) -> N
     ]
     # 272's tests mock everything: a stub passes them where requests_mock is installed.
     assert not any(r.passed for i, kind, r in results if kind == "stub" and i != "BigCodeBench/272")
-    assert all(r.isolation.startswith("net") for _, _, r in results if r.status != "timeout")
 
 
 def test_outcomes_syntax_error_fail_and_pass() -> None:
@@ -95,7 +97,6 @@ def test_the_solution_cannot_reach_the_network() -> None:
         )
         result = check(code, test, timeout=20)
         assert result.status == "pass", result.details
-        assert result.isolation.startswith("net")
         # The same code outside the checker does reach it: the listener is real.
         namespace: dict = {}
         exec(code, namespace)
@@ -135,11 +136,13 @@ def test_memory_limit() -> None:
 
 
 def test_the_working_directory_is_private_and_removed() -> None:
-    code = "import os\ndef task_func():\n    open('left.txt', 'w').write('x')\n    return os.getcwd()\n"
-    test = PASSING_TEST.replace("task_func()", "print(task_func(), file=__import__('sys').stderr)")
+    marker = f"left-{uuid.uuid4().hex}.txt"
+    code = f"import os\ndef task_func():\n    open('{marker}', 'w').write('x')\n    return os.getcwd()\n"
+    test = PASSING_TEST + "        self.assertEqual(task_func(), '/home/sandbox')\n"
+    before = set(Path(tempfile.gettempdir()).glob("memrl-bcb-*"))
     assert check(code, test).status == "pass"
-    leftovers = [p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("bcbcheck*") if (p / "left.txt").exists()]
-    assert leftovers == []
+    assert set(Path(tempfile.gettempdir()).glob("memrl-bcb-*")) == before  # its staging folder is removed
+    assert not list(Path("/").glob(f"*/{marker}")) and not list(Path(tempfile.gettempdir()).glob(f"**/{marker}"))
 
 
 def test_extract_code() -> None:
