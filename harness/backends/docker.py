@@ -80,17 +80,19 @@ ENV = {
 HOLDER = f"trap '' TERM INT HUP QUIT; while :; do {BUSYBOX} sleep 86400 & wait $!; done"
 
 # One command, run by the trusted bash: ``$1 -c $4`` in a session of its own, whose process group a watchdog kills
-# after ``$2`` seconds (saying so on stderr); the first ``$3`` bytes of its output are printed.
+# after ``$2`` seconds (saying so on stderr); the first ``$3`` bytes of its output are printed. The watchdog is killed
+# by pid as well as by group: a command may end before the watchdog has made its own group.
 TIMED_OUT = "llb-timed-out"
 EXEC = f"""
 shell=$1 limit=$2 keep=$3 script=$4 out={OUTPUT_DIR}/$$
 {BUSYBOX} setsid "$shell" -c "$script" </dev/null >"$out" 2>&1 &
 job=$!
-{BUSYBOX} setsid {BASH} -c '{BUSYBOX} sleep "$1" && echo {TIMED_OUT} >&2 && kill -KILL -- -"$2"' watchdog "$limit" "$job" &
+alarm='{BUSYBOX} sleep "$1" && echo {TIMED_OUT} >&2 && kill -KILL -- -"$2"'
+{BUSYBOX} setsid {BASH} -c "$alarm" watchdog "$limit" "$job" &
 watchdog=$!
 wait "$job"
 code=$?
-{{ kill -KILL -- -"$watchdog"; wait "$watchdog"; }} 2>/dev/null
+{{ kill -KILL -- "$watchdog" -"$watchdog"; wait "$watchdog"; }} 2>/dev/null
 {BUSYBOX} head -c "$keep" "$out"
 {BUSYBOX} rm -f "$out"
 exit "$code"
