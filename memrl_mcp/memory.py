@@ -46,7 +46,7 @@ from memrl_mcp.validation import COUNT, DELTA, NAMESPACE, POINT_ID, Q_WEIGHT, TI
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
-EVICT_DOWN_TO = 0.9  # of max_pending_recalls, once a namespace exceeds it: one scan per tenth of the bound
+EVICT_DOWN_TO = 0.9  # of max_pending_recalls: what an eviction leaves, so the next count is a tenth of it away
 
 
 class MemoryService:
@@ -75,6 +75,7 @@ class MemoryService:
         self._active_calls = 0
         self._closed = False
         self._housekept_at = -float("inf")
+        self._pending_budget: dict[str, int] = {}  # per namespace, recalls to go before counting its pending ones
         profile = embedder.similarity
         self.delta = profile.delta if settings.delta is None else settings.delta
         self.merge_threshold = profile.merge if settings.merge_threshold is None else settings.merge_threshold
@@ -232,17 +233,28 @@ class MemoryService:
 
     def _bound_pending(self, namespace: str) -> None:
         """Keep at most ``max_pending_recalls`` pending recalls in the namespace: over the bound, drop the oldest
-        down to :data:`EVICT_DOWN_TO` of it (reporting one of them is then refused as expired)."""
-        bound = self.settings.max_pending_recalls
-        pending = {"namespace": namespace, "status": "pending"}
-        if self._store.count("recalls", pending) <= bound:
+        down to :data:`EVICT_DOWN_TO` of it (reporting one of them is then refused as expired).
+
+        Counting is a scan in qdrant-client's local mode (160 ms at 1000 recalls, against 0.2 ms on qdrant-edge),
+        so a process counts a namespace's pending recalls only once its recalls since the last count could have
+        reached the bound (reports only lower the count). Replicas on one Qdrant server may each add that many
+        between counts."""
+        budget = self._pending_budget.get(namespace, 0)
+        if budget > 0:
+            self._pending_budget[namespace] = budget - 1
             return
-        ages = sorted(
-            (float(payload["created_at"]), recall_id)
-            for recall_id, payload in self._store.scroll("recalls", pending, ("created_at",))
-        )
-        keep = int(bound * EVICT_DOWN_TO)
-        self._store.delete("recalls", [recall_id for _, recall_id in ages[: max(len(ages) - keep, 0)]])
+        bound = self.settings.max_pending_recalls
+        where = {"namespace": namespace, "status": "pending"}
+        pending = self._store.count("recalls", where)
+        if pending > bound:
+            ages = sorted(
+                (float(payload["created_at"]), recall_id)
+                for recall_id, payload in self._store.scroll("recalls", where, ("created_at",))
+            )
+            keep = int(bound * EVICT_DOWN_TO)
+            self._store.delete("recalls", [recall_id for _, recall_id in ages[: max(len(ages) - keep, 0)]])
+            pending = min(pending, keep)
+        self._pending_budget[namespace] = bound - pending
 
     # -- report ---------------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@
   earlier memory, on both embedded engines;
 - recalls that are never reported cannot pile up: a namespace keeps at most ``max_pending_recalls``;
 - the embedding cache cannot tell one tenant what another asked (counted in cache hits, not timed);
+- what no SDK client would send (1000-deep JSON, NaN, a 400-digit integer) over raw streamable HTTP changes
+  nothing and kills nothing;
 - a SIGKILL at any point of ``forget_experience(namespace=...)`` never lets the namespace come back, and forgets
   racing reports give clear refusals.
 """
@@ -19,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from mcp import Client
 
@@ -30,7 +33,7 @@ from memrl_mcp.models import MemoryView
 from memrl_mcp.server import create_server
 from memrl_mcp.validation import MAX_METADATA_DEPTH
 from tests.conftest import call, make_service, refused
-from tests.test_transports import child_env, run_cli
+from tests.test_transports import child_env, http_server, run_cli
 
 MUG = "put a clean mug in the coffee machine"
 TASKS = (
@@ -332,3 +335,71 @@ def test_forget_racing_reports_refuses_clearly_and_leaves_nothing(
         assert service.stats("ns", access=EVERYTHING).recalls_pending == 0
     finally:
         service.close()
+
+
+# -- a raw client over streamable HTTP: what no SDK client would send -------------------------------
+
+RAW_ARGUMENTS = {  # JSON text of the metadata argument, as a fuzzing client writes it
+    "depth 150": '{"a":' * 149 + "1" + "}" * 149,
+    "depth 1000": '{"a":' * 999 + "1" + "}" * 999,  # beyond the SDK's JSON parser: a parse error
+    "lists 5000 deep": '{"a":' + "[" * 5000 + "]" * 5000 + "}",
+    "a 400-digit integer": '{"n":' + "9" * 400 + "}",
+    "NaN (not JSON)": '{"x":NaN}',
+    "Infinity (not JSON)": '{"x":Infinity}',
+    "a lone surrogate": '{"x":"\\ud800"}',  # refused by the SDK's JSON parser
+}
+
+
+def test_raw_http_payloads_change_nothing_and_the_server_restarts(
+    embedder: Embedder, tmp_path: Path, engine: str
+) -> None:
+    data = tmp_path / "data"
+    service = make_service(embedder, data, engine)
+    try:
+        for task in TASKS:
+            service.store_experience(task, "kept", access=EVERYTHING)
+        before = snapshot(service)
+    finally:
+        service.close()
+
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    with http_server(data, tmp_path, MEMRL_EMBEDDED_ENGINE=engine) as server, httpx.Client(timeout=30) as http:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "fuzz", "version": "0"}}
+        opened = http.post(
+            server.url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
+        )
+        assert opened.status_code == 200, opened.text
+        session = headers | {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+        http.post(server.url, headers=session, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for number, (name, metadata) in enumerate(RAW_ARGUMENTS.items(), start=1):
+            for tool, arguments in (
+                ("store_experience", f'{{"task":"evil {name}","experience":"x","metadata":{metadata}}}'),
+                ("recall_experience", f'{{"task":"evil","k1":{metadata}}}'),
+            ):
+                body = f'{{"jsonrpc":"2.0","id":{number},"method":"tools/call","params":{{"name":"{tool}",'
+                body += f'"arguments":{arguments}}}}}'
+                response = http.post(server.url, headers=session, content=body.encode())
+                assert response.status_code in (200, 400), (name, response.status_code, response.text)
+                answer = response.json()
+                refused_ = "error" in answer or answer.get("result", {}).get("isError") is True
+                assert refused_, (name, tool, answer)
+                if tool == "store_experience" and name in ("depth 150", "a 400-digit integer"):
+                    assert "metadata" in json.dumps(answer), answer  # refused by the contract, not a crash
+                assert server.proc.poll() is None, f"the server died on {name}"
+        stats = http.post(
+            server.url,
+            headers=session,
+            json={
+                "jsonrpc": "2.0",
+                "id": 99,
+                "method": "tools/call",
+                "params": {"name": "memory_stats", "arguments": {}},
+            },
+        )
+        assert stats.json()["result"]["structuredContent"]["memories"] == len(TASKS)
+
+    reopened = make_service(embedder, data, engine)  # the server stopped; the store opens with every memory
+    try:
+        assert snapshot(reopened) == before
+    finally:
+        reopened.close()
