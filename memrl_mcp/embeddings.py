@@ -233,8 +233,9 @@ class CachedEmbedder:
 
     Entries are keyed by ``scope`` too (the memory passes the namespace, its unit of tenancy): a hit skips a
     model run, so a cache shared across tenants let one tenant learn by timing which task texts another sent
-    recently (40 of 40 trials over HTTP, 7.5 ms median gap; issue 11). Within a scope a text is embedded once; across scopes never shared. ``hits`` and
-    ``misses`` count texts, per scope (a metric, and what the tests assert instead of timing)."""
+    recently (40 of 40 trials over HTTP, 7.5 ms median gap; issue 11). Within a scope a text is embedded once;
+    across scopes never shared. ``hits`` and ``misses`` count texts, per scope (a metric, and what the tests
+    assert instead of timing)."""
 
     def __init__(self, embedder: Embedder, size: int) -> None:
         self.inner = embedder
