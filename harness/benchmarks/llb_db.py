@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.backends.docker import DB_IMAGE, MariaDBContainer
 from harness.backends.mariadb import LocalMariaDB
 from harness.backends.sql import EpisodeDatabase, ResultSet, Row, SQLResult, SQLServer
 from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
@@ -228,9 +229,7 @@ def sql_server(backend: str, image: str | None) -> SQLServer:
             raise ValueError("image: only with backend=docker")
         return LocalMariaDB()
     if backend == "docker":
-        raise ValueError(
-            "backend=docker: the Docker SQL backend (harness.backends.docker.MariaDBContainer) is not available yet"
-        )
+        return MariaDBContainer(image=image or DB_IMAGE)
     raise ValueError(f"backend: mariadb or docker, not {backend!r}")
 
 
