@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from harness.backends.bwrap import BwrapSandbox
 from harness.benchmarks.llb_os import LLBOSBenchmark
 from harness.llm import LLM
 from harness.results import EpisodeRecord, RunConfig, RunDir
@@ -236,3 +238,34 @@ async def test_kernel_surfaces_a_shell_never_needs_are_refused(
         assert results[name] == "-1 1", (name, results[name])  # EPERM
     assert results["vsock"] == "97"  # EAFNOSUPPORT
     assert "rc=1" in played.outputs[1] and "survived" in played.outputs[1]
+
+
+WATCHER = """import os, sys, time
+seen = set(os.listdir("/proc"))
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and pid not in seen and pid != str(os.getpid()):
+            seen.add(pid)
+            try:
+                open(f"/proc/{pid}/mem", "r+b").close()
+                print(pid, "open", flush=True)
+            except OSError as exc:
+                print(pid, exc.errno, flush=True)
+    time.sleep(0.005)
+"""
+
+
+def test_a_process_left_running_cannot_write_into_the_checker() -> None:
+    """The checker keeps CAP_SYS_PTRACE, which the agent lacks: the agent's processes cannot open its memory
+    (through the sandbox directly: what the watcher saw is read after the check)."""
+    with BwrapSandbox() as box:
+        started = box.run(f"cat > /tmp/w.py <<'EOF'\n{WATCHER}EOF\nnohup python3 /tmp/w.py 6 > /tmp/w.log 2>&1 &")
+        assert started.exit_code == 0
+        time.sleep(1)
+        assert box.check("sleep 2; echo checked").output == "checked\n"
+        time.sleep(0.5)
+        seen = [line.split() for line in box.run("cat /tmp/w.log").output.splitlines()]
+    checker = seen[:-1]  # the last new process is the agent's own `cat`
+    assert checker and all(entry[1] == "13" for entry in checker), seen  # EACCES
+    assert seen[-1][1] == "open"  # the same watcher does open the agent's own processes
