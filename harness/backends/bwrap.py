@@ -149,12 +149,15 @@ def discard(fd):
         lingering.remove(fd)
 
 def answer(payload):
-    os.write(1, (json.dumps(payload) + "\n").encode())
+    data = (json.dumps(payload) + "\n").encode()
+    while data:
+        data = data[os.write(1, data):]
 
 def run(request):
     check = bool(request.get("check"))
     read_fd, write_fd = os.pipe()
     env = dict(base_env, PATH=CHECK_PATH if check else PATH)
+    reaped.clear()  # orphans' statuses; a stale one could carry the pid the new command gets
     try:
         process = subprocess.Popen(["/usr/bin/bash" if check else "/bin/bash", "-c", request["script"]],
                                    stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, cwd="/", env=env,
