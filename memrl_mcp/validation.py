@@ -37,7 +37,7 @@ NAMESPACE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 MAX_METADATA_DEPTH = 8
 """Containers (objects and lists) nested in metadata, the top object included. Metadata are labels (a
 benchmark, a task id, a few tags): two or three levels is what they use, and 8 leaves room for a small
-structured record while staying 15 times below the engines' recursion limit (128), which the memory's own
+structured record while staying 16 times below the engines' recursion limit (128), which the memory's own
 payload levels (the memory, a recall's report) also count against."""
 MAX_METADATA_KEY_CHARS = 128
 MAX_SAFE_INTEGER = 2**53
