@@ -5,9 +5,10 @@ The memory service needs only the few primitives of :class:`Store`. Two engines 
 - :class:`EdgeStore`: qdrant-edge, Qdrant's Rust engine in process (the embedded default);
 - :class:`QdrantClientStore`: qdrant-client, against a Qdrant server or its own local mode.
 
-Both keep the utility ``q`` and the bookkeeping in the payload; ``namespace``, ``outcome`` and
-``status`` are indexed because searches and counts filter on them. A recall is stored as a point whose vector is the
-query embedding, so reporting it can store the new experience without embedding the task again.
+Both keep the utility ``q`` and the bookkeeping in the payload; the fields that searches, counts and purges filter
+on are indexed (:data:`INDEXES`), each table only its own: every index costs RAM, and on tmpfs several MB of disk.
+A recall is stored as a point whose vector is the query embedding, so reporting it can store the new experience
+without embedding the task again.
 
 Every open creates the payload indexes a table lacks: a process killed during the first open of a fresh store
 (between creating a table and indexing it) would otherwise leave it unindexed for good.
@@ -43,8 +44,12 @@ Table = Literal["memories", "recalls"]
 Where = Mapping[str, str | int | Sequence[str]]
 """Conditions on payload fields, all of which must hold: an exact value, or a list of accepted values."""
 TABLES: tuple[Table, ...] = ("memories", "recalls")
-INDEXED_KEYWORDS = ("namespace", "outcome", "status")
-EXPIRY = "expires_at"  # float, indexed in the recalls table
+EXPIRY = "expires_at"  # float: when a recall may be purged
+IndexKind = Literal["keyword", "float"]
+INDEXES: dict[Table, dict[str, IndexKind]] = {
+    "memories": {"namespace": "keyword", "outcome": "keyword"},
+    "recalls": {"namespace": "keyword", "status": "keyword", EXPIRY: "float"},
+}
 SCROLL_PAGE = 1000
 MB = 1 << 20
 
@@ -198,9 +203,10 @@ class EdgeStore:
                 ) from None
             raise
         indexed = set(shard.info().payload_schema)
-        for key, schema in _edge_indexes(edge).items():
+        schemas = {"keyword": edge.PayloadSchemaType.Keyword, "float": edge.PayloadSchemaType.Float}
+        for key, kind in INDEXES[table].items():
             if key not in indexed:
-                shard.update(edge.UpdateOperation.create_field_index(key, schema))
+                shard.update(edge.UpdateOperation.create_field_index(key, schemas[kind]))
         return shard
 
     def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
@@ -287,11 +293,6 @@ class EdgeStore:
         self._shards = {}
 
 
-def _edge_indexes(edge: Any) -> dict[str, Any]:
-    """The payload indexes of every table, by field."""
-    return {key: edge.PayloadSchemaType.Keyword for key in INDEXED_KEYWORDS} | {EXPIRY: edge.PayloadSchemaType.Float}
-
-
 def _edge_match(edge: Any, value: str | int | Sequence[str]) -> Any:
     return edge.MatchAny(list(value)) if isinstance(value, list | tuple | set | frozenset) else edge.MatchValue(value)
 
@@ -329,13 +330,13 @@ class QdrantClientStore:
                 raise
         else:
             raise ValueError("QdrantClientStore needs a url or a path")
-        for name in self._names.values():
-            self._ensure_collection(name, dim)
+        for table in TABLES:
+            self._ensure_collection(table, dim)
 
-    def _ensure_collection(self, name: str, dim: int) -> None:
+    def _ensure_collection(self, table: Table, dim: int) -> None:
         """Create the collection if it is missing, then the payload indexes it lacks (server mode: local mode
         scans everything and warns that indexes do nothing)."""
-        models = self._models
+        models, name = self._models, self._names[table]
         if self._client.collection_exists(name):
             stored_dim = getattr(self._client.get_collection(name).config.params.vectors, "size", None)
             if stored_dim is not None and stored_dim != dim:
@@ -346,10 +347,10 @@ class QdrantClientStore:
         if self._client_is_local:
             return
         indexed = set(self._client.get_collection(name).payload_schema)
-        wanted = {key: models.PayloadSchemaType.KEYWORD for key in INDEXED_KEYWORDS}
-        for key, schema in (wanted | {EXPIRY: models.PayloadSchemaType.FLOAT}).items():
+        schemas = {"keyword": models.PayloadSchemaType.KEYWORD, "float": models.PayloadSchemaType.FLOAT}
+        for key, kind in INDEXES[table].items():
             if key not in indexed:
-                self._client.create_payload_index(name, key, field_schema=schema, wait=True)
+                self._client.create_payload_index(name, key, field_schema=schemas[kind], wait=True)
 
     def _check_room(self, share: float = 1.0) -> None:
         if self._room is not None:

@@ -20,10 +20,9 @@ import numpy as np
 import qdrant_edge as edge
 
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import EXPIRY, INDEXED_KEYWORDS, TABLES, Point, new_id, open_store
+from memrl_mcp.storage import INDEXES, TABLES, Point, new_id, open_store
 
 DIM = 384
-INDEXED = {*INDEXED_KEYWORDS, EXPIRY}
 KILLS = 6
 CHILD = """
 import sys
@@ -64,7 +63,7 @@ def assert_whole_and_working(data_dir: Path) -> None:
     store.upsert("memories", [Point(point_id, unit_vector(1), payload)])
     assert [hit.id for hit in store.search(unit_vector(1), 5, 0.0, {"namespace": namespace})] == [point_id]
     store.close()
-    assert indexes_of(data_dir) == {table: INDEXED for table in TABLES}
+    assert indexes_of(data_dir) == {table: set(INDEXES[table]) for table in TABLES}
 
 
 def test_a_table_left_without_indexes_gets_them_at_the_next_open(tmp_path: Path) -> None:
