@@ -204,27 +204,8 @@ def check(
     folders = python_folders(interpreter)
     limits = Limits(memory_mb=memory_mb, pids=pids, disk_mb=memory_mb)
     staging = Staging(Path(tempfile.mkdtemp(prefix="memrl-bcb-")))
-    staging.folder.chmod(0o711)
-    args = ["--ro-bind", "/usr", "/usr"]
-    for link in ("bin", "sbin", "lib", "lib64"):
-        if Path("/" + link).is_symlink():
-            args += ["--symlink", os.readlink("/" + link), "/" + link]
-        elif Path("/" + link).is_dir():
-            args += ["--ro-bind", "/" + link, "/" + link]
-    etc = [name for name in ETC_FILES if Path("/etc", name).exists()]
-    for name in etc:
-        args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-    for index, folder in enumerate(folders):
-        args += ["--ro-bind", staging.bound(index), folder]
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.disk_mb << 20), "--tmpfs", WORKDIR]
-    args += ["--size", str(limits.disk_mb << 20), "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", WORKDIR]
-    args += ["--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns"]
-    args += ["--hostname", "bigcodebench", "--die-with-parent", "--new-session", "--clearenv"]
-    path = f"{Path(interpreter).parent}:/usr/local/bin:/usr/bin:/bin"  # `python` is the checks' interpreter
-    env = {"PATH": path, "HOME": WORKDIR, "TMPDIR": WORKDIR, "LANG": "C.UTF-8"}
-    env |= {"OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    for key, value in env.items():
-        args += ["--setenv", key, value]
+    staging.folder.chmod(0o711)  # the jail's root (host uid 1,000,000) passes through to its mount point
+    args = _jail_args(interpreter, folders, staging, limits)
     cgroups = Cgroups(limits, prefix="memrl-bcb")
     report_read, report_write = os.pipe()
     with tempfile.TemporaryFile() as rules, tempfile.TemporaryFile() as output:
@@ -271,6 +252,32 @@ def check(
         output.seek(max(0, output.seek(0, os.SEEK_END) - 2000))
         tail = output.read().decode(errors="replace")
     return _verdict(lines, test, process.returncode, tail, _since(started))
+
+
+def _jail_args(interpreter: str, folders: Sequence[str], staging: Staging, limits: Limits) -> list[str]:
+    """bwrap's arguments for a check (module doc): what it sees, its namespaces, identity and environment."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "sbin", "lib", "lib64"):
+        if Path("/" + link).is_symlink():
+            args += ["--symlink", os.readlink("/" + link), "/" + link]
+        elif Path("/" + link).is_dir():
+            args += ["--ro-bind", "/" + link, "/" + link]
+    for name in ETC_FILES:
+        if Path("/etc", name).exists():
+            args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    for index, folder in enumerate(folders):
+        args += ["--ro-bind", staging.bound(index), folder]
+    size = str(limits.disk_mb << 20)
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", WORKDIR, "--size", size, "--tmpfs", "/tmp"]
+    args += ["--remount-ro", "/", "--chdir", WORKDIR, "--hostname", "bigcodebench", "--die-with-parent"]
+    args += ["--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns", "--new-session"]
+    path = f"{Path(interpreter).parent}:/usr/local/bin:/usr/bin:/bin"  # `python` is the checks' interpreter
+    env = {"PATH": path, "HOME": WORKDIR, "TMPDIR": WORKDIR, "LANG": "C.UTF-8"}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    args.append("--clearenv")
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    return args
 
 
 def _drain(fd: int, lines: list[bytes]) -> None:
