@@ -4,7 +4,7 @@ Compiled by libseccomp (the library systemd, Docker and Flatpak use) through ``p
 the API of libseccomp's own Python module: libseccomp checks the architecture (a 32-bit or x32 system call made
 to dodge the table is killed) and emits the BPF program that ``bwrap --seccomp FD`` (or ``prctl``) loads.
 
-Refused with EPERM: the kernel's keyring, BPF, perf events, ptrace and reading other processes' memory, kernel
+Refused with EPERM: the kernel's keyring, BPF, perf events, ptrace and taking other processes' memory or files, kernel
 modules and kexec, handle-based file access (``open_by_handle_at`` reaches files outside any mount namespace),
 mounting and entering or making namespaces (``unshare``, ``setns``, ``clone`` with ``CLONE_NEW*``), swap,
 reboot, the kernel log, accounting, io_uring (a second way to make most calls past a filter), userfaultfd,
@@ -49,6 +49,7 @@ DENIED = [
     "open_tree",
     "perf_event_open",
     "personality",
+    "pidfd_getfd",
     "pivot_root",
     "process_madvise",
     "process_vm_readv",
