@@ -20,8 +20,8 @@ What an episode's SQL can do (each line an attack in ``tests/harness/test_attack
   4 s under a 2 s user limit, as did ``SET STATEMENT max_statement_time=0 FOR ...``). So the limit that holds
   is the harness's: a watchdog kills the action's connection as the administrator once the action (all its
   statements) has run ``statement_timeout`` seconds.
-- Size: a result set of more than :data:`MAX_ROWS` rows is an error (rows are streamed, the connection killed
-  there), so a huge ``SELECT`` cannot fill the harness's memory.
+- Size: an action's result past :class:`ResultLimit` (10,000 rows in a result set, 64 MB of cells) is an error
+  (rows are streamed, the session killed there), so a huge ``SELECT`` cannot fill the harness's memory.
 
 The server (:class:`LocalMariaDB`): its own datadir in a temporary folder, a unix socket only
 (``--skip-networking``), run as the ``mysql`` system user when the harness is root; ``--secure-file-priv`` on
@@ -63,8 +63,6 @@ from harness.backends.sql import ResultSet, SQLResult, SQLServerError
 #: What an episode's user may do, on its own database only: the statements of LLB's tasks and the tables, views
 #: and indexes an agent may build to get there.
 EPISODE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, CREATE VIEW, SHOW VIEW"
-#: Rows one result set may have (LLB's largest gold answer has 30).
-MAX_ROWS = 10_000
 ADMIN_TIMEOUT = 60.0  # the administrator's statements: set-up, checker, clean-up
 
 _INT = re.compile(r"-?\d+")
@@ -91,22 +89,43 @@ def _message(error: Exception) -> str:
     return str(error) or type(error).__name__
 
 
-def run_script(connection: pymysql.Connection, sql: str, max_rows: int = MAX_ROWS) -> tuple[SQLResult, bool]:
+@dataclass(frozen=True)
+class ResultLimit:
+    """How much of one action's result sets the harness reads (LLB's largest gold answer has 30 rows); past it
+    the action is an error, so a huge ``SELECT`` cannot fill the harness's memory."""
+
+    rows: int = 10_000
+    bytes: int = 64 << 20  # of cell text, over all the action's result sets
+
+
+def run_script(
+    connection: pymysql.Connection, sql: str, limit: ResultLimit, stop_query: Callable[[int], None]
+) -> tuple[SQLResult, bool]:
     """Run ``sql`` (one or more statements) on ``connection``, streaming each result set; stops at the first
-    error. Returns the result and whether the connection was read to the end (if not, kill it: closing a cursor
-    would read every remaining row)."""
+    error. A result past ``limit`` is cut by ``stop_query`` (a ``KILL QUERY`` from another session: the server
+    then ends the stream with an error, so the rest is never read). Returns the result and whether the session
+    is clean (if not, end it)."""
     results: list[ResultSet] = []
     cursor = connection.cursor(SSCursor)
+    size = 0
     try:
         cursor.execute(sql)
         while True:
             if cursor.description is not None:
-                rows = cursor.fetchmany(max_rows + 1)
-                if len(rows) > max_rows:
-                    error = f"a result set has more than {max_rows} rows; ask for fewer (LIMIT, aggregates)"
-                    return SQLResult(results, error), False
-                columns = [str(d[0]) for d in cursor.description]
-                results.append(ResultSet(columns, [tuple(cell(v) for v in row) for row in rows]))
+                rows = []
+                for row in iter(cursor.fetchone, None):
+                    size += sum(len(v) for v in row if v is not None)
+                    if len(rows) == limit.rows or size > limit.bytes:
+                        stop_query(connection.thread_id())
+                        with contextlib.suppress(pymysql.MySQLError, OSError):
+                            cursor.close()  # reads what is already sent, up to the server's error
+                        error = (
+                            f"the result is too large (more than {limit.rows} rows or {limit.bytes >> 20} MB); "
+                            "ask for less (LIMIT, aggregates)"
+                        )
+                        return SQLResult(results, error), False
+                    rows.append(tuple(cell(v) for v in row))
+                results.append(ResultSet([str(d[0]) for d in cursor.description], rows))
             if not cursor.nextset():
                 return SQLResult(results), True
     except pymysql.MySQLError as error:  # the server's errors leave the connection clean, the client's (2xxx) not
@@ -128,10 +147,10 @@ class MariaDBAdmin:
 
     engine = "MariaDB"
 
-    def __init__(self, socket: str, user: str = "root", password: str = "", max_rows: int = MAX_ROWS) -> None:
+    def __init__(self, socket: str, user: str = "root", password: str = "", limit: ResultLimit = ResultLimit()) -> None:
         self.socket = socket
         self._admin = _Login(user, password)
-        self.max_rows = max_rows
+        self.limit = limit
 
     def connect(self, login: _Login | None = None, database: str | None = None, timeout: float = ADMIN_TIMEOUT):
         """A connection as ``login`` (default: the administrator): multi-statement, autocommit, text cells, no
@@ -162,7 +181,7 @@ class MariaDBAdmin:
             raise SQLServerError(f"cannot reach MariaDB at {self.socket}: {_message(error)}") from error
 
         def run(sql: str) -> SQLResult:
-            result, _ = run_script(connection, sql, self.max_rows)
+            result, _ = run_script(connection, sql, self.limit, self.stop_query)
             if result.error:
                 raise SQLServerError(f"{sql.split()[0]} ... as the administrator failed: {result.error}")
             return result
@@ -186,11 +205,15 @@ class MariaDBAdmin:
         with self.session() as run:
             run("SELECT 1")
 
-    def kill(self, thread_id: int) -> None:
-        """End one connection (an unknown id is fine: it ended already)."""
-        result = self.admin(f"KILL CONNECTION {int(thread_id)}")
+    def kill(self, thread_id: int, what: str = "CONNECTION") -> None:
+        """End one connection, or its statement (``what="QUERY"``); an unknown id is fine: it ended already."""
+        result = self.admin(f"KILL {'QUERY' if what == 'QUERY' else 'CONNECTION'} {int(thread_id)}")
         if result.error and "1094" not in result.error:  # 1094: unknown thread id
             raise SQLServerError(f"cannot kill connection {thread_id}: {result.error}")
+
+    def stop_query(self, thread_id: int) -> None:
+        """Stop the statement a connection runs (the connection stays)."""
+        self.kill(thread_id, "QUERY")
 
     @contextlib.contextmanager
     def episode(self, setup_sql: str, statement_timeout: float) -> Iterator[MariaDBEpisode]:
@@ -219,12 +242,17 @@ class MariaDBAdmin:
             self._drop(name)
 
     def _drop(self, name: str) -> None:
-        """Drop the user first (no new connection), end its connections, then drop the database."""
+        """Drop the user first (no new connection), end its connections and wait until they are gone, then drop
+        the database."""
         with self.session() as run:
             run(f"DROP USER IF EXISTS '{name}'@'localhost'")
-            alive = run(f"SELECT id FROM information_schema.processlist WHERE user = '{name}'").last
-            for (thread_id,) in alive.rows if alive else []:
-                self.kill(thread_id)
+            deadline = time.monotonic() + ADMIN_TIMEOUT
+            while alive := run(f"SELECT id FROM information_schema.processlist WHERE user = '{name}'").last.rows:
+                if time.monotonic() > deadline:
+                    raise SQLServerError(f"the connections of {name} outlived {ADMIN_TIMEOUT:g} s of KILL")
+                for (thread_id,) in alive:
+                    self.kill(thread_id)
+                time.sleep(0.01)
             run(f"DROP DATABASE IF EXISTS `{name}`")
 
 
@@ -259,7 +287,7 @@ class MariaDBEpisode:
         watchdog.daemon = True
         watchdog.start()
         try:
-            result, finished = run_script(self._connection, sql, self._server.max_rows)
+            result, finished = run_script(self._connection, sql, self._server.limit, self._server.stop_query)
         finally:
             watchdog.cancel()
         if fired.is_set():
