@@ -49,8 +49,10 @@ whose ``__eq__`` always holds, or reach the runner's pipe (it is a file descript
 a complete forged report. These need code written to cheat, not to solve; they stay inside the jail.
 
 Measured here (canonical solution = ``code_prompt`` + ``canonical_solution``, all 327 ids of
-``stdlib_only_ids.json``, 2 workers, timeout 240 s, this project's venv with the ``bigcodebench`` extra):
-see ``tests/harness/test_bigcodebench.py`` for the figures. Stub bodies (``code_prompt`` + ``pass``) pass none.
+``stdlib_only_ids.json``, 2 workers, timeout 240 s, this project's venv with the ``bigcodebench`` extra, each
+check in its jail): 323/327 pass; 176, 314 and 1005 need DNS / the internet, 201 another pandas. Stub bodies
+(``code_prompt`` + ``pass``) pass 1/327: 272, whose tests mock everything. Oracle and stubs together took 523 s
+on 2 busy cores; a trivial check costs about 0.25 s (jail start and teardown included).
 
 Options (``--option KEY=VALUE``): ``data``, ``split``, ``ids`` (comma-separated task ids),
 ``limit`` (the first N tasks), ``timeout``, ``memory_mb``, ``pids``, ``intent_chars``, ``max_tokens`` (2048),
@@ -72,6 +74,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,7 +181,8 @@ def python_folders(python: str) -> tuple[str, ...]:
 
 def test_names(test: str) -> set[str]:
     """The ``test*`` methods the source defines on ``TestCases`` (which its report must all pass)."""
-    with contextlib.suppress(SyntaxError, ValueError):
+    with contextlib.suppress(SyntaxError, ValueError), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a test's invalid escape sequences are its own business
         for node in ast.walk(ast.parse(test)):
             if isinstance(node, ast.ClassDef) and node.name == "TestCases":
                 return {
