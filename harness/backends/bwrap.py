@@ -17,17 +17,21 @@ spares it), and it reaps orphans. Before ``exec`` each command gets:
 - a capability bounding set of Docker's defaults (chown, dac_override, fowner, fsetid, kill, setgid, setuid,
   setpcap, net_bind_service, net_raw, sys_chroot, mknod, audit_write, setfcap), all within the user namespace.
 
-:meth:`BwrapSandbox.check` runs a checker's script differently: in a private copy of the agent's mount
-namespace where ``/usr`` (but the agent's ``/usr/local``), ``/bin``, ``/sbin``, ``/lib``, ``/lib64``,
-``/etc/alternatives``, ``/etc/ld.so.cache`` and ``/etc/python3*`` come from the pristine tree, an
-``/etc/ld.so.preload`` is hidden and ``/usr/local/lib/python3*`` masked, with ``/usr/bin`` before
-``/usr/local/bin`` on its ``PATH``: the shell, the loader, the C library, coreutils and Python it runs are the
-originals whatever the agent replaced (a target the agent turned into a file makes the check fail: it is never
-run on the agent's binaries). The checker also keeps ``CAP_SYS_PTRACE``, which the agent lacks, so the agent's
-processes cannot write into its memory (``/proc/PID/mem`` needs the tracer's capabilities to cover the
-tracee's). What remains possible: the checker reads the agent's files and sees its processes (that is what it
-checks), a process the agent left running keeps running during the check and may change what the check reads,
-and a script the evaluation itself runs (one the agent wrote) runs as the agent's code.
+:meth:`BwrapSandbox.check` runs a checker's script (a task's evaluation) differently: in a private copy of the
+agent's mount namespace where ``/usr`` is the pristine tree except ``/usr/bin``, ``/usr/sbin`` and ``/usr/local``,
+which are read-only unions where the original files win and the agent's new ones show through (tasks install
+scripts the evaluation runs, e.g. ``/usr/bin/user_check``); ``/bin``, ``/sbin``, ``/lib``, ``/lib64`` are bound to
+those, ``/etc/alternatives``, ``/etc/ld.so.cache``, ``/etc/nsswitch.conf`` and ``/etc/python3*`` are the
+originals, an ``/etc/ld.so.preload`` is hidden, ``/usr/local/lib/python3*`` masked (no ``.pth`` file of the agent
+runs), and ``PATH`` puts ``/usr/bin`` before ``/usr/local/bin``. So the shell, the loader, the C library,
+coreutils and Python it runs are the originals whatever the agent replaced; a path the agent turned into a file
+makes the check fail, it never runs the agent's binaries instead. The checker also keeps ``CAP_SYS_PTRACE``,
+which the agent lacks, so the agent's processes cannot open its memory (``/proc/PID/mem`` needs the opener's
+capabilities to cover the target's). What remains possible: the checker reads the agent's files and sees its
+processes (that is what it checks); a process the agent left running keeps running during the check and may
+change what it reads; a program the evaluation itself runs (one the agent wrote, or a command the pristine root
+lacks) is the agent's code; a system file the agent deleted or changed under ``/usr`` still looks original to
+the checker; new files in configuration folders that original tools read (``gconv-modules.d``...) are not masked.
 
 Teardown kills the whole cgroup (frozen first, so nothing forks meanwhile); the private mount namespace and
 its tmpfs vanish with its last process.
@@ -59,7 +63,8 @@ AGENT_CAPS = (0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 27, 29, 31)
 CAP_SYS_PTRACE = 19
 
 # The holder: PID 1 inside the sandbox, run by the root's own python3 (argv: seccomp program in hex, output
-# limit, agent PATH, checker PATH, agent capabilities as JSON). Single-threaded, so preexec_fn is safe.
+# limit, agent PATH, checker PATH, agent capabilities as JSON, the checker's extra capability). Single-threaded,
+# so preexec_fn is safe.
 _HOLDER = r"""
 import ctypes, json, os, select, signal, subprocess, sys, time
 BPF, LIMIT, PATH, CHECK_PATH = bytes.fromhex(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
