@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 from harness.backends.cgroups import Cgroups, Limits
-from harness.backends.jail import Staging, ids_shifted, launch
+from harness.backends.jail import Staging, ids_shifted, launch, require_jail
 from harness.backends.sandbox import CommandResult, SandboxError
 from harness.backends.seccomp import bpf_program
 
@@ -231,15 +231,12 @@ def default_rootfs() -> Path:
 
 def check_prerequisites(rootfs: Path) -> None:
     """Raise with what is missing (``make sandbox`` installs all of it)."""
+    require_jail()
     problems = []
-    if shutil.which("bwrap") is None:
-        problems.append("bwrap not found")
     if not (rootfs / "usr" / "bin" / "python3").exists():
         problems.append(f"no root filesystem at {rootfs} (set {ENV_ROOTFS} or --option rootfs=PATH)")
     elif not ids_shifted(rootfs):
         problems.append(f"{rootfs} is not stored with shifted ids (python -m harness.backends.jail {rootfs})")
-    if os.geteuid() != 0:
-        problems.append("the sandbox needs root (cgroups, id maps, overlay)")
     if problems:
         raise SandboxError("bubblewrap sandbox unavailable: " + "; ".join(problems) + " -- run `make sandbox`")
 

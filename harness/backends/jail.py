@@ -6,12 +6,12 @@ nobody in particular and ``exec``s ``bwrap``:
 1. it joins the sandbox's cgroups (:mod:`.cgroups`) and sets ``RLIMIT_RTPRIO`` (hard) and ``RLIMIT_CORE`` to 0
    and its death signal to SIGKILL;
 2. in a private mount namespace it mounts a tmpfs of the disk limit on an empty host folder (the staging
-   folder), binds there read-only the host folders the sandbox may see (locked read-only: the sandbox's user
-   namespace cannot remount them writable); with a root filesystem it binds that in too, and mounts there the agent's overlay (upper and work directories on
-   that tmpfs: every byte the agent writes counts against the disk limit and the memory cgroup, none lands on
-   a host disk) and a read-only overlay of the untouched root (the "pristine" tree a checker runs from). It
-   mounts them from inside the tmpfs with relative paths, so ``/proc/self/mountinfo`` in the sandbox shows
-   ``lowerdir=lower,upperdir=rw/upper``: no host folder;
+   folder) and binds there read-only the host folders the sandbox may see (locked read-only: the sandbox's
+   user namespace cannot remount them writable). With a root filesystem it binds that in too and mounts there
+   the agent's overlay (upper and work directories on that tmpfs: every byte the agent writes counts against
+   the disk limit and the memory cgroup, none lands on a host disk) and a read-only overlay of the untouched
+   root (the "pristine" tree a checker runs from), from inside the tmpfs with relative paths, so
+   ``/proc/self/mountinfo`` in the sandbox shows ``lowerdir=lower,upperdir=rw/upper``: no host folder;
 3. it makes a user namespace mapping ids 0-65535 inside to ``BASE``-``BASE+65535`` outside (written by a
    forked helper that is still host root), and switches to uid 0 there. Root in the sandbox has every
    capability over what that namespace owns (its network, its files, its users: ``useradd``, ``chown`` and
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from harness.backends.cgroups import Cgroups, Limits
+from harness.backends.cgroups import ROOT, Cgroups, Limits
+from harness.backends.sandbox import SandboxError
 
 BASE = 1_000_000
 IDS = 65536
@@ -163,6 +164,19 @@ def launch(
         text=text,
         encoding="utf-8" if text else None,
     )
+
+
+def require_jail() -> None:
+    """Raise with what is missing for a jail here (``make sandbox`` installs bubblewrap and libseccomp)."""
+    problems = []
+    if shutil.which("bwrap") is None:
+        problems.append("bwrap not found (apt-get install bubblewrap)")
+    if os.geteuid() != 0:
+        problems.append("it needs root (cgroups, id maps, mounts)")
+    if not (ROOT / "memory" / "cgroup.procs").exists():
+        problems.append(f"no cgroup v1 memory controller under {ROOT}")
+    if problems:
+        raise SandboxError("the bubblewrap jail is unavailable: " + "; ".join(problems) + " -- run `make sandbox`")
 
 
 def ids_shifted(rootfs: Path) -> bool:

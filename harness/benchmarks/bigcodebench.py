@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.backends.cgroups import Cgroups, Limits
-from harness.backends.jail import Staging, launch
+from harness.backends.jail import Staging, launch, require_jail
 from harness.backends.seccomp import bpf_program
 from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
 from harness.llm import LLM
@@ -382,6 +382,7 @@ class BigCodeBenchmark:
         self.python = python
         if self.timeout <= 0 or self.memory_mb < 64 or self.intent_chars < 20:
             raise ValueError("timeout must be > 0, memory_mb >= 64, intent_chars >= 20")
+        require_jail()  # fails here, clearly, rather than every check
         rows = load_rows(data_file)
         if ids is not None:
             wanted = [i.strip() for i in ids.split(",")] if isinstance(ids, str) else list(ids)
