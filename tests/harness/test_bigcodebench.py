@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from harness.backends.sandbox import SandboxError
 from harness.benchmarks import load_benchmark
 from harness.benchmarks.base import shared_data_root
 from harness.benchmarks.bigcodebench import BigCodeBenchmark, check, extract_code
@@ -184,3 +185,9 @@ async def test_a_memrl_run_rewards_the_unit_tests(fake_llm: FakeLLMServer, llm: 
     assert len(prompts) == 4
     second = [p for p in prompts[2:] if solved["instruct_prompt"].strip() in p]
     assert second and "Experiences that worked on similar tasks" in second[0]
+
+
+def test_a_missing_jail_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap to be found
+    with pytest.raises(SandboxError, match=r"bwrap not found.*make sandbox"):
+        BigCodeBenchmark()
