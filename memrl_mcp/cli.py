@@ -11,6 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from memrl_mcp import backup
+from memrl_mcp.errors import MemrlError
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.observability import configure_logging
 from memrl_mcp.settings import Settings, SettingsError, load_settings
@@ -43,6 +44,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     restore.add_argument("file", type=Path, metavar="FILE", help="A file written by `memrl-mcp export`.")
     _store_options(restore, default=argparse.SUPPRESS)
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="Measure delta, sim_mean, sim_std and merge_threshold for the configured embedder.",
+        description="Measure the similarity constants of the configured embedder on your own task texts and "
+        "print them as YAML settings (see memrl_mcp/calibrate.py for the method).",
+    )
+    source = calibrate.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--tasks", type=Path, metavar="FILE", help="One task per line, or JSON Lines with a task field (an export)."
+    )
+    source.add_argument("--namespace", metavar="NS", help="The tasks of this namespace's memories in the store.")
+    calibrate.add_argument("--out", type=Path, metavar="FILE", help="Write the YAML here (default: stdout).")
+    _store_options(calibrate, default=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -66,6 +80,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.command == "calibrate":
+        return run_calibrate(args)
     return serve(args) if args.command is None else run_backup(args)
 
 
@@ -115,6 +131,26 @@ def run_backup(args: argparse.Namespace) -> int:
         print(f"memrl-mcp {args.command}: {error}", file=sys.stderr)
         return 2
     print(f"memrl-mcp {args.command}: {summary}", file=sys.stderr)
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """``calibrate``: bad settings or input, or a store held by a server, is a message and status 2."""
+    from memrl_mcp import calibrate  # numpy work and the model: not loaded by the other commands
+
+    try:
+        settings = _settings(args)
+        configure_logging(settings.log_format)
+        text = calibrate.calibrate(settings, args.tasks, args.namespace).to_yaml()
+        if args.out:
+            backup.write_atomically(args.out, lambda stream: stream.write(text.encode()))
+        else:
+            sys.stdout.write(text)
+    except (MemrlError, ValueError, OSError) as error:  # ValueError: SettingsError, an unknown FastEmbed model
+        print(f"memrl-mcp calibrate: {error}", file=sys.stderr)
+        return 2
+    if args.out:
+        print(f"memrl-mcp calibrate: wrote {args.out}", file=sys.stderr)
     return 0
 
 
