@@ -31,7 +31,8 @@ capabilities to cover the target's). What remains possible: the checker reads th
 processes (that is what it checks); a process the agent left running keeps running during the check and may
 change what it reads; a program the evaluation itself runs (one the agent wrote, or a command the pristine root
 lacks) is the agent's code; a system file the agent deleted or changed under ``/usr`` still looks original to
-the checker; new files in configuration folders that original tools read (``gconv-modules.d``...) are not masked.
+the checker; configuration the original tools read stays the agent's (``/etc/profile*``, PAM, zsh's startup
+files when the evaluation starts ``su`` or ``zsh``; new files in ``gconv-modules.d``...): tasks check it.
 
 Teardown kills the whole cgroup (frozen first, so nothing forks meanwhile); the private mount namespace and
 its tmpfs vanish with its last process.
