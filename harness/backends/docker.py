@@ -79,20 +79,22 @@ ENV = {
 # PID 1: the kernel delivers no signal from inside the container to it; it reaps orphaned background jobs.
 HOLDER = f"trap '' TERM INT HUP QUIT; while :; do {BUSYBOX} sleep 86400 & wait $!; done"
 
-# One command, run by the trusted bash: ``$1 -c $4`` in a session of its own, whose process group a watchdog kills
-# after ``$2`` seconds (saying so on stderr); the first ``$3`` bytes of its output are printed. The watchdog is killed
-# by pid as well as by group: a command may end before the watchdog has made its own group.
+# One command, run by the trusted bash: ``$1 -c $4`` in a process group of its own (set -m: bash makes the group in
+# parent and child, so it exists once ``&`` returns), which a watchdog kills after ``$2`` seconds (saying so on
+# stderr); the first ``$3`` bytes of its output are printed.
 TIMED_OUT = "llb-timed-out"
 EXEC = f"""
 shell=$1 limit=$2 keep=$3 script=$4 out={OUTPUT_DIR}/$$
-{BUSYBOX} setsid "$shell" -c "$script" </dev/null >"$out" 2>&1 &
+set -m
+"$shell" -c "$script" </dev/null >"$out" 2>&1 &
 job=$!
 alarm='{BUSYBOX} sleep "$1" && echo {TIMED_OUT} >&2 && kill -KILL -- -"$2"'
-{BUSYBOX} setsid {BASH} -c "$alarm" watchdog "$limit" "$job" &
+{BASH} -c "$alarm" watchdog "$limit" "$job" &
 watchdog=$!
+set +m
 wait "$job"
 code=$?
-{{ kill -KILL -- "$watchdog" -"$watchdog"; wait "$watchdog"; }} 2>/dev/null
+{{ kill -KILL -- -"$watchdog"; wait "$watchdog"; }} 2>/dev/null
 {BUSYBOX} head -c "$keep" "$out"
 {BUSYBOX} rm -f "$out"
 exit "$code"
