@@ -18,8 +18,10 @@ from harness.benchmarks import memory_config
 from harness.benchmarks.base import Task
 from harness.benchmarks.controlled import ControlledBenchmark
 from harness.llm import LLM
+from harness.metrics import TaskSimilarity, mean_pairwise_similarity
 from harness.results import Attempt, RunConfig, RunDir, TrajectoryRecord, TransferConfig, bound
 from harness.runner import RunError, Runner, frozen_memory_client, split_tasks
+from memrl_mcp.embeddings import Embedder
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 from tests.harness.test_runner import CAPITALS, MISSED, CapitalsQuiz
 
@@ -145,7 +147,7 @@ async def test_memp_stores_successes_only_and_recalls_by_similarity(tmp_path: Pa
 
 
 @pytest.mark.anyio
-async def test_each_episode_keeps_what_it_saw_and_what_it_stored(tmp_path: Path) -> None:
+async def test_each_episode_keeps_what_it_saw_and_what_it_stored(tmp_path: Path, embedder: Embedder) -> None:
     run_dir = RunDir(tmp_path / "run")
     with anyio.fail_after(180):
         records = await Runner(config("memrl", epochs=2), ControlledBenchmark(**SMALL), run_dir, None).run()
@@ -170,6 +172,11 @@ async def test_each_episode_keeps_what_it_saw_and_what_it_stored(tmp_path: Path)
     assert all(final[memory_id]["experience"] == text for memory_id, text in last_stored.items())
     # In epoch 2 the memories given carry the Q the first epoch taught.
     assert any(m.q != 0.0 for t in trajectories.values() if t.epoch == 2 for m in t.attempts[0].memories)
+    # The tasks' intra-dataset similarity, with the run's embedder (MiniLM, as the packaged settings say).
+    similarity = TaskSimilarity.model_validate_json(run_dir.similarity_file.read_text())
+    intents = [t.intent for t in ControlledBenchmark(**SMALL).tasks()]
+    assert similarity.tasks == 16 and similarity.embedder == embedder.name
+    assert similarity.mean_pairwise == pytest.approx(mean_pairwise_similarity(embedder.embed(intents)), abs=1e-6)
 
 
 def test_trajectories_are_bounded_and_survive_a_torn_write(tmp_path: Path) -> None:
