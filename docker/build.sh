@@ -104,3 +104,5 @@ for kind in "${kinds[@]}"; do
 		;;
 	esac
 done
+# The images these replaced, and the server's build stage: untagged, and only ever ours (they carry the label).
+docker image prune --force --filter "label=$LABEL" >/dev/null
