@@ -82,15 +82,12 @@ class DiskRoom:
         self._path = path
         self._min_free = min_free_mb * MB
 
-    def free_bytes(self) -> int:
-        stats = os.statvfs(self._path)
-        return stats.f_bavail * stats.f_frsize
-
     def check(self, share: float = 1.0) -> None:
         """Raise :class:`DiskFullError` unless ``share`` of the margin is still free."""
         if self._min_free == 0:
             return
-        free = self.free_bytes()
+        stats = os.statvfs(self._path)
+        free = stats.f_bavail * stats.f_frsize
         if free < self._min_free * share:
             raise DiskFullError(
                 f"the disk holding the memory store ({self._path}) has {free / MB:.1f} MB free, below "
@@ -159,8 +156,9 @@ class EdgeStore:
     """Embedded Qdrant (qdrant-edge): one shard folder per table under ``path``; exact search.
 
     The recalls table keeps its vectors and payload in memory-mapped files (``Memory.Cold``): a pending recall
-    is read once, when it is reported, so its bytes need not stay resident; memories are searched on every
-    recall and keep the engine's defaults."""
+    is read once, when it is reported, so its bytes need not stay resident (a restarted server holding 50,000
+    pending recalls: 164 MB resident instead of 272, benchmarks/recall_rss.py). Memories are searched on every
+    recall and keep the engine's defaults: memory-mapped, a filtered search of 100,000 took 66 ms median, not 16.5."""
 
     def __init__(self, path: Path, dim: int, room: DiskRoom | None = None) -> None:
         import qdrant_edge as edge
