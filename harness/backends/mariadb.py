@@ -26,13 +26,15 @@ What an episode's SQL can do (each line an attack in ``tests/harness/test_attack
 The server (:class:`LocalMariaDB`): its own datadir in a temporary folder, a unix socket only
 (``--skip-networking``), run as the ``mysql`` system user when the harness is root; ``--secure-file-priv`` on
 an empty read-only folder, ``--local-infile=0``, ``--symbolic-links=0`` (``DATA DIRECTORY`` is ignored),
-``--event-scheduler=DISABLED``, ``--enforce-storage-engine=InnoDB`` (no MEMORY tables filling RAM), no binary
-log; root gets a random password at start, and the other root accounts are dropped.
+``--event-scheduler=DISABLED``, ``--enforce-storage-engine=InnoDB`` (no MEMORY tables filling RAM),
+:data:`SESSION_MEMORY` (256 MB per session, which a session cannot raise), no binary log; root gets a random
+password at start, and the other root accounts are dropped.
 
 Not guaranteed: disk and CPU are bounded by time only (an action may insert rows for ``statement_timeout``
-seconds, and each episode's database holds what it wrote until the episode ends); episodes share the server's
-CPU, buffer pool and global named locks (``GET_LOCK``); an episode may spoil its own database or lock itself
-out (``SET PASSWORD``), which fails that episode only.
+seconds, and each episode's database holds what it wrote until the episode ends); server memory is bounded per
+session (two per episode), not per server; episodes share the server's CPU, buffer pool and global named locks
+(``GET_LOCK``); an episode may spoil its own database or lock itself out (``SET PASSWORD``), which fails that
+episode only.
 """
 
 from __future__ import annotations
@@ -63,6 +65,19 @@ from harness.backends.sql import ResultSet, SQLResult, SQLServerError
 #: What an episode's user may do, on its own database only: the statements of LLB's tasks and the tables, views
 #: and indexes an agent may build to get there.
 EPISODE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, CREATE VIEW, SHOW VIEW"
+#: Server memory one session may hold, a ceiling it cannot raise (without it, `SET SESSION
+#: tmp_memory_table_size` and a GROUP BY took the server from 98 MB to 1.5 GB in 20 s).
+SESSION_MEMORY = ("--max-session-mem-used=256M", "--maximum-max-session-mem-used=256M")
+#: The server options an episode's safety rests on, besides ``--secure-file-priv=<an empty folder>`` (see the
+#: module's docstring); any server given to :class:`MariaDBAdmin` should run with them.
+HARDENING = (
+    "--skip-networking",
+    "--local-infile=0",
+    "--symbolic-links=0",
+    "--event-scheduler=DISABLED",
+    "--enforce-storage-engine=InnoDB",
+    *SESSION_MEMORY,
+)
 ADMIN_TIMEOUT = 60.0  # the administrator's statements: set-up, checker, clean-up
 
 _INT = re.compile(r"-?\d+")
@@ -399,10 +414,8 @@ class LocalMariaDB:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise SQLServerError(f"mariadb-install-db failed: {(installed.stderr or installed.stdout)[-1500:]}")
             argv = [server, "--no-defaults", f"--datadir={datadir}", *run_as, f"--socket={folder}/sock"]
-            argv += [f"--pid-file={folder}/pid", "--skip-networking", "--skip-log-bin", f"--secure-file-priv={files}"]
-            argv += ["--local-infile=0", "--symbolic-links=0", "--event-scheduler=DISABLED"]
-            argv += ["--enforce-storage-engine=InnoDB", "--max-connections=500", "--innodb-buffer-pool-size=64M"]
-            argv += ["--character-set-server=utf8mb4"]
+            argv += [f"--pid-file={folder}/pid", f"--secure-file-priv={files}", *HARDENING, "--skip-log-bin"]
+            argv += ["--max-connections=500", "--innodb-buffer-pool-size=64M", "--character-set-server=utf8mb4"]
             log = os.path.join(folder, "server.log")
             with open(log, "wb") as out:
                 self._process = subprocess.Popen(

@@ -32,6 +32,7 @@ from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 TASK, OTHER = "351", "254"  # an INSERT task (md5: doing nothing fails it) and a SELECT task
 Action = str | Callable[[], str]  # the SQL, or a function that makes it when the model "writes" it
+UNLIMITED = "SET SESSION max_statement_time = 0"  # lifts MariaDB's own per-user limit for the session
 
 
 @dataclass
@@ -313,7 +314,8 @@ async def test_the_server_and_its_accounts_cannot_be_changed(
 @pytest.mark.anyio
 async def test_the_time_limit_cannot_be_lifted(fake_llm: FakeLLMServer, bench: LLBDBBenchmark, tmp_path: Path) -> None:
     """``SET SESSION max_statement_time=0`` lifts MariaDB's own per-user limit (measured), so the harness's
-    watchdog kills the action at the limit (3 s here): long sleeps, CPU burners and a flood of short sleeps."""
+    watchdog kills the action at the limit (3 s here): long sleeps, CPU burners and a flood of short sleeps, each
+    on a session that lifted MariaDB's limit first (a killed session is replaced by a fresh one)."""
     running: list[list[tuple]] = []
 
     def check_then(sql: str) -> Callable[[], str]:
@@ -324,13 +326,13 @@ async def test_the_time_limit_cannot_be_lifted(fake_llm: FakeLLMServer, bench: L
         return action
 
     attacks: list[Action] = [
-        "SET SESSION max_statement_time = 0",
+        UNLIMITED,
         "SELECT @@max_statement_time AS t",
         "SELECT SLEEP(60)",
         check_then("SET STATEMENT max_statement_time = 0 FOR SELECT SLEEP(60)"),
-        check_then("SELECT BENCHMARK(100000000000, MD5('x'))"),
-        check_then("SELECT SLEEP(2); SELECT SLEEP(2); SELECT SLEEP(2); SELECT SLEEP(2); SELECT SLEEP(2)"),
-        check_then("SELECT COUNT(*) FROM seq_1_to_100000 a, seq_1_to_100000 b WHERE a.seq + b.seq = 7"),
+        check_then(f"{UNLIMITED}; SELECT BENCHMARK(100000000000, MD5('x'))"),
+        check_then(f"{UNLIMITED}; " + "; ".join(["SELECT SLEEP(2)"] * 5)),
+        check_then(f"{UNLIMITED}; SELECT COUNT(*) FROM seq_1_to_100000 a, seq_1_to_100000 b WHERE a.seq + b.seq = 7"),
         check_then("SELECT 1 AS alive"),
     ]
     started = time.monotonic()
@@ -339,7 +341,7 @@ async def test_the_time_limit_cannot_be_lifted(fake_llm: FakeLLMServer, bench: L
     out = played.outputs[TASK]
     stopped = "Error: the SQL was stopped: the action ran longer than 3 s"
     assert out[1].endswith("rows: [(0.0,)]")  # the session did lift MariaDB's own limit...
-    assert [out[i] == stopped for i in (2, 3, 4, 5, 6)] == [True] * 5, out  # ...the watchdog did not
+    assert [out[i] for i in (2, 3, 4, 5, 6)] == [stopped] * 5  # ...the watchdog did not
     assert out[7].endswith("rows: [(1,)]")  # the next action runs on a fresh session
     assert running == [[]] * 5  # the watchdog's kills took effect before the next action
     assert elapsed < 100  # 120 s of SLEEP and a 10^11-round BENCHMARK did not run
@@ -369,3 +371,47 @@ async def test_huge_results_are_refused(fake_llm: FakeLLMServer, bench: LLBDBBen
     assert out[3].endswith("rows: [(None, 1)]"), out[3]
     assert out[4].endswith("rows: [(10000,)]")
     assert alive_episode_sessions(bench) == []
+
+
+@pytest.mark.anyio
+async def test_server_memory_is_capped_per_session(
+    fake_llm: FakeLLMServer, bench: LLBDBBenchmark, tmp_path: Path
+) -> None:
+    """A session may raise its in-memory temporary tables to 8 GB, not its memory ceiling (256 MB, which it
+    cannot raise): the GROUP BY that took an uncapped server from 98 MB to 1.5 GB is refused, the server's
+    resident memory stays put."""
+    process = server(bench)._process
+    assert process is not None
+    status = Path(f"/proc/{process.pid}/status")
+    peak, done = [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], int(status.read_text().split("VmRSS:")[1].split()[0]) << 10)
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    time.sleep(0.2)
+    before = peak[0]
+    try:
+        played = await play(
+            fake_llm,
+            bench,
+            tmp_path,
+            {
+                TASK: [
+                    "SET SESSION max_session_mem_used = 100000000000",
+                    "SET SESSION tmp_memory_table_size = 8000000000, max_heap_table_size = 8000000000",
+                    "SELECT @@max_session_mem_used AS cap, @@tmp_memory_table_size AS tmp",
+                    "SELECT COUNT(*) FROM (SELECT seq, REPEAT('x', 200) r FROM seq_1_to_20000000 GROUP BY seq, r) s",
+                ]
+            },
+        )
+    finally:
+        done.set()
+        sampler.join()
+    out = played.outputs[TASK]
+    assert out[2].endswith("rows: [(268435456, 7999995904)]"), out[2]  # the ceiling did not move
+    assert refused(out[3]) and "max-session-mem-used" in out[3], out[3]
+    assert peak[0] - before < 256 << 20, (before, peak[0])
