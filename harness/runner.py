@@ -23,8 +23,9 @@ Tasks of one epoch run in parallel on bounded workers; epochs run one after anot
 episode is appended to its folder's ``episodes.jsonl`` (and its trajectory, memories and stored
 experience to ``trajectories.jsonl.gz``) after the memory has learned from it, so a killed run resumes
 with the episodes it lacks (an episode killed between its report and its record runs again; the memory
-keeps what the lost attempt taught it). A finished run exports its final memory to ``memory.jsonl``
-and writes the intra-dataset query similarity of its training tasks.
+keeps what the lost attempt taught it). A finished run exports its final memory to ``memory.jsonl`` (not a
+shared ``--memory-url`` server's, which holds other runs' memories too) and writes the intra-dataset query
+similarity of its training tasks.
 """
 
 from __future__ import annotations
@@ -394,7 +395,8 @@ class Runner:
             raise RunError(f"memrl-mcp export failed: {done.stderr.decode(errors='replace').strip()}")
 
     def _write_similarity(self) -> None:
-        """The training tasks' mean pairwise query similarity with the run's embedder (once per run folder)."""
+        """The training tasks' mean pairwise query similarity with the run's embedder (once per run folder; with
+        ``--memory-url``, whose settings the harness cannot see, the default settings' embedder)."""
         if self.run_dir.similarity_file.exists():
             return
         from memrl_mcp.embeddings import create_embedder  # the model is loaded only here, and only once
