@@ -31,7 +31,9 @@ an empty read-only folder, ``--local-infile=0``, ``--symbolic-links=0`` (``DATA 
 password at start, and the other root accounts are dropped.
 
 Not guaranteed: disk and CPU are bounded by time only (an action may insert rows for ``statement_timeout``
-seconds, and each episode's database holds what it wrote until the episode ends); server memory is bounded per
+seconds: measured here, an ``INSERT ... SELECT REPEAT('x', 2000) FROM seq_...`` grew the datadir by 224 MB in
+10 s before the watchdog stopped it and InnoDB rolled it back; each episode's database holds what it committed
+until the episode ends); server memory is bounded per
 session (two per episode), not per server; episodes share the server's CPU, buffer pool and global named locks
 (``GET_LOCK``); an episode may spoil its own database or lock itself out (``SET PASSWORD``), which fails that
 episode only.
