@@ -80,7 +80,8 @@ async def test_a_run_learns_through_the_mcp_memory(fake_llm: FakeLLMServer, llm:
     assert all("[success] 1. read the country" in p for p in second_epoch_prompts)
     stored = {r.task_id: r.stored_id for r in records if r.epoch == 1}
     assert all(r.stored_id == stored[r.task_id] for r in records if r.epoch == 2)
-    assert all(r.recall_id for r in records)
+    # Only memrl logs recalls (it reports each one); rag looks up read-only and leaves none unreported.
+    assert all(bool(r.recall_id) == (mode == "memrl") for r in records)
     q_file = run_dir.path / Q_VALUES_FILE
     assert q_file.exists() == (mode == "memrl")
 
