@@ -99,7 +99,11 @@ class MemoryService:
         Qdrant server another replica may be mid-report, so only reports left for a while are."""
         embedder = embedder or create_embedder(settings)
         service = cls(settings, embedder, store or open_store(settings, embedder.dim), clock)
-        service.housekeeping(stale_after=STALE_REPORT_SECONDS if settings.qdrant_url else 0.0)
+        try:
+            service.housekeeping(stale_after=STALE_REPORT_SECONDS if settings.qdrant_url else 0.0)
+        except BaseException:
+            service.close()  # release the store (an embedded one is locked while open)
+            raise
         return service
 
     @property
@@ -479,7 +483,7 @@ class MemoryService:
     def _metadata(self, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         if metadata is None:
             return {}
-        return self.limits.metadata.check("metadata", metadata)
+        return self.limits.metadata.check("metadata", dict(metadata) if isinstance(metadata, Mapping) else metadata)
 
 
 def _check_outcome(outcome: str) -> None:
