@@ -144,6 +144,10 @@ async def test_hostile_metadata_is_refused_everywhere_and_the_store_reopens_whol
         assert f"{len(lines)} bad line(s), nothing imported" in result.stderr
         for number in range(1, len(lines) + 1):
             assert f"line {number}: metadata" in result.stderr, result.stderr
+    too_deep = tmp_path / "too deep.jsonl"  # deeper than Python's JSON reader goes: named, not a traceback
+    too_deep.write_text(json.dumps(template)[:-1] + ', "metadata": ' + '{"a":' * 100_000 + "1" + "}" * 100_001 + "\n")
+    result = run_cli("import", str(too_deep), "--data-dir", str(data), env=env)
+    assert result.returncode == 2 and "line 1: JSON nested too deep to read" in result.stderr, result.stderr
 
     # The store opens again with every memory, and exports.
     reopened = make_service(embedder, data, engine)
