@@ -153,7 +153,9 @@ def run_script(
 
 
 @dataclass(frozen=True)
-class _Login:
+class Login:
+    """A MariaDB account on ``localhost``."""
+
     user: str
     password: str
 
@@ -162,14 +164,14 @@ class MariaDBAdmin:
     """The episodes of a MariaDB server reached over the unix socket ``socket`` as ``user`` / ``password``, its
     administrator (whose credentials never reach an episode)."""
 
-    engine = "MariaDB"
-
     def __init__(self, socket: str, user: str = "root", password: str = "", limit: ResultLimit = ResultLimit()) -> None:
         self.socket = socket
-        self._admin = _Login(user, password)
+        self._admin = Login(user, password)
         self.limit = limit
 
-    def connect(self, login: _Login | None = None, database: str | None = None, timeout: float = ADMIN_TIMEOUT):
+    def connect(
+        self, login: Login | None = None, database: str | None = None, timeout: float = ADMIN_TIMEOUT
+    ) -> pymysql.Connection:
         """A connection as ``login`` (default: the administrator): multi-statement, autocommit, text cells, no
         ``LOAD DATA LOCAL``."""
         login = login or self._admin
@@ -222,15 +224,15 @@ class MariaDBAdmin:
         with self.session() as run:
             run("SELECT 1")
 
-    def kill(self, thread_id: int, what: str = "CONNECTION") -> None:
-        """End one connection, or its statement (``what="QUERY"``); an unknown id is fine: it ended already."""
-        result = self.admin(f"KILL {'QUERY' if what == 'QUERY' else 'CONNECTION'} {int(thread_id)}")
+    def kill(self, thread_id: int, query_only: bool = False) -> None:
+        """End one connection, or only its statement; an unknown id is fine: it ended already."""
+        result = self.admin(f"KILL {'QUERY' if query_only else 'CONNECTION'} {int(thread_id)}")
         if result.error and "1094" not in result.error:  # 1094: unknown thread id
             raise SQLServerError(f"cannot kill connection {thread_id}: {result.error}")
 
     def stop_query(self, thread_id: int) -> None:
         """Stop the statement a connection runs (the connection stays)."""
-        self.kill(thread_id, "QUERY")
+        self.kill(thread_id, query_only=True)
 
     @contextlib.contextmanager
     def episode(self, setup_sql: str, statement_timeout: float) -> Iterator[MariaDBEpisode]:
@@ -239,13 +241,13 @@ class MariaDBAdmin:
         if not statement_timeout > 0:
             raise ValueError(f"statement_timeout must be > 0, not {statement_timeout}")
         name = f"llb_{secrets.token_hex(8)}"
-        login = _Login(name, secrets.token_hex(16))
+        login = Login(name, secrets.token_hex(16))
         try:
             with self.session() as run:
                 run(
                     f"CREATE DATABASE `{name}`;"
                     f"CREATE USER '{name}'@'localhost' IDENTIFIED BY '{login.password}'"
-                    f" WITH MAX_USER_CONNECTIONS 2 MAX_STATEMENT_TIME {statement_timeout:g};"
+                    f" WITH MAX_USER_CONNECTIONS 2 MAX_STATEMENT_TIME {statement_timeout:.3f};"
                     f"GRANT {EPISODE_PRIVILEGES} ON `{name}`.* TO '{name}'@'localhost';"
                     f"USE `{name}`"
                 )
@@ -264,7 +266,7 @@ class MariaDBAdmin:
         with self.session() as run:
             run(f"DROP USER IF EXISTS '{name}'@'localhost'")
             deadline = time.monotonic() + ADMIN_TIMEOUT
-            while alive := run(f"SELECT id FROM information_schema.processlist WHERE user = '{name}'").last.rows:
+            while alive := run(f"SELECT id FROM information_schema.processlist WHERE user = '{name}'").rows:
                 if time.monotonic() > deadline:
                     raise SQLServerError(f"the connections of {name} outlived {ADMIN_TIMEOUT:g} s of KILL")
                 for (thread_id,) in alive:
@@ -277,7 +279,7 @@ class MariaDBEpisode:
     """One episode's database (``name``) and its user; see :class:`MariaDBAdmin`. The agent's actions share one
     session (its variables persist, as in LLB), reopened after a kill; used by one thread at a time."""
 
-    def __init__(self, server: MariaDBAdmin, name: str, login: _Login, statement_timeout: float) -> None:
+    def __init__(self, server: MariaDBAdmin, name: str, login: Login, statement_timeout: float) -> None:
         self.name = name
         self.statement_timeout = statement_timeout
         self._server = server
@@ -451,8 +453,8 @@ class LocalMariaDB:
             others = run(
                 "SELECT user, host FROM mysql.user WHERE NOT (user = 'root' AND host = 'localhost')"
                 " AND user <> 'mariadb.sys'"
-            ).last
-            for user, host in others.rows if others else []:
+            ).rows
+            for user, host in others:
                 run(f"DROP USER '{user}'@'{host}'")
             run(f"ALTER USER 'root'@'localhost' IDENTIFIED BY '{password}'")
         admin = MariaDBAdmin(self.socket, "root", password)

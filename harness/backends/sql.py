@@ -42,6 +42,11 @@ class SQLResult:
     def last(self) -> ResultSet | None:
         return self.results[-1] if self.results else None
 
+    @property
+    def rows(self) -> list[Row]:
+        """The last result set's rows (none without one)."""
+        return self.results[-1].rows if self.results else []
+
 
 class EpisodeDatabase(Protocol):
     """One episode's database and its unprivileged user."""

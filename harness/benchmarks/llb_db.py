@@ -306,9 +306,9 @@ class LLBDBBenchmark:
 
     def table_md5(self, task: Task, database: EpisodeDatabase) -> str | None:
         result = database.inspect(md5_query(task.data["table_info"]))
-        if result.error or result.last is None or not result.last.rows:
+        if result.error or not result.rows:
             return None
-        value = result.last.rows[0][0]
+        value = result.rows[0][0]
         return None if value is None else str(value)
 
     def observation(self, result: SQLResult) -> str:

@@ -56,8 +56,8 @@ def server(bench: LLBDBBenchmark) -> LocalMariaDB:
 
 def admin_rows(bench: LLBDBBenchmark, sql: str) -> list[tuple]:
     result = server(bench).admin.admin(sql)
-    assert result.error is None and result.last is not None, result.error
-    return result.last.rows
+    assert result.error is None, result.error
+    return result.rows
 
 
 async def play(

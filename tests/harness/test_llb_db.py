@@ -68,9 +68,10 @@ def test_the_gold_sql_passes_and_doing_nothing_fails(bench: LLBDBBenchmark) -> N
 
 def llb_databases_and_users(bench: LLBDBBenchmark) -> tuple[list[Row], list[Row]]:
     admin = bench.server.admin
-    databases = admin.admin("SHOW DATABASES LIKE 'llb\\_%'").last
-    users = admin.admin("SELECT user FROM mysql.user WHERE user LIKE 'llb\\_%'").last
-    return (databases.rows if databases else []), (users.rows if users else [])
+    databases = admin.admin("SHOW DATABASES LIKE 'llb\\_%'")
+    users = admin.admin("SELECT user FROM mysql.user WHERE user LIKE 'llb\\_%'")
+    assert databases.error is None and users.error is None
+    return databases.rows, users.rows
 
 
 def test_databases_and_users_are_per_episode_and_dropped(bench: LLBDBBenchmark) -> None:
