@@ -241,18 +241,26 @@ async def test_kernel_surfaces_a_shell_never_needs_are_refused(
 
 
 WATCHER = """import os, sys, time
-seen = set(os.listdir("/proc"))
+seen = set()
 end = time.time() + float(sys.argv[1])
 while time.time() < end:
     for pid in os.listdir("/proc"):
-        if pid.isdigit() and pid not in seen and pid != str(os.getpid()):
-            seen.add(pid)
-            try:
-                open(f"/proc/{pid}/mem", "r+b").close()
-                print(pid, "open", flush=True)
-            except OSError as exc:
-                print(pid, exc.errno, flush=True)
-    time.sleep(0.005)
+        if not pid.isdigit() or pid == str(os.getpid()):
+            continue
+        try:
+            command = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\\0", b" ").decode().split()
+        except OSError:
+            continue
+        if (pid, tuple(command)) in seen:
+            continue
+        seen.add((pid, tuple(command)))
+        try:
+            open(f"/proc/{pid}/mem", "r+b").close()
+            result = "open"
+        except OSError as exc:
+            result = str(exc.errno)
+        print(result, " ".join(command)[:80], flush=True)
+    time.sleep(0.002)
 """
 
 
@@ -260,12 +268,13 @@ def test_a_process_left_running_cannot_write_into_the_checker() -> None:
     """The checker keeps CAP_SYS_PTRACE, which the agent lacks: the agent's processes cannot open its memory
     (through the sandbox directly: what the watcher saw is read after the check)."""
     with BwrapSandbox() as box:
-        started = box.run(f"cat > /tmp/w.py <<'EOF'\n{WATCHER}EOF\nnohup python3 /tmp/w.py 6 > /tmp/w.log 2>&1 &")
+        started = box.run(f"cat > /tmp/w.py <<'EOF'\n{WATCHER}EOF\nnohup python3 /tmp/w.py 8 > /tmp/w.log 2>&1 &")
         assert started.exit_code == 0
         time.sleep(1)
-        assert box.check("sleep 2; echo checked").output == "checked\n"
-        time.sleep(0.5)
-        seen = [line.split() for line in box.run("cat /tmp/w.log").output.splitlines()]
-    checker = seen[:-1]  # the last new process is the agent's own `cat`
-    assert checker and all(entry[1] == "13" for entry in checker), seen  # EACCES
-    assert seen[-1][1] == "open"  # the same watcher does open the agent's own processes
+        assert box.check("sleep 2.1; echo checked").output == "checked\n"
+        assert box.run("sleep 1.3").exit_code == 0
+        seen = [line.partition(" ")[::2] for line in box.run("cat /tmp/w.log").output.splitlines()]
+    checker = [result for result, command in seen if "sleep 2.1" in command]
+    agent = [result for result, command in seen if "sleep 1.3" in command]
+    assert checker and set(checker) == {"13"}, seen  # EACCES
+    assert agent and set(agent) == {"open"}, seen  # the same watcher does open the agent's own processes
