@@ -27,6 +27,7 @@ from memrl_mcp.access import Access
 from memrl_mcp.embeddings import CachedEmbedder, Embedder, create_embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.models import (
+    EffectiveSettings,
     ForgetResult,
     MemoryView,
     Outcome,
@@ -425,6 +426,28 @@ class MemoryService:
             visits=sum(int(p["visits"]) for p in payloads),
             recalls_pending=self._store.count("recalls", {**where, "status": "pending"}),
             recalls_reported=self._store.count("recalls", {**where, "status": "reported"}),
+        )
+
+    def effective_settings(self) -> EffectiveSettings:
+        """The constants recall and report use, the embedder's defaults applied (no secret, no tenant data)."""
+        s = self.settings
+        return EffectiveSettings(
+            embedder=self.embedder.name,
+            k1=s.k1,
+            k2=s.k2,
+            q_weight=s.q_weight,
+            alpha=s.alpha,
+            delta=self.delta,
+            sim_normalization=self.scale.mode,
+            sim_mean=self.scale.mean,
+            sim_std=self.scale.std,
+            merge_threshold=self.merge_threshold,
+            epsilon=s.epsilon,
+            q_init_success=s.q_init_success,
+            q_init_failure=s.q_init_failure,
+            reward_min=s.reward_min,
+            reward_max=s.reward_max,
+            read_only=s.read_only,
         )
 
     # -- the operator's: metrics and backups (no caller, every namespace) -------------------------

@@ -93,3 +93,25 @@ class Stats(BaseModel):
     visits: int = Field(description="Rewards folded into all memories.")
     recalls_pending: int
     recalls_reported: int
+
+
+class EffectiveSettings(BaseModel):
+    """The constants this server retrieves and learns with, after the embedder's defaults are applied: what a
+    benchmark run records, so that a result can be traced to the settings behind it."""
+
+    embedder: str
+    k1: int
+    k2: int
+    q_weight: float
+    alpha: float
+    delta: float
+    sim_normalization: str
+    sim_mean: float
+    sim_std: float
+    merge_threshold: float
+    epsilon: float
+    q_init_success: float
+    q_init_failure: float
+    reward_min: float
+    reward_max: float
+    read_only: bool

@@ -218,6 +218,8 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         ),
         strict_tool(memory_stats, reads),
     ]
+    if limits.read_only:  # a frozen memory: the tools that would change it are not offered at all
+        tools = [tool for tool in tools if tool.annotations is not None and tool.annotations.read_only_hint]
     auth = None
     if tokens is not None:
         # Static bearer tokens: no OAuth authorization server and no metadata routes, only verification.
@@ -245,6 +247,14 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
             return service.stats(namespace, access=access()).model_dump_json()
         except MemoryRequestError as error:
             raise ResourceError(str(error)) from None
+
+    @server.resource(
+        "memrl://settings",
+        mime_type="application/json",
+        description="The constants this server retrieves and learns with (k1, k2, lambda, alpha, delta, ...).",
+    )
+    def effective_settings() -> str:
+        return service.effective_settings().model_dump_json()
 
     @server.resource("memrl://memories/{memory_id}", mime_type="application/json", description="One memory.")
     def memory(memory_id: str) -> str:

@@ -161,6 +161,11 @@ class Settings(BaseSettings):
         600.0, gt=0, le=86_400, description="A streamable-HTTP session with no request for this long is closed."
     )
     log_format: Literal["json", "text"] = Field("json", description="Logs on stderr: JSON lines or plain text.")
+    read_only: bool = Field(
+        False,
+        description="Offer lookups only (search_experience, memory_stats, resources): a frozen memory, e.g. for a "
+        "transfer evaluation. Recovery of an interrupted report still runs when the store opens.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
