@@ -1,5 +1,6 @@
 """The tests' Docker engine: the one already answering, else a dockerd started for the session and stopped at its
-end (only one this helper started is ever stopped). Import the fixture into a test module:
+end. Only an engine this helper started is stopped, but it is stopped even if a later session still uses it: run
+test sessions that need Docker one at a time, or keep an engine running. Import the fixture into a test module:
 ``from tests.dockerd import docker_engine  # noqa: F401`` and request ``docker_engine``.
 
 The engine runs as these machines allow (ENVIRONMENT.md): root, no iptables, no default bridge, so containers get
@@ -33,8 +34,9 @@ def answering() -> Any | None:
     return client
 
 
-def start_dockerd() -> subprocess.Popen[bytes]:
-    """Start dockerd (root needed) and wait until it answers; fail the session with what to do otherwise."""
+def start_dockerd() -> subprocess.Popen[bytes] | None:
+    """Start dockerd (root needed) and wait until an engine answers; fail the session with what to do otherwise.
+    None: the one started gave way to an engine another process started meanwhile, which is used instead."""
     binary = shutil.which("dockerd", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
     if binary is None:
         pytest.fail("dockerd not found: install the Docker engine with `make docker` (apt-get install docker.io)")
@@ -51,12 +53,14 @@ def start_dockerd() -> subprocess.Popen[bytes]:
     log.close()
     deadline = time.monotonic() + START_TIMEOUT
     while answering() is None:
-        if process.poll() is not None or time.monotonic() > deadline:
+        if process.poll() is not None:  # another engine (on the same files) may be starting: wait a little for it
+            deadline = min(deadline, time.monotonic() + 10)
+        if time.monotonic() > deadline:
             stop_dockerd(process)
             with open(log.name, errors="replace") as text:
                 pytest.fail(f"dockerd did not start (log {log.name}): {text.read()[-2000:]}")
         time.sleep(0.25)
-    return process
+    return process if process.poll() is None else None
 
 
 def stop_dockerd(process: subprocess.Popen[bytes]) -> None:
