@@ -327,9 +327,14 @@ def diff_view(a: str, b: str, width: int = 60) -> str:
     return f"{cut}{a[start : start + width]!r} vs {cut}{b[start : start + width]!r}"
 
 
-def calibration_report(vectors: dict[str, np.ndarray], distinct: dict[str, list[str]]) -> None:
+def calibration_report(label: str, vectors: dict[str, np.ndarray], distinct: dict[str, list[str]]) -> None:
     """What ``memrl-mcp calibrate`` says, per benchmark and for all benchmarks' tasks mixed."""
-    print("\n(e) memrl-mcp calibrate's rules (memrl_mcp/calibrate.py) on these texts")
+    print(f"\n(e) memrl-mcp calibrate's rules (memrl_mcp/calibrate.py), {label}")
+    found = [calibrate.measure(vecs, distinct[name], label, name) for name, vecs in vectors.items()]
+    print(
+        f"  benchmark-averaged sim_mean={np.mean([c.sim_mean for c in found]):.4f} "
+        f"sim_std={np.mean([c.sim_std for c in found]):.4f}"
+    )
     runs = {name: (vecs, distinct[name]) for name, vecs in vectors.items()}
     runs["all mixed"] = (np.concatenate(list(vectors.values())), [t for g in distinct.values() for t in g])
     for name, (vecs, texts) in runs.items():
@@ -394,7 +399,8 @@ def main() -> None:
     off = (with_prefix @ with_prefix.T)[~np.eye(len(with_prefix), dtype=bool)]
     print(f"  alfworld with the 'Your task is to: ' prefix: all pairs mean={off.mean():.4f} std={off.std():.4f}")
     near_duplicate_report(default.embed, annotator_paraphrases(root), vectors, distinct)
-    calibration_report(vectors, distinct)
+    calibration_report("default (int8)", vectors, distinct)
+    calibration_report("fp32 (FastEmbed's all-MiniLM-L6-v2)", {n: fp32_all[sl] for n, sl in groups.items()}, distinct)
 
 
 if __name__ == "__main__":

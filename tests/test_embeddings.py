@@ -250,6 +250,14 @@ def test_shipped_model_is_what_the_build_makes_from_the_published_weights(rebuil
     assert "Apache License" in (MINILM_FOLDER / "LICENSE").read_text()
 
 
+def test_the_build_refuses_weights_that_are_not_the_published_ones(tmp_path: Path) -> None:
+    data = bytearray((minilm_build.source_folder() / "model.safetensors").read_bytes())
+    data[-1000] ^= 0x01  # one weight changed
+    (tmp_path / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ModelIntegrityError, match=rf"expected {minilm_build.SAFETENSORS_SHA256}"):
+        minilm_build.source_weights(tmp_path)
+
+
 def test_int8_model_agrees_with_its_fp32_graph(rebuilt: Path, embedder: Embedder) -> None:
     # FastEmbed runs the fp32 graph from a local folder (its offline path); cosine 0.96-0.99 on these texts.
     (rebuilt / "model.onnx").unlink()
