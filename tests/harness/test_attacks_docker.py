@@ -27,6 +27,7 @@ from tests.harness.conftest import alive_processes
 from tests.harness.fake_llm import FakeLLMServer
 from tests.harness.test_attacks_llb_db import OTHER, TASK, refused
 from tests.harness.test_attacks_llb_db import play as play_sql
+from tests.harness.test_attacks_llb_os import SYSCALLS
 from tests.harness.test_attacks_llb_os import play as play_shell
 
 pytestmark = pytest.mark.anyio
@@ -219,3 +220,22 @@ async def test_the_server_cannot_be_changed_or_stopped_and_time_limits_hold(
     assert out[7].endswith("rows: [(1,)]")
     assert server.running and server.admin.admin(f"{users}; SELECT @@global.max_connections").results == before
     assert os.path.exists(server.admin.socket)
+
+
+async def test_kernel_surfaces_a_shell_never_needs_are_refused(
+    docker_engine: Any,  # noqa: F811
+    fake_llm: FakeLLMServer,
+    llm: LLM,
+    tmp_path: Path,
+) -> None:
+    """keyctl, bpf, perf_event_open and unshare are refused (Docker's seccomp profile, no CAP_SYS_ADMIN). Not
+    refused by Debian's engine 20.10 (measured; its default profile predates their removal): io_uring_setup and
+    AF_VSOCK sockets, see /work/notes/readme-docker.md."""
+    refused_here = {name: nr for name, nr in SYSCALLS.items() if name != "io_uring_setup"}
+    probe = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n" + "".join(
+        f"print('{n}', libc.syscall({nr}, 0, 0, 0, 0, 0), ctypes.get_errno())\n" for n, nr in refused_here.items()
+    )
+    command = f"cat > /tmp/p.py <<'EOF'\n{probe}EOF\npython3 /tmp/p.py"
+    played = await play_shell(fake_llm, llm, tmp_path, [command], **DOCKER)
+    results = dict(line.split(" ", 1) for line in played.outputs[0].strip().splitlines())
+    assert results == dict.fromkeys(refused_here, "-1 1")  # EPERM
