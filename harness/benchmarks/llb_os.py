@@ -19,9 +19,10 @@ agent cannot have replaced (replacing ``/bin/bash`` with ``exit 0`` does not pas
 success (reward ``reward_success``, 1), anything else failure (``reward_failure``, 0; configs/llb.yaml). A
 sandbox that dies under the agent (its holder gone) is a failure too.
 
-Measured here (all 350 tasks, each in a fresh bwrap sandbox, 8 workers on 2 busy cores, 96 s): init -> ground
-truth -> evaluation
-passes 350/350; init -> evaluation (no ground truth) passes 0/350.
+Measured here (all 350 tasks, each in a fresh bwrap sandbox, the evaluation through ``check``, 8 workers on 2
+cores shared with other jobs, 54-96 s for both passes): init -> ground truth -> evaluation passes 350/350;
+init -> evaluation (no ground truth) passes 0/350. A sandbox starts, runs a command and is torn down in about
+0.18 s.
 
 Options: ``backend``, ``image``, ``data``, ``rootfs``, ``ids``, ``limit``, ``max_rounds``, ``command_timeout`` (20 s),
 ``memory_mb`` (1024), ``pids`` (256), ``disk_mb`` (512; bwrap only),
