@@ -101,10 +101,11 @@ def pristine_view():
     bind("/usr", P + "/mnt")  # the agent's /usr, held while the original one covers it
     bind(P + "/usr", "/usr")
     for name in ("bin", "sbin", "local"):  # the agent's new commands show through; the originals win
-        union = f"lowerdir={P}/usr/{name}:{P}/mnt/{name}".encode()
-        ok(libc.mount(b"overlay", f"/usr/{name}".encode(), b"overlay", MS_RDONLY, union), f"union /usr/{name}")
+        if os.path.isdir(f"{P}/mnt/{name}"):
+            union = f"lowerdir={P}/usr/{name}:{P}/mnt/{name}".encode()
+            ok(libc.mount(b"overlay", f"/usr/{name}".encode(), b"overlay", MS_RDONLY, union), f"union /usr/{name}")
     ok(libc.umount2(f"{P}/mnt".encode(), 2), "release")
-    for name in os.listdir("/usr/local/lib"):
+    for name in os.listdir("/usr/local/lib") if os.path.isdir("/usr/local/lib") else ():
         if name.startswith("python"):  # site folders whose .pth files Python would run
             bind(P + "/media", "/usr/local/lib/" + name)
     for target in ("/bin", "/sbin", "/lib", "/lib64"):
