@@ -57,7 +57,7 @@ def test_without_a_token_it_refuses_to_serve_on_every_interface(docker_engine: A
         assert container.wait(timeout=120)["StatusCode"] == 2
         assert "refusing to serve on 0.0.0.0 without a token" in container.logs().decode()
     finally:
-        container.remove(force=True)
+        container.remove(force=True, v=True)  # with its anonymous /data volume
 
 
 @pytest.fixture
