@@ -73,11 +73,12 @@ CSR memrl > rag in 18 (equal in 1). Without twins: rag 0.79, memrl 0.89 (memrl a
 About 0.6 s per mode and run in process; 10-20 s through the stdio MCP server.
 
 The other baselines, through ``memrl-harness`` (stdio MCP server; benchmark seed 0, runner seeds 0-4,
-8 epochs; last epoch, mean and std over 5): memrl 0.83 +- 0.06, rag 0.64 +- 0.06, ``memp`` (successes
-only, so nothing warns against a twin's fix once followed) 0.47 +- 0.06, ``reflexion`` (3 attempts
-per task, no memory across tasks: flat) 0.44 +- 0.04, none 0.17 +- 0.05. Transfer to 19 held-out,
-paraphrased tasks (``--held-out 0.25 --eval-option paraphrase=true``): memp 0.51, memrl 0.47,
-reflexion 0.44, rag 0.42, none 0.20 (std 0.04-0.12): memories transfer, MemRL's lead does not.
+8 epochs; last epoch, mean and std over 5; commit b72c61c): memrl 0.80 +- 0.09, rag 0.62 +- 0.07, ``memp``
+(successes only, so nothing warns against a twin's fix once followed) 0.47 +- 0.06, ``reflexion``
+(3 attempts per task, no memory across tasks: flat) 0.44 +- 0.04, none 0.17 +- 0.05. Transfer to 19
+held-out, paraphrased tasks (``--held-out 0.25 --eval-option paraphrase=true``): memrl 0.48 +- 0.07,
+memp 0.48 +- 0.13, reflexion 0.44 +- 0.12, rag 0.39 +- 0.06, none 0.20 +- 0.04: memories transfer,
+MemRL's lead does not.
 
 Options (``--option KEY=VALUE``): ``families`` (2-16), ``tasks_per_family`` (1-12), ``procedures``
 (3-12), ``decoys``, ``decoy_luck``, ``slip``, ``twins``, ``seed`` (the world; the runner's seed
