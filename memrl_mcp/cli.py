@@ -93,7 +93,7 @@ def serve(args: argparse.Namespace) -> int:
         configure_logging(settings.log_format)
         tokens = serving.tokens_for(settings, args.transport, args.host)
         service = MemoryService.open(settings)
-    except (SettingsError, StoreLockedError, DiskFullError) as error:
+    except (SettingsError, MemrlError) as error:  # a locked store, a full disk, a tampered or uncalibrated model
         print(f"memrl-mcp: {error}", file=sys.stderr)
         return 2
     where = settings.qdrant_url or settings.data_dir

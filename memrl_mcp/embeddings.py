@@ -52,6 +52,10 @@ class ModelIntegrityError(MemrlError):
     """A model file is missing or is not the file whose SHA-256 the package pins."""
 
 
+class EmbedderUnavailableError(MemrlError):
+    """The configured embedder cannot run here: an optional package is not installed."""
+
+
 class UncalibratedModelError(MemrlError):
     """An embedder has no similarity constants: they must be measured (``memrl-mcp calibrate``) and set."""
 
@@ -210,7 +214,7 @@ class FastEmbedEmbedder:
         try:
             from fastembed import TextEmbedding
         except ImportError:
-            raise ModelIntegrityError(
+            raise EmbedderUnavailableError(
                 "embedder fastembed: the fastembed package is not installed (pip install 'memrl-mcp[fastembed]')"
             ) from None
         extra = {"specific_model_path": str(path)} if path else {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from harness.benchmarks.base import shared_data_root
 from memrl_mcp import cli
 from memrl_mcp.access import EVERYTHING
 from memrl_mcp.calibrate import MIN_TASKS, same_task_key
-from memrl_mcp.embeddings import Embedder
+from memrl_mcp.embeddings import MINILM_FOLDER, Embedder
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.settings import load_settings
 
@@ -151,3 +152,30 @@ def test_a_missing_file_a_missing_store_and_two_sources_are_refused(
         run(capsys, tmp_path, "--tasks", "a.txt", "--namespace", "kitchen")
     assert exit_info.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_server_refuses_to_start_with_an_uncalibrated_model_and_calibrate_measures_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A FastEmbed model without measured constants; offline, a stand-in local folder under its expected file name.
+    folder = tmp_path / "bge"
+    shutil.copytree(MINILM_FOLDER, folder)
+    (folder / "model.onnx").rename(folder / "model_optimized.onnx")
+    monkeypatch.setenv("MEMRL_EMBEDDER", "fastembed")
+    monkeypatch.setenv("MEMRL_EMBEDDING_MODEL", "BAAI/bge-small-en-v1.5")
+    monkeypatch.setenv("MEMRL_EMBEDDING_MODEL_PATH", str(folder))
+    assert cli.main(["--data-dir", str(tmp_path / "data")]) == 2
+    assert "fastembed:BAAI/bge-small-en-v1.5: no measured similarity constants" in capsys.readouterr().err
+
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("\n".join(llb_instructions(30)))
+    config = tmp_path / "calibrated.yaml"
+    status, _, err = run(capsys, tmp_path, "--tasks", str(tasks), "--out", str(config))
+    assert status == 0, err
+    assert "embedder fastembed:BAAI/bge-small-en-v1.5, 30 distinct tasks" in config.read_text()
+    settings = load_settings(**yaml.safe_load(config.read_text()), data_dir=tmp_path / "data")
+    service = MemoryService.open(settings)  # with its measured constants, the model is accepted
+    try:
+        assert service.delta == settings.delta
+    finally:
+        service.close()
