@@ -113,12 +113,13 @@ async def test_the_frozen_memory_refuses_every_write(tmp_path: Path) -> None:
     victim = memories(before)[0]
     with anyio.fail_after(120):
         async with frozen_memory_client(run_config, run_dir) as client:
-            recall = await client.call_tool("recall_experience", {"task": str(victim["task"])})
-            assert not recall.is_error and recall.structured_content is not None
-            recall_id = recall.structured_content.get("recall_id") or "an-unlogged-recall"
+            found = await client.call_tool("search_experience", {"task": str(victim["task"])})
+            assert not found.is_error and found.structured_content is not None
+            assert victim["id"] in [m["id"] for m in found.structured_content["memories"]]  # look-ups work
             attempts = {
+                "recall_experience": {"task": str(victim["task"])},  # logs a recall: a write too
                 "store_experience": {"task": "a new task", "experience": "a new lesson", "outcome": "success"},
-                "report_outcome": {"recall_id": recall_id, "reward": 1.0},
+                "report_outcome": {"recall_id": "a-recall-made-elsewhere", "reward": 1.0},
                 "forget_experience": {"memory_id": str(victim["id"])},
             }
             refused = {}
