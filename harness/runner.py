@@ -118,7 +118,7 @@ def memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextMan
 
 def frozen_memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextManager[Client]:
     """A transfer's evaluation: a memrl-mcp on the run's store with ``MEMRL_READ_ONLY=true``, so the server itself
-    refuses any write (the runner only recalls, but that is not what keeps the memory frozen)."""
+    offers look-ups only (the runner only looks up, but that is not what keeps the memory frozen)."""
     return _stdio_memory_client(config, run_dir, run_dir.transfer, read_only=True)
 
 
