@@ -60,6 +60,9 @@ class RunConfig(BaseModel):
     workers: int = Field(1, ge=1)
     memory_config: str | None = Field(None, description="memrl-mcp YAML settings file.")
     memory_url: str | None = Field(None, description="A running memrl-mcp over HTTP instead of a fresh one.")
+    memory_settings: dict[str, Any] | None = Field(
+        None, description="The memory server's effective constants (its memrl://settings), read at the run's start."
+    )
     model: str | None = None
     benchmark_options: dict[str, Any] = Field(default_factory=dict)
     trials: int | None = Field(None, ge=1, le=10, description="reflexion: attempts per task.")

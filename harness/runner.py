@@ -205,7 +205,7 @@ class Runner:
         """Write or check the run's config; the (epoch, task id) pairs already done."""
         if self.run_dir.config_file.exists():
             stored = self.run_dir.read_config()
-            if stored != self.config:
+            if stored.model_copy(update={"memory_settings": None}) != self.config:
                 raise RunError(
                     f"{self.run_dir.path} holds another run ({stored.model_dump_json()}); "
                     "choose another --run-dir to start a new one"
@@ -228,6 +228,7 @@ class Runner:
                 await self._epochs(None, self.training, done[id(self.training)], counter)
             else:
                 async with memory_client(self.config, self.run_dir) as client:
+                    await self._record_memory_settings(client)
                     await self._epochs(client, self.training, done[id(self.training)], counter)
                     if self.config.mode == "memrl":
                         await self._save_q_values(client)
@@ -393,6 +394,25 @@ class Runner:
         done = await anyio.run_process(args, check=False, env=get_default_environment())
         if done.returncode != 0:
             raise RunError(f"memrl-mcp export failed: {done.stderr.decode(errors='replace').strip()}")
+
+    async def _record_memory_settings(self, client: Client) -> None:
+        """Put the memory server's effective constants in run.json; a resumed run must find the same ones (a changed
+        setting, e.g. a MEMRL_* variable set since, would make it another run)."""
+        resource = await client.read_resource("memrl://settings")
+        settings = json.loads(resource.contents[0].text)
+        stored = self.run_dir.read_config()
+        if stored.memory_settings is None:
+            self.run_dir.write_config(stored.model_copy(update={"memory_settings": settings}))
+        elif stored.memory_settings != settings:
+            changed = sorted(
+                k
+                for k in settings.keys() | stored.memory_settings.keys()
+                if settings.get(k) != stored.memory_settings.get(k)
+            )
+            raise RunError(
+                f"{self.run_dir.path}: the memory server's settings changed since this run began "
+                f"({', '.join(changed)}); choose another --run-dir to start a new run"
+            )
 
     def _write_similarity(self) -> None:
         """The training tasks' mean pairwise query similarity with the run's embedder (once per run folder; with

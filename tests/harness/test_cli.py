@@ -36,6 +36,9 @@ def test_three_modes_and_a_report(tmp_path: Path) -> None:
         # Quiet by default: the memory server's log lines go to the run folder, not to the terminal.
         assert "tool call" not in done.stderr
         assert (mode == "none") or "tool call" in run.server_log.read_text()
+        # run.json records the constants the memory server really used: controlled runs at ALFWorld's (MEMRL.md).
+        settings = run.read_config().memory_settings or {}
+        assert [settings.get(key) for key in ("k1", "k2", "alpha")] == ([None] * 3 if mode == "none" else [5, 3, 0.3])
 
     runs = sorted((tmp_path / "runs").iterdir())
     report = harness("report", *map(str, runs), "--out", str(tmp_path / "report"), cwd=tmp_path)
@@ -143,3 +146,16 @@ def test_several_modes_and_seeds_in_one_command_and_a_transfer(tmp_path: Path) -
     assert held and len(held) + len(run.episodes()) // 2 == 8  # half of the first 8 tasks, by id hash
     assert headline["transfer_success"] == sum(r.success for r in held) / len(held)
     assert (run.transfer.path / "summary.json").exists()
+
+
+def test_a_run_resumed_under_other_memory_settings_is_refused(tmp_path: Path) -> None:
+    """Same arguments, but the settings file behind --config was edited: the constants differ, so it is not the
+    same run (an upgrade that changes a default is caught the same way)."""
+    settings = tmp_path / "memory.yaml"
+    settings.write_text("alpha: 0.3\n")
+    args = ["run", "controlled", "--mode", "memrl", "--run-dir", str(tmp_path / "run"), "--tasks", "4"]
+    args += ["--epochs", "1", "--config", str(settings)]
+    assert harness(*args, cwd=tmp_path).returncode == 0
+    settings.write_text("alpha: 0.9\n")
+    again = harness(*args, cwd=tmp_path)
+    assert again.returncode == 2 and "settings changed since this run began (alpha)" in again.stderr
