@@ -82,9 +82,7 @@ serve: setup
 
 # The controlled (LLM-free) benchmark in the three memory modes, then their report (runs/, report/).
 demo: setup
-	for mode in none rag memrl; do \
-		$(VENV)/bin/memrl-harness run controlled --mode $$mode --epochs 8 --runs runs/demo || exit 1; \
-	done
+	$(VENV)/bin/memrl-harness run controlled --mode none rag memrl --epochs 8 --runs runs/demo
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
 test: setup llm alfworld sandbox mariadb docker
