@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from memrl_mcp import backup
+from memrl_mcp import __version__, backup
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.observability import configure_logging
@@ -22,6 +22,7 @@ log = logging.getLogger("memrl_mcp")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="memrl-mcp", description="MemRL episodic memory as an MCP server.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--transport", choices=("stdio", "streamable-http", "sse"), default="stdio")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1).")
     parser.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765).")

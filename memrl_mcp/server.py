@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from memrl_mcp import __version__
 from memrl_mcp.access import Access
 from memrl_mcp.auth import TokenTable, access_of
 from memrl_mcp.errors import MemoryRequestError, MemrlError
@@ -227,7 +228,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
     server = MCPServer(
         name="memrl-mcp",
         instructions=INSTRUCTIONS,
-        version="0.1.0",
+        version=__version__,
         token_verifier=tokens,
         auth=auth,
         tools=tools,
