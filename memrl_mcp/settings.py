@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
@@ -51,6 +51,12 @@ class TokenGrant(BaseModel):
         return self
 
 
+def _aliases(name: str, ecosystem: str) -> AliasChoices:
+    """A setting read as ``MEMRL_<NAME>`` first, then under the ecosystem's usual environment variable; ``name``
+    itself keeps working in YAML files and as an argument."""
+    return AliasChoices(f"MEMRL_{name.upper()}", ecosystem, name)
+
+
 class Settings(BaseSettings):
     """All knobs of the memory server. Environment variable: ``MEMRL_`` + the upper-case name."""
 
@@ -65,9 +71,23 @@ class Settings(BaseSettings):
         "edge",
         description="Embedded engine when no qdrant_url is set: qdrant-edge (default) or qdrant-client's local mode.",
     )
-    qdrant_url: str | None = Field(None, description="A Qdrant server URL; when set, the embedded store is not used.")
-    qdrant_api_key: SecretStr | None = Field(None, description="API key of the Qdrant server.")
-    collection: str = Field("memrl", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Collection name prefix.")
+    # The Qdrant ecosystem's usual variables (mcp-server-qdrant's) work too; MEMRL_* wins when both are set.
+    qdrant_url: str | None = Field(
+        None,
+        validation_alias=_aliases("qdrant_url", "QDRANT_URL"),
+        description="A Qdrant server URL; when set, the embedded store is not used. Env: also QDRANT_URL.",
+    )
+    qdrant_api_key: SecretStr | None = Field(
+        None,
+        validation_alias=_aliases("qdrant_api_key", "QDRANT_API_KEY"),
+        description="API key of the Qdrant server. Env: also QDRANT_API_KEY.",
+    )
+    collection: str = Field(
+        "memrl",
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        validation_alias=_aliases("collection", "COLLECTION_NAME"),
+        description="Collection name prefix (tables are <collection>_memories, ...). Env: also COLLECTION_NAME.",
+    )
     min_free_disk_mb: int = Field(
         64,
         ge=0,

@@ -57,3 +57,22 @@ def test_unknown_key_in_the_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setenv("MEMRL_CONFIG", str(config))
     with pytest.raises(SettingsError, match="lamda"):
         load_settings()
+
+
+def test_the_qdrant_ecosystem_names_work_and_memrl_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("QDRANT_URL", "http://qdrant.internal:6333")
+    monkeypatch.setenv("QDRANT_API_KEY", "secret-key")
+    monkeypatch.setenv("COLLECTION_NAME", "team")
+    s = load_settings()
+    assert (s.qdrant_url, s.qdrant_api_key.get_secret_value(), s.collection) == (
+        "http://qdrant.internal:6333",
+        "secret-key",
+        "team",
+    )
+    monkeypatch.setenv("MEMRL_QDRANT_URL", "http://memrl.internal:6333")
+    assert load_settings().qdrant_url == "http://memrl.internal:6333"
+    config = tmp_path / "memrl.yaml"
+    config.write_text("collection: from-yaml\n")
+    monkeypatch.delenv("COLLECTION_NAME")
+    monkeypatch.setenv("MEMRL_CONFIG", str(config))
+    assert load_settings().collection == "from-yaml"
