@@ -1,10 +1,11 @@
 """Settings: defaults from the paper, YAML file, environment precedence, errors that name the setting."""
 
+import re
 from pathlib import Path
 
 import pytest
 
-from memrl_mcp.settings import SettingsError, load_settings
+from memrl_mcp.settings import Settings, SettingsError, load_settings
 
 DEFAULT_YAML = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
@@ -20,6 +21,9 @@ def test_the_documented_yaml_is_the_defaults(monkeypatch: pytest.MonkeyPatch) ->
     from_file = load_settings()
     monkeypatch.delenv("MEMRL_CONFIG")
     assert from_file == load_settings()
+    # ... and it lists every setting (data_dir as a comment: its default is the platform's folder).
+    listed = set(re.findall(r"^#? ?([a-z_0-9]+):", DEFAULT_YAML.read_text(), re.MULTILINE))
+    assert listed == set(Settings.model_fields)
 
 
 def test_environment_wins_over_the_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
