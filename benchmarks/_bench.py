@@ -12,11 +12,15 @@ import random
 import re
 import statistics
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from memrl_mcp import records
+from memrl_mcp.models import MemoryView
 
 REPO = Path(__file__).resolve().parent.parent
 DIM = 384
@@ -105,23 +109,26 @@ def synthetic_text(rng: random.Random, chars: int) -> str:
 def memory_payload(
     rng: random.Random, namespace: str, task: str, now: float, metadata: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The payload MemoryService._add writes for a new memory, aged by a random history."""
+    """The payload the service stores for a memory (``records.memory_payload``: its fields and the bookkeeping of
+    optimistic writes), aged by a random history."""
     outcome = "success" if rng.random() < 0.7 else "failure"
     visits = rng.randint(0, 20)
     created = now - rng.uniform(0, 30 * 86400)
-    return {
-        "namespace": namespace,
-        "task": task,
-        "experience": synthetic_text(rng, rng.randint(250, 350)),
-        "outcome": outcome,
-        "q": round(rng.uniform(-1.0, 1.0), 4) if visits else 0.0,
-        "visits": visits,
-        "last_reward": rng.choice([1.0, 0.0, -1.0]) if visits else None,
-        "merges": rng.choice([0, 0, 0, 1, 2]),
-        "created_at": created,
-        "updated_at": created + rng.uniform(0, 86400),
-        "metadata": metadata or {},
-    }
+    memory = MemoryView(
+        id=str(uuid.UUID(int=0)),  # not stored: the point's id is the caller's
+        namespace=namespace,
+        task=task,
+        experience=synthetic_text(rng, rng.randint(250, 350)),
+        outcome=outcome,
+        q=round(rng.uniform(-1.0, 1.0), 4) if visits else 0.0,
+        visits=visits,
+        last_reward=rng.choice([1.0, 0.0, -1.0]) if visits else None,
+        merges=rng.choice([0, 0, 0, 1, 2]),
+        created_at=created,
+        updated_at=created + rng.uniform(0, 86400),
+        metadata=metadata or {},
+    )
+    return records.memory_payload(memory)
 
 
 def shared_data_dir() -> Path:

@@ -1,0 +1,30 @@
+"""Every benchmark script runs at a tiny size, so that a change of the service breaks the build, not the next
+measurement (the figures in the README come from the same scripts at full size)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def run(script: str, *args: str, timeout: float = 600) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "printed"),
+    [
+        ("latency.py", ("--sizes", "300", "--queries", "15"), "MCP stdio"),
+        ("backends.py", ("--sizes", "300", "--queries", "10", "--budget", "5"), "qdrant-edge"),
+        ("load.py", ("--clients", "2", "--seconds", "3", "--seed-memories", "50"), "LOST UPDATES 0"),
+    ],
+)
+def test_the_benchmark_runs_at_a_tiny_size(script: str, args: tuple[str, ...], printed: str) -> None:
+    assert printed in run(script, *args)
