@@ -53,7 +53,7 @@ import uuid
 import weakref
 from typing import Any, Self
 
-from harness.backends.mariadb import MariaDBAdmin, MariaDBEpisode
+from harness.backends.mariadb import HARDENING, MariaDBAdmin, MariaDBEpisode
 from harness.backends.sandbox import CommandResult, SandboxError
 from harness.backends.sql import SQLServerError
 
@@ -300,6 +300,7 @@ class MariaDBContainer:
             try:
                 self._container = client.containers.run(
                     self.image,
+                    command=list(HARDENING),  # the local server's options too (the entrypoint appends them)
                     name=f"llb-db-{uuid.uuid4().hex[:12]}",
                     detach=True,
                     network_mode="none",

@@ -89,6 +89,9 @@ def test_the_mariadb_container_serves_episodes_on_its_socket_only(docker_engine:
     try:
         settings = server.admin.admin("SELECT CURRENT_USER(), @@secure_file_priv, @@local_infile, @@skip_networking")
         assert settings.last is not None and settings.last.rows == [("root@localhost", "/var/empty-sql-files/", 0, 1)]
+        # The local server's hardening applies here too: no events, no MEMORY tables, a memory cap per session.
+        hardening = server.admin.admin("SELECT @@event_scheduler, @@enforce_storage_engine, @@max_session_mem_used")
+        assert hardening.last is not None and hardening.last.rows == [("DISABLED", "InnoDB", 256 * 1024 * 1024)]
         (container,) = docker_engine.containers.list(filters={"label": "memrl.backend=llb-db"})
         host = container.attrs["HostConfig"]
         assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"]
