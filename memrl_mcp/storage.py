@@ -314,6 +314,11 @@ class QdrantClientStore:
         self._room = room
         self._names = {table: f"{collection}_{table}" for table in TABLES}
         self._client_is_local = url is None
+        # On a cluster a conditional write is trusted only once read back, so writes are acknowledged after every
+        # replica of the shard applied them in the leader's order, and reads consult a majority of replicas: a
+        # read-back then sees the write it follows (README, "Replicas on one Qdrant server").
+        self._write: dict[str, Any] = {"wait": True, "ordering": models.WriteOrdering.STRONG}
+        self._read: dict[str, Any] = {"consistency": models.ReadConsistencyType.MAJORITY}
         # A Qdrant server applies each update atomically; local mode is Python over numpy: one call at a time.
         self._atomic: AbstractContextManager[Any] = threading.Lock() if url is None else nullcontext()
         if url is not None:
@@ -348,7 +353,7 @@ class QdrantClientStore:
         schemas = {"keyword": models.PayloadSchemaType.KEYWORD, "float": models.PayloadSchemaType.FLOAT}
         for key, kind in INDEXES[table].items():
             if key not in indexed:
-                self._client.create_payload_index(name, key, field_schema=schemas[kind], wait=True)
+                self._client.create_payload_index(name, key, field_schema=schemas[kind], **self._write)
 
     def _check_room(self, share: float = 1.0) -> None:
         if self._room is not None:
@@ -376,48 +381,50 @@ class QdrantClientStore:
         ]
         self._check_room(RECALL_SHARE if table == "recalls" else 1.0)
         with self._atomic:
-            self._client.upsert(self._names[table], batch, wait=True)
+            self._client.upsert(self._names[table], batch, **self._write)
 
     def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         if not ids:
             return {}
         with self._atomic:
-            records = self._client.retrieve(self._names[table], list(ids), with_payload=True)
+            records = self._client.retrieve(self._names[table], list(ids), with_payload=True, **self._read)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
         with self._atomic:
-            records = self._client.retrieve(self._names[table], [point_id], with_payload=False, with_vectors=True)
+            records = self._client.retrieve(
+                self._names[table], [point_id], with_payload=False, with_vectors=True, **self._read
+            )
         return np.asarray(records[0].vector, dtype=np.float32) if records else None
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
         self._check_room()
         with self._atomic:
-            self._client.set_payload(self._names[table], payload=payload, points=[point_id], wait=True)
+            self._client.set_payload(self._names[table], payload=payload, points=[point_id], **self._write)
 
     def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
         selector = self._models.FilterSelector(filter=self._filter(where, point_id))
         self._check_room()
         with self._atomic:
-            self._client.set_payload(self._names[table], payload=payload, points=selector, wait=True)
+            self._client.set_payload(self._names[table], payload=payload, points=selector, **self._write)
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:
             selector = self._models.PointIdsList(points=list(ids))
             with self._atomic:
-                self._client.delete(self._names[table], points_selector=selector, wait=True)
+                self._client.delete(self._names[table], points_selector=selector, **self._write)
 
     def delete_where(self, table: Table, where: Where) -> None:
         selector = self._models.FilterSelector(filter=self._filter(where))
         with self._atomic:
-            self._client.delete(self._names[table], points_selector=selector, wait=True)
+            self._client.delete(self._names[table], points_selector=selector, **self._write)
 
     def purge_recalls(self, expired_before: float) -> None:
         models = self._models
         expired = models.Filter(must=[models.FieldCondition(key=EXPIRY, range=models.Range(lt=expired_before))])
         with self._atomic:
             self._client.delete(
-                self._names["recalls"], points_selector=models.FilterSelector(filter=expired), wait=True
+                self._names["recalls"], points_selector=models.FilterSelector(filter=expired), **self._write
             )
 
     def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Where) -> list[Hit]:
@@ -429,6 +436,7 @@ class QdrantClientStore:
                 score_threshold=min_similarity,
                 limit=limit,
                 with_payload=True,
+                **self._read,
             )
         return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in response.points]
 
@@ -445,12 +453,14 @@ class QdrantClientStore:
                     limit=SCROLL_PAGE,
                     offset=offset,
                     with_payload=payload,
+                    **self._read,
                 )
             yield from ((str(r.id), dict(r.payload or {})) for r in records)
             if offset is None:
                 return
 
     def count(self, table: Table, where: Where | None = None) -> int:
+        # Qdrant's count takes no read consistency; counts feed statistics and bounds, never a correctness check.
         with self._atomic:
             return int(self._client.count(self._names[table], count_filter=self._filter(where), exact=True).count)
 

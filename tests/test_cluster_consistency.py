@@ -1,0 +1,65 @@
+"""On a Qdrant cluster, every write waits for strong ordering and every read consults a majority of replicas:
+the optimistic writes are trusted only once read back, and a read-back that missed its write could apply a reward
+twice or lose it. No Qdrant server runs here, so the calls themselves are checked, on qdrant-client's local mode,
+which takes the same arguments."""
+
+from pathlib import Path
+from typing import Any
+
+from qdrant_client import models
+
+from memrl_mcp.access import EVERYTHING
+from memrl_mcp.embeddings import Embedder
+from memrl_mcp.memory import MemoryService
+from memrl_mcp.settings import load_settings
+from memrl_mcp.storage import QdrantClientStore, open_store
+
+WRITES = {"upsert", "set_payload", "delete", "create_payload_index"}
+READS = {"retrieve", "scroll", "query_points"}
+
+
+class Recording:
+    """A qdrant-client whose calls are written down with their keyword arguments."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, kwargs))
+            return attribute(*args, **kwargs)
+
+        return call
+
+
+def test_every_write_is_strongly_ordered_and_every_read_a_majority_read(embedder: Embedder, tmp_path: Path) -> None:
+    settings = load_settings(data_dir=tmp_path, embedded_engine="qdrant-local")
+    store = open_store(settings, embedder.dim)
+    assert isinstance(store, QdrantClientStore)
+    recording = Recording(store._client)
+    store._client = recording
+    service = MemoryService.open(settings, embedder, store)
+    try:
+        kept = service.store_experience("water the plants", "use the blue can", "garden", access=EVERYTHING)
+        service.store_experience("water the plants", "use the green can", "garden", access=EVERYTHING)  # a merge
+        recall = service.recall("water the plants", "garden", access=EVERYTHING)
+        service.report(recall.recall_id, 1.0, "filled the can first", access=EVERYTHING)
+        service.search("water the plants", "garden", access=EVERYTHING)
+        service.stats("garden", access=EVERYTHING)
+        service.forget(kept.id, access=EVERYTHING)
+        service.forget(namespace="garden", access=EVERYTHING)
+        service.housekeeping(stale_after=0.0)
+    finally:
+        service.close()
+    used = {name for name, _ in recording.calls}
+    assert used >= {"upsert", "set_payload", "delete", "retrieve", "scroll", "query_points"}
+    for name, arguments in recording.calls:
+        if name in WRITES:
+            assert (arguments.get("wait"), arguments.get("ordering")) == (True, models.WriteOrdering.STRONG), name
+        if name in READS:
+            assert arguments.get("consistency") == models.ReadConsistencyType.MAJORITY, name
