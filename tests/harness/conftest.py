@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.llm import LLM
+from memrl_harness.llm import LLM
 from tests.harness.fake_llm import FakeLLMServer
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness.benchmarks import load_benchmark
-from harness.benchmarks.alfworld import AlfworldBenchmark, Game, task_type
-from harness.benchmarks.base import shared_data_root
-from harness.llm import LLM, Usage
-from harness.results import RunConfig, RunDir
-from harness.runner import Runner
+from memrl_harness.benchmarks import load_benchmark
+from memrl_harness.benchmarks.alfworld import AlfworldBenchmark, Game, task_type
+from memrl_harness.benchmarks.base import shared_data_root
+from memrl_harness.llm import LLM, Usage
+from memrl_harness.results import RunConfig, RunDir
+from memrl_harness.runner import Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 DATA = shared_data_root() / "alfworld"

@@ -18,10 +18,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness.benchmarks.bigcodebench import BigCodeBenchmark
-from harness.llm import LLM
-from harness.results import EpisodeRecord, RunConfig, RunDir
-from harness.runner import Runner
+from memrl_harness.benchmarks.bigcodebench import BigCodeBenchmark
+from memrl_harness.llm import LLM
+from memrl_harness.results import EpisodeRecord, RunConfig, RunDir
+from memrl_harness.runner import Runner
 from tests.harness.conftest import alive_processes
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from harness.backends.docker import MariaDBContainer
-from harness.benchmarks.llb_db import LLBDBBenchmark
-from harness.llm import LLM
+from memrl_harness.backends.docker import MariaDBContainer
+from memrl_harness.benchmarks.llb_db import LLBDBBenchmark
+from memrl_harness.llm import LLM
 from tests.dockerd import docker_engine  # noqa: F401 (the session's engine)
 from tests.harness.conftest import alive_processes
 from tests.harness.fake_llm import FakeLLMServer

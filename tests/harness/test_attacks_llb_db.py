@@ -23,11 +23,11 @@ import anyio
 import pymysql
 import pytest
 
-from harness.backends.mariadb import LocalMariaDB
-from harness.benchmarks.llb_db import LLBDBBenchmark
-from harness.llm import LLM
-from harness.results import EpisodeRecord, RunConfig, RunDir
-from harness.runner import Runner
+from memrl_harness.backends.mariadb import LocalMariaDB
+from memrl_harness.benchmarks.llb_db import LLBDBBenchmark
+from memrl_harness.llm import LLM
+from memrl_harness.results import EpisodeRecord, RunConfig, RunDir
+from memrl_harness.runner import Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 TASK, OTHER = "351", "254"  # an INSERT task (md5: doing nothing fails it) and a SELECT task
@@ -125,8 +125,8 @@ def test_client_commands_do_not_exist_through_the_cli(tmp_path: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")}
         env |= {"MEMRL_LLM_BASE_URL": fake.base_url, "MEMRL_LLM_MODEL": fake.model}
         done = subprocess.run(
-            [sys.executable, "-m", "harness.cli", "run", "llb-db", "--mode", "none", "--epochs", "1", "--tasks", "1",
-             "--runs", str(tmp_path / "runs"), "--option", f"ids={TASK}"],
+            [sys.executable, "-m", "memrl_harness.cli", "run", "llb-db", "--mode", "none", "--epochs", "1",
+             "--tasks", "1", "--runs", str(tmp_path / "runs"), "--option", f"ids={TASK}"],
             env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         shown = [m["content"] for m in fake.chat_requests[-1].messages[2:] if m["role"] == "user"]

@@ -19,11 +19,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness.backends.bwrap import BwrapSandbox
-from harness.benchmarks.llb_os import LLBOSBenchmark
-from harness.llm import LLM
-from harness.results import EpisodeRecord, RunConfig, RunDir
-from harness.runner import Runner
+from memrl_harness.backends.bwrap import BwrapSandbox
+from memrl_harness.benchmarks.llb_os import LLBOSBenchmark
+from memrl_harness.llm import LLM
+from memrl_harness.results import EpisodeRecord, RunConfig, RunDir
+from memrl_harness.runner import Runner
 from tests.harness.conftest import alive_processes
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness.backends.sandbox import SandboxError
-from harness.benchmarks import load_benchmark
-from harness.benchmarks.base import shared_data_root
-from harness.benchmarks.bigcodebench import BigCodeBenchmark, check, extract_code
-from harness.llm import LLM
-from harness.results import RunConfig, RunDir
-from harness.runner import Runner
+from memrl_harness.backends.sandbox import SandboxError
+from memrl_harness.benchmarks import load_benchmark
+from memrl_harness.benchmarks.base import shared_data_root
+from memrl_harness.benchmarks.bigcodebench import BigCodeBenchmark, check, extract_code
+from memrl_harness.llm import LLM
+from memrl_harness.results import RunConfig, RunDir
+from memrl_harness.runner import Runner
 from tests.harness.conftest import alive_processes
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 

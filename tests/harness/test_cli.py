@@ -8,11 +8,11 @@ import sys
 import time
 from pathlib import Path
 
-from harness.results import Q_VALUES_FILE, RunDir
+from memrl_harness.results import Q_VALUES_FILE, RunDir
 from tests.harness.fake_llm import FakeLLMServer
 from tests.harness.test_hle import ROWS
 
-HARNESS = [sys.executable, "-m", "harness.cli"]
+HARNESS = [sys.executable, "-m", "memrl_harness.cli"]
 SMALL = ["--tasks", "16", "--epochs", "3", "--option", "families=2"]
 
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from harness.benchmarks import REGISTRY, memory_config
+from memrl_harness.benchmarks import REGISTRY, memory_config
 from memrl_mcp.settings import load_settings
 
 # k1, k2, lambda, alpha, Q_init success / failure, reward min / max, epsilon: MEMRL.md, "Reference constants".

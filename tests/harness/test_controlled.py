@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.benchmarks.base import Memory
-from harness.benchmarks.controlled import (
+from memrl_harness.benchmarks.base import Memory
+from memrl_harness.benchmarks.controlled import (
     PROCEDURES,
     ControlledBenchmark,
     choose,

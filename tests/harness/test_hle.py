@@ -9,9 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness.benchmarks import load_benchmark
-from harness.benchmarks.base import Memory
-from harness.benchmarks.hle import (
+from memrl_harness.benchmarks import load_benchmark
+from memrl_harness.benchmarks.base import Memory
+from memrl_harness.benchmarks.hle import (
     ENV_JUDGE_BASE_URL,
     ENV_JUDGE_MODEL,
     SYSTEM_EXACT_ANSWER,
@@ -20,9 +20,9 @@ from harness.benchmarks.hle import (
     exact_match,
     extract_answer,
 )
-from harness.llm import LLM
-from harness.results import RunConfig, RunDir
-from harness.runner import Runner
+from memrl_harness.llm import LLM
+from memrl_harness.results import RunConfig, RunDir
+from memrl_harness.runner import Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 ROWS = [

@@ -13,12 +13,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness.backends.sql import Row
-from harness.benchmarks import load_benchmark
-from harness.benchmarks.llb_db import LLBDBBenchmark, answer_matches, parse_answer
-from harness.llm import LLM
-from harness.results import RunConfig, RunDir
-from harness.runner import Runner
+from memrl_harness.backends.sql import Row
+from memrl_harness.benchmarks import load_benchmark
+from memrl_harness.benchmarks.llb_db import LLBDBBenchmark, answer_matches, parse_answer
+from memrl_harness.llm import LLM
+from memrl_harness.results import RunConfig, RunDir
+from memrl_harness.runner import Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 INSERT, SELECT = "351", "254"  # an INSERT (md5) task and a SELECT task whose gold SQL has no ORDER BY

@@ -1,4 +1,4 @@
-"""The Docker backends (harness/backends/docker.py) on a real engine (tests/dockerd.py) and the images of
+"""The Docker backends (memrl_harness/backends/docker.py) on a real engine (tests/dockerd.py) and the images of
 ``make docker``: what a sandbox and the MariaDB container do, and LLB's oracles on them (a sample here; all 350 OS
 and 361 DB tasks were run once, see /work/notes/readme-docker.md). The attacks are in test_attacks_docker.py.
 """
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from harness.backends.docker import OUTPUT_LIMIT, DockerBackendError, DockerSandbox, MariaDBContainer
-from harness.backends.sandbox import SandboxError
-from harness.benchmarks.llb_db import LLBDBBenchmark
-from harness.benchmarks.llb_os import LLBOSBenchmark
+from memrl_harness.backends.docker import OUTPUT_LIMIT, DockerBackendError, DockerSandbox, MariaDBContainer
+from memrl_harness.backends.sandbox import SandboxError
+from memrl_harness.benchmarks.llb_db import LLBDBBenchmark
+from memrl_harness.benchmarks.llb_os import LLBOSBenchmark
 from tests.dockerd import docker_engine  # noqa: F401 (the session's engine)
 
 SAMPLE = 12  # tasks per oracle here

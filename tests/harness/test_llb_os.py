@@ -18,13 +18,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness.backends.bwrap import BwrapSandbox as Sandbox
-from harness.backends.sandbox import SandboxError
-from harness.benchmarks import load_benchmark
-from harness.benchmarks.llb_os import LLBOSBenchmark
-from harness.llm import LLM
-from harness.results import RunConfig, RunDir
-from harness.runner import Runner
+from memrl_harness.backends.bwrap import BwrapSandbox as Sandbox
+from memrl_harness.backends.sandbox import SandboxError
+from memrl_harness.benchmarks import load_benchmark
+from memrl_harness.benchmarks.llb_os import LLBOSBenchmark
+from memrl_harness.llm import LLM
+from memrl_harness.results import RunConfig, RunDir
+from memrl_harness.runner import Runner
 from tests.harness.conftest import alive_processes
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 

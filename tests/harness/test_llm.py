@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from harness.llm import (
+from memrl_harness.llm import (
     LLM,
     SUMMARY_MAX_TOKENS,
     LLMError,

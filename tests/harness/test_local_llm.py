@@ -12,11 +12,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness.benchmarks.controlled import ControlledBenchmark
-from harness.llm import LLM, LLMError, is_context_overflow
-from harness.local_llm import LocalLLMError, LocalServer, check_installed, local_llm_server
-from harness.results import RunConfig, RunDir
-from harness.runner import Runner
+from memrl_harness.benchmarks.controlled import ControlledBenchmark
+from memrl_harness.llm import LLM, LLMError, is_context_overflow
+from memrl_harness.local_llm import LocalLLMError, LocalServer, check_installed, local_llm_server
+from memrl_harness.results import RunConfig, RunDir
+from memrl_harness.runner import Runner
 
 SCHEMA = {
     "title": "Move",

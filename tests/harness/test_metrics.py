@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.metrics import (
+from memrl_harness.metrics import (
     RunSummary,
     aggregate_seeds,
     mean_pairwise_similarity,
@@ -18,7 +18,7 @@ from harness.metrics import (
     summarize,
     write_summary,
 )
-from harness.results import EpisodeRecord, RunDir
+from memrl_harness.results import EpisodeRecord, RunDir
 
 
 def rec(epoch: int, task: str, success: bool, **extra: object) -> EpisodeRecord:

@@ -14,13 +14,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness.benchmarks import memory_config
-from harness.benchmarks.base import Task
-from harness.benchmarks.controlled import ControlledBenchmark
-from harness.llm import LLM
-from harness.metrics import TaskSimilarity, mean_pairwise_similarity
-from harness.results import Attempt, RunConfig, RunDir, TrajectoryRecord, TransferConfig, bound
-from harness.runner import RunError, Runner, frozen_memory_client, split_tasks
+from memrl_harness.benchmarks import memory_config
+from memrl_harness.benchmarks.base import Task
+from memrl_harness.benchmarks.controlled import ControlledBenchmark
+from memrl_harness.llm import LLM
+from memrl_harness.metrics import TaskSimilarity, mean_pairwise_similarity
+from memrl_harness.results import Attempt, RunConfig, RunDir, TrajectoryRecord, TransferConfig, bound
+from memrl_harness.runner import RunError, Runner, frozen_memory_client, split_tasks
 from memrl_mcp.embeddings import Embedder
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 from tests.harness.test_runner import CAPITALS, MISSED, CapitalsQuiz

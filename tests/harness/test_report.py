@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from harness.report import build_report
-from harness.results import Q_VALUES_FILE, EpisodeRecord, Mode, RunConfig, RunDir, TransferConfig
+from memrl_harness.report import build_report
+from memrl_harness.results import Q_VALUES_FILE, EpisodeRecord, Mode, RunConfig, RunDir, TransferConfig
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness.benchmarks.base import Episode, Memory, Task
-from harness.llm import LLM
-from harness.results import Q_VALUES_FILE, RunConfig, RunDir
-from harness.runner import ENV_MEMORY_TOKEN, RunError, Runner, epoch_order
+from memrl_harness.benchmarks.base import Episode, Memory, Task
+from memrl_harness.llm import LLM
+from memrl_harness.results import Q_VALUES_FILE, RunConfig, RunDir
+from memrl_harness.runner import ENV_MEMORY_TOKEN, RunError, Runner, epoch_order
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 from tests.test_transports import http_server
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.benchmarks.base import Episode, Memory, Task, memory_sections
-from harness.llm import LLM, LLMFormatError, Usage
+from memrl_harness.benchmarks.base import Episode, Memory, Task, memory_sections
+from memrl_harness.llm import LLM, LLMFormatError, Usage
 
 ENV_JUDGE_BASE_URL = "MEMRL_JUDGE_BASE_URL"
 ENV_JUDGE_MODEL = "MEMRL_JUDGE_MODEL"

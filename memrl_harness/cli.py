@@ -14,13 +14,13 @@ from pathlib import Path
 import anyio
 from tqdm import tqdm
 
-from harness.benchmarks import REGISTRY, load_benchmark, memory_config
-from harness.benchmarks.base import Benchmark
-from harness.llm import LLM, LLMError
-from harness.metrics import write_summary
-from harness.report import build_report, load_run
-from harness.results import DEFAULT_TRIALS, MODES, RunConfig, RunDir, TransferConfig
-from harness.runner import RunError, Runner, default_run_dir
+from memrl_harness.benchmarks import REGISTRY, load_benchmark, memory_config
+from memrl_harness.benchmarks.base import Benchmark
+from memrl_harness.llm import LLM, LLMError
+from memrl_harness.metrics import write_summary
+from memrl_harness.report import build_report, load_run
+from memrl_harness.results import DEFAULT_TRIALS, MODES, RunConfig, RunDir, TransferConfig
+from memrl_harness.runner import RunError, Runner, default_run_dir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -7,7 +7,7 @@ engine's errors as exceptions (``docker.errors``) rather than text to parse. It 
 timeouts are enforced inside the container by a shell the agent cannot replace (below), the SDK's socket
 timeout (:data:`CLIENT_TIMEOUT`) only guards against a hung engine.
 
-:class:`DockerSandbox` (the :class:`~harness.backends.sandbox.Sandbox` protocol), one container per episode:
+:class:`DockerSandbox` (the :class:`~memrl_harness.backends.sandbox.Sandbox` protocol), one container per episode:
 
 - no network at all (``--network none``: not even the host's 127.0.0.1), its own PID, IPC, UTS and mount
   namespaces; ``/proc/sys``, ``/sys`` and the kernel's other knobs read-only (Docker's default, which holds
@@ -34,11 +34,11 @@ timeout (:data:`CLIENT_TIMEOUT`) only guards against a hung engine.
   (the engine's overlay folders, the two tool paths), nothing it can act on with a read-only ``/proc/sys``
   (the ``core_pattern`` escape needs a writable one).
 
-:class:`MariaDBContainer` (the :class:`~harness.backends.sql.SQLServer` protocol): Debian's MariaDB in a
+:class:`MariaDBContainer` (the :class:`~memrl_harness.backends.sql.SQLServer` protocol): Debian's MariaDB in a
 container with no network, a read-only root, its data on a tmpfs, no capabilities, run as the image's
 unprivileged ``mysql`` user with ``secure_file_priv`` on an empty read-only folder and ``local_infile`` off.
 Its unix socket folder is bind-mounted from a private host folder (mode 0700); the episodes (a database and an
-unprivileged user each, SQL through PyMySQL) are :mod:`harness.backends.mariadb`'s, over that socket.
+unprivileged user each, SQL through PyMySQL) are :mod:`memrl_harness.backends.mariadb`'s, over that socket.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ import uuid
 import weakref
 from typing import Any, Self
 
-from harness.backends.mariadb import HARDENING, MariaDBAdmin, MariaDBEpisode
-from harness.backends.sandbox import CommandResult, SandboxError
-from harness.backends.sql import SQLServerError
+from memrl_harness.backends.mariadb import HARDENING, MariaDBAdmin, MariaDBEpisode
+from memrl_harness.backends.sandbox import CommandResult, SandboxError
+from memrl_harness.backends.sql import SQLServerError
 
 OS_IMAGE = "memrl/llb-os:bookworm"
 DB_IMAGE = "memrl/mariadb:bookworm"

@@ -9,25 +9,25 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from harness.benchmarks.base import Benchmark
+from memrl_harness.benchmarks.base import Benchmark
 
 
 @dataclass(frozen=True)
 class Entry:
     """A benchmark class (``module:Class``) and the packaged memrl-mcp settings with the paper's constants for it
-    (``harness/configs/<memory_config>.yaml``; LLB's OS and DB tasks share one)."""
+    (``memrl_harness/configs/<memory_config>.yaml``; LLB's OS and DB tasks share one)."""
 
     target: str
     memory_config: str
 
 
 REGISTRY = {
-    "controlled": Entry("harness.benchmarks.controlled:ControlledBenchmark", "controlled"),
-    "bigcodebench": Entry("harness.benchmarks.bigcodebench:BigCodeBenchmark", "bigcodebench"),
-    "hle": Entry("harness.benchmarks.hle:HLEBenchmark", "hle"),
-    "alfworld": Entry("harness.benchmarks.alfworld:AlfworldBenchmark", "alfworld"),
-    "llb-db": Entry("harness.benchmarks.llb_db:LLBDBBenchmark", "llb"),
-    "llb-os": Entry("harness.benchmarks.llb_os:LLBOSBenchmark", "llb"),
+    "controlled": Entry("memrl_harness.benchmarks.controlled:ControlledBenchmark", "controlled"),
+    "bigcodebench": Entry("memrl_harness.benchmarks.bigcodebench:BigCodeBenchmark", "bigcodebench"),
+    "hle": Entry("memrl_harness.benchmarks.hle:HLEBenchmark", "hle"),
+    "alfworld": Entry("memrl_harness.benchmarks.alfworld:AlfworldBenchmark", "alfworld"),
+    "llb-db": Entry("memrl_harness.benchmarks.llb_db:LLBDBBenchmark", "llb"),
+    "llb-os": Entry("memrl_harness.benchmarks.llb_os:LLBOSBenchmark", "llb"),
 }
 
 
@@ -46,7 +46,7 @@ def load_benchmark(name: str, **options: Any) -> Benchmark:
 def memory_config(name: str) -> Path:
     """The packaged settings file of benchmark ``name``; a missing one is an error, never the server's defaults
     (which are ALFWorld's constants, wrong for the other benchmarks)."""
-    path = Path(str(resources.files("harness") / "configs" / f"{_entry(name).memory_config}.yaml"))
+    path = Path(str(resources.files("memrl_harness") / "configs" / f"{_entry(name).memory_config}.yaml"))
     if not path.is_file():
         raise ValueError(f"benchmark {name}: its memory settings {path} are missing from the installation")
     return path

@@ -1,8 +1,8 @@
 """The SQL-server protocol: a server shared by a benchmark's episodes, a private database per episode.
 
-Backends: :mod:`harness.backends.mariadb` (a private MariaDB on a unix socket, the default; its
-:class:`~harness.backends.mariadb.MariaDBAdmin` gives the episodes of any MariaDB reached over a unix socket) and
-:mod:`harness.backends.docker` (a MariaDB container of a locally built image).
+Backends: :mod:`memrl_harness.backends.mariadb` (a private MariaDB on a unix socket, the default; its
+:class:`~memrl_harness.backends.mariadb.MariaDBAdmin` gives the episodes of any MariaDB reached over a unix socket) and
+:mod:`memrl_harness.backends.docker` (a MariaDB container of a locally built image).
 
 An episode's SQL runs through a database driver (no client program, so no client-side commands) as an
 unprivileged user created for that episode, with rights on its own database only and a time limit per action

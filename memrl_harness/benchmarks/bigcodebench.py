@@ -19,10 +19,10 @@ module ``__test__`` (a syntax error is the outcome ``syntax_error``), then each 
 all passing is ``pass``, running past ``timeout`` (60 s; a few tasks' tests take 10-60 s by design) is
 ``timeout``. Reward +1 on ``pass``, -1 otherwise.
 
-Each check runs in its own bubblewrap jail (:mod:`harness.backends.jail`, the one LLB OS uses):
+Each check runs in its own bubblewrap jail (:mod:`memrl_harness.backends.jail`, the one LLB OS uses):
 
 - as uid 1000 of a user namespace with no capabilities (host uid 1,001,000), unable to make more user
-  namespaces, under the seccomp filter of :mod:`harness.backends.seccomp` (no ``setns``, ``unshare``, mount,
+  namespaces, under the seccomp filter of :mod:`memrl_harness.backends.seccomp` (no ``setns``, ``unshare``, mount,
   ptrace, keyring, BPF, io_uring, vsock...);
 - its own mount namespace: a read-only tmpfs root with ``/usr`` (and its ``/bin``, ``/lib`` links), the Python
   environment that runs the checks (``python`` option: its prefix and base prefix) and a few ``/etc`` files
@@ -81,11 +81,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.backends.cgroups import Cgroups, Limits
-from harness.backends.jail import Staging, launch, require_jail
-from harness.backends.seccomp import bpf_program
-from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
-from harness.llm import LLM
+from memrl_harness.backends.cgroups import Cgroups, Limits
+from memrl_harness.backends.jail import Staging, launch, require_jail
+from memrl_harness.backends.seccomp import bpf_program
+from memrl_harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
+from memrl_harness.llm import LLM
 
 DATA_FILE = "bigcodebench/bigcodebench_v0.1.4.jsonl"
 STDLIB_IDS = "bigcodebench/stdlib_only_ids.json"

@@ -9,8 +9,8 @@ barely above chance: it tests the plumbing end to end, not decision quality.
 One thread by default: on a busy 2-core machine two llama.cpp threads spin against each other
 and fall below 1 token/s (``OMP_WAIT_POLICY=PASSIVE`` is set too).
 
-    python -m harness.local_llm            # serve until Ctrl-C; prints the MEMRL_LLM_* settings
-    python -m harness.local_llm --smoke    # start, one JSON-schema chat, tokens/s, stop
+    python -m memrl_harness.local_llm            # serve until Ctrl-C; prints the MEMRL_LLM_* settings
+    python -m memrl_harness.local_llm --smoke    # start, one JSON-schema chat, tokens/s, stop
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def _tail(log: IO[str], chars: int = 2000) -> str:
 
 def smoke(server: LocalServer) -> dict[str, object]:
     """One JSON-schema chat through the harness's client; what came back and how fast."""
-    from harness.llm import LLM
+    from memrl_harness.llm import LLM
 
     schema = {
         "title": "Answer",
@@ -172,7 +172,7 @@ def smoke(server: LocalServer) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.local_llm", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m memrl_harness.local_llm", description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--ctx", type=int, default=2048)

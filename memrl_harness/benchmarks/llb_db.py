@@ -7,10 +7,10 @@ or the ``data`` option: a JSON object of tasks by id, each with ``instruction``,
 delete).
 
 Server (``backend``): ``mariadb`` (default), a private MariaDB started by the first episode
-(:class:`harness.backends.mariadb.LocalMariaDB`, ``make mariadb``); ``docker``, a MariaDB container of a locally
-built image (``image``; :class:`harness.backends.docker.MariaDBContainer`). Either way the agent's SQL goes
+(:class:`memrl_harness.backends.mariadb.LocalMariaDB`, ``make mariadb``); ``docker``, a MariaDB container of a locally
+built image (``image``; :class:`memrl_harness.backends.docker.MariaDBContainer`). Either way the agent's SQL goes
 through a database driver as an unprivileged user made for the episode, with rights on its own database only
-and a time limit per action it cannot lift (see :mod:`harness.backends.mariadb` for what that guarantees and
+and a time limit per action it cannot lift (see :mod:`memrl_harness.backends.mariadb` for what that guarantees and
 what it does not). The server is stopped by :meth:`LLBDBBenchmark.close`, when collected, or at exit.
 
 Episode (LifelongAgentBench's protocol): a fresh database holds the task's table, created as LLB does
@@ -54,11 +54,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.backends.docker import DB_IMAGE, MariaDBContainer
-from harness.backends.mariadb import LocalMariaDB
-from harness.backends.sql import EpisodeDatabase, ResultSet, Row, SQLResult, SQLServer
-from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
-from harness.llm import LLM, LLMError, Usage
+from memrl_harness.backends.docker import DB_IMAGE, MariaDBContainer
+from memrl_harness.backends.mariadb import LocalMariaDB
+from memrl_harness.backends.sql import EpisodeDatabase, ResultSet, Row, SQLResult, SQLServer
+from memrl_harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
+from memrl_harness.llm import LLM, LLMError, Usage
 
 DATA_FILE = "llb/db_train.json"
 MD5_QUERY = (

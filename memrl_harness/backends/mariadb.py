@@ -62,7 +62,7 @@ import pymysql
 from pymysql.constants import CLIENT
 from pymysql.cursors import SSCursor
 
-from harness.backends.sql import ResultSet, SQLResult, SQLServerError
+from memrl_harness.backends.sql import ResultSet, SQLResult, SQLServerError
 
 #: What an episode's user may do, on its own database only: the statements of LLB's tasks and the tables, views
 #: and indexes an agent may build to get there.

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.metrics import (
+from memrl_harness.metrics import (
     RunSummary,
     SeedAggregate,
     Spread,
@@ -27,7 +27,7 @@ from harness.metrics import (
     summarize,
     write_summary,
 )
-from harness.results import Q_VALUES_FILE, EpisodeRecord, RunConfig, RunDir
+from memrl_harness.results import Q_VALUES_FILE, EpisodeRecord, RunConfig, RunDir
 
 REPORT_FILE = "report.md"
 NA = "n/a"  # a figure that does not exist for this run (no whole epoch, no Q values, ...)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, Field
 
-from harness.results import EpisodeRecord, RunDir
+from memrl_harness.results import EpisodeRecord, RunDir
 
 
 class EpochMetrics(BaseModel):

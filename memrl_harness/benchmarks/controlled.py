@@ -93,8 +93,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from harness.benchmarks.base import Episode, Memory, Task
-from harness.llm import LLM
+from memrl_harness.benchmarks.base import Episode, Memory, Task
+from memrl_harness.llm import LLM
 
 PROCEDURES: Mapping[str, tuple[str, ...]] = {
     "power cycle": ("switch the unit off at the wall", "wait two minutes", "switch it back on", "run a test cycle"),

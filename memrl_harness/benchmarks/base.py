@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from harness.llm import LLM, Usage
+from memrl_harness.llm import LLM, Usage
 
 ENV_SHARED_DATA = "MEMRL_SHARED_DATA"
 

@@ -1,6 +1,6 @@
 """The harness's one door to a chat LLM: any OpenAI-compatible endpoint, retried, metered.
 
-The same code talks to OpenAI, vLLM, Ollama or llama.cpp's server (``harness/local_llm.py``
+The same code talks to OpenAI, vLLM, Ollama or llama.cpp's server (``memrl_harness/local_llm.py``
 starts a small local one), so a benchmark result depends on the model, never on the client.
 Retries are done here, not by the ``openai`` client (its ``max_retries`` is 0), so the backoff
 is explicit and tested: connection errors, timeouts, 408, 429 and 5xx are retried with
@@ -153,7 +153,7 @@ class LLM:
         if missing:
             raise LLMError(
                 f"set {' and '.join(missing)} to point the harness at an OpenAI-compatible endpoint "
-                "(or start the local one: python -m harness.local_llm)"
+                "(or start the local one: python -m memrl_harness.local_llm)"
             )
         api_key = overrides.pop("api_key", None) or env.get(ENV_API_KEY) or env.get("OPENAI_API_KEY") or "unused"
         return cls(str(base_url), str(model), api_key, **overrides)

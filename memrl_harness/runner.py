@@ -50,10 +50,10 @@ from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from harness.benchmarks.base import Benchmark, Episode, Memory, Task
-from harness.llm import LLM, Usage, summarize_experience
-from harness.metrics import TaskSimilarity, mean_pairwise_similarity
-from harness.results import (
+from memrl_harness.benchmarks.base import Benchmark, Episode, Memory, Task
+from memrl_harness.llm import LLM, Usage, summarize_experience
+from memrl_harness.metrics import TaskSimilarity, mean_pairwise_similarity
+from memrl_harness.results import (
     MEMORY_MODES,
     Q_VALUES_FILE,
     Attempt,

@@ -1,7 +1,7 @@
 """The sandbox protocol: a throwaway Linux system that runs shell scripts an LLM wrote.
 
-Backends: :mod:`harness.backends.bwrap` (bubblewrap over a Debian root, the default) and
-:mod:`harness.backends.docker` (a container of a locally built image).
+Backends: :mod:`memrl_harness.backends.bwrap` (bubblewrap over a Debian root, the default) and
+:mod:`memrl_harness.backends.docker` (a container of a locally built image).
 """
 
 from __future__ import annotations

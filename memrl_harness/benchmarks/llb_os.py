@@ -5,11 +5,11 @@ id -> ``instruction``, ``initialization_command_item``, ``evaluation_info`` (the
 ``evaluation_command_item`` and ``ground_truth_command_item`` bash scripts) and ``skill_list``.
 ``Task.intent`` is the instruction; ``Task.type`` the first skill.
 
-Sandbox (one per episode): ``backend=bwrap`` (default) is :class:`harness.backends.bwrap.BwrapSandbox`, a
+Sandbox (one per episode): ``backend=bwrap`` (default) is :class:`memrl_harness.backends.bwrap.BwrapSandbox`, a
 Debian bookworm system in bubblewrap whose root is an unprivileged host identity, with memory, process and disk
 limits, a seccomp filter and no network (see that module for what it guarantees and what it does not);
-``backend=docker`` is :class:`harness.backends.docker.DockerSandbox`, a container of a locally built ``image``
-(``make docker``). Both share the :class:`harness.backends.sandbox.Sandbox` protocol.
+``backend=docker`` is :class:`memrl_harness.backends.docker.DockerSandbox`, a container of a locally built ``image``
+(``make docker``). Both share the :class:`memrl_harness.backends.sandbox.Sandbox` protocol.
 
 Episode (LLB's loop): up to ``max_rounds`` (10) rounds; each round the LLM answers JSON
 ``{thought, action: bash|answer|finish, content}``; a ``bash`` command runs in the sandbox and
@@ -38,12 +38,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.backends.bwrap import BwrapSandbox, check_prerequisites, default_rootfs
-from harness.backends.cgroups import Limits
-from harness.backends.docker import OS_IMAGE, DockerSandbox
-from harness.backends.sandbox import CommandResult, Sandbox, SandboxError
-from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
-from harness.llm import LLM, LLMFormatError, Usage
+from memrl_harness.backends.bwrap import BwrapSandbox, check_prerequisites, default_rootfs
+from memrl_harness.backends.cgroups import Limits
+from memrl_harness.backends.docker import OS_IMAGE, DockerSandbox
+from memrl_harness.backends.sandbox import CommandResult, Sandbox, SandboxError
+from memrl_harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
+from memrl_harness.llm import LLM, LLMFormatError, Usage
 
 DATA_FILE = "llb/os_interaction_train.json"
 

@@ -50,10 +50,10 @@ import threading
 import time
 from pathlib import Path
 
-from harness.backends.cgroups import Cgroups, Limits
-from harness.backends.jail import Staging, ids_shifted, launch, require_jail
-from harness.backends.sandbox import CommandResult, SandboxError
-from harness.backends.seccomp import bpf_program
+from memrl_harness.backends.cgroups import Cgroups, Limits
+from memrl_harness.backends.jail import Staging, ids_shifted, launch, require_jail
+from memrl_harness.backends.sandbox import CommandResult, SandboxError
+from memrl_harness.backends.seccomp import bpf_program
 
 ENV_ROOTFS = "MEMRL_LLB_ROOTFS"
 OUTPUT_LIMIT = 65536
@@ -238,7 +238,7 @@ def check_prerequisites(rootfs: Path) -> None:
     if not (rootfs / "usr" / "bin" / "python3").exists():
         problems.append(f"no root filesystem at {rootfs} (set {ENV_ROOTFS} or --option rootfs=PATH)")
     elif not ids_shifted(rootfs):
-        problems.append(f"{rootfs} is not stored with shifted ids (python -m harness.backends.jail {rootfs})")
+        problems.append(f"{rootfs} is not stored with shifted ids (python -m memrl_harness.backends.jail {rootfs})")
     if problems:
         raise SandboxError("bubblewrap sandbox unavailable: " + "; ".join(problems) + " -- run `make sandbox`")
 

@@ -45,8 +45,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, shared_data_root
-from harness.llm import LLM, LLMFormatError, Usage
+from memrl_harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, shared_data_root
+from memrl_harness.llm import LLM, LLMFormatError, Usage
 
 SPLITS = ("valid_seen", "valid_train")
 TYPES = {  # ALFWorld's task folders -> the example keys of alfworld_examples.json

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from harness.backends.cgroups import ROOT, Cgroups, Limits
-from harness.backends.sandbox import SandboxError
+from memrl_harness.backends.cgroups import ROOT, Cgroups, Limits
+from memrl_harness.backends.sandbox import SandboxError
 
 BASE = 1_000_000
 IDS = 65536
@@ -204,5 +204,5 @@ def _shift(path: Path) -> None:
         os.chmod(path, stat.S_IMODE(info.st_mode))
 
 
-if __name__ == "__main__":  # `python -m harness.backends.jail ROOTFS`: what `make sandbox` runs
+if __name__ == "__main__":  # `python -m memrl_harness.backends.jail ROOTFS`: what `make sandbox` runs
     shift_ids(Path(sys.argv[1]))
