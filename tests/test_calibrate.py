@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from memrl_harness.benchmarks.base import shared_data_root
+from memrl_harness.install import shared_data_root
 from memrl_mcp import cli
 from memrl_mcp.access import EVERYTHING
 from memrl_mcp.calibrate import MIN_TASKS, same_task_key

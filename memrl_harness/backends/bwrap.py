@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -54,8 +53,8 @@ from memrl_harness.backends.cgroups import Cgroups, Limits
 from memrl_harness.backends.jail import Staging, ids_shifted, launch, require_jail
 from memrl_harness.backends.sandbox import CommandResult, SandboxError
 from memrl_harness.backends.seccomp import bpf_program
+from memrl_harness.install import ENV_ROOTFS, default_rootfs, rootfs_hint
 
-ENV_ROOTFS = "MEMRL_LLB_ROOTFS"
 OUTPUT_LIMIT = 65536
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CHECK_PATH = "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin"
@@ -225,14 +224,8 @@ while True:
 """
 
 
-def default_rootfs() -> Path:
-    """``$MEMRL_LLB_ROOTFS``, else ``<repo>/.venv/llb-rootfs`` (where ``make sandbox`` builds it)."""
-    env = os.environ.get(ENV_ROOTFS)
-    return Path(env) if env else Path(__file__).resolve().parents[2] / ".venv" / "llb-rootfs"
-
-
 def check_prerequisites(rootfs: Path) -> None:
-    """Raise with what is missing (``make sandbox`` installs all of it)."""
+    """Raise with what is missing and how to install it (``make sandbox`` in a checkout)."""
     require_jail()
     problems = []
     if not (rootfs / "usr" / "bin" / "python3").exists():
@@ -240,7 +233,7 @@ def check_prerequisites(rootfs: Path) -> None:
     elif not ids_shifted(rootfs):
         problems.append(f"{rootfs} is not stored with shifted ids (python -m memrl_harness.backends.jail {rootfs})")
     if problems:
-        raise SandboxError("bubblewrap sandbox unavailable: " + "; ".join(problems) + " -- run `make sandbox`")
+        raise SandboxError("bubblewrap sandbox unavailable: " + "; ".join(problems) + " -- " + rootfs_hint(rootfs))
 
 
 class BwrapSandbox:

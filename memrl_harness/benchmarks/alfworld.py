@@ -45,7 +45,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from memrl_harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, shared_data_root
+from memrl_harness.benchmarks.base import Episode, Memory, Task
+from memrl_harness.install import data_hint, shared_data_root
 from memrl_harness.llm import LLM, LLMFormatError, Usage
 
 SPLITS = ("valid_seen", "valid_train")
@@ -206,7 +207,7 @@ class AlfworldBenchmark:
             games = root / split
         self.games_dir = Path(games)
         if not self.games_dir.is_dir():
-            raise ValueError(f"ALFWorld games folder not found: {self.games_dir} (set {ENV_SHARED_DATA} or games=PATH)")
+            raise ValueError(data_hint("ALFWorld games folder", self.games_dir) + " (or games=PATH)")
         self.max_steps = _positive("max_steps", max_steps)
         self.history = _positive("history", history)
         self.examples_file = Path(examples) if examples else root / "alfworld_examples.json"

@@ -7,22 +7,12 @@ checker. Everything else (memory calls, epochs, workers, experiences, metrics) i
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from memrl_harness.llm import LLM, Usage
-
-ENV_SHARED_DATA = "MEMRL_SHARED_DATA"
-
-
-def shared_data_root() -> Path:
-    """Where benchmark data lies: ``$MEMRL_SHARED_DATA``, else ``<repo>/../shared/data``."""
-    env = os.environ.get(ENV_SHARED_DATA)
-    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,8 @@ from typing import Any
 from memrl_harness.backends.cgroups import Cgroups, Limits
 from memrl_harness.backends.jail import Staging, launch, require_jail
 from memrl_harness.backends.seccomp import bpf_program
-from memrl_harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
+from memrl_harness.benchmarks.base import Episode, Memory, Task, memory_sections
+from memrl_harness.install import data_hint, shared_data_root
 from memrl_harness.llm import LLM
 
 DATA_FILE = "bigcodebench/bigcodebench_v0.1.4.jsonl"
@@ -372,9 +373,7 @@ class BigCodeBenchmark:
         root = shared_data_root()
         data_file = Path(data) if data else root / DATA_FILE
         if not data_file.is_file():
-            raise ValueError(
-                f"BigCodeBench data not found at {data_file} (set {ENV_SHARED_DATA} or --option data=PATH)"
-            )
+            raise ValueError(data_hint("BigCodeBench data", data_file))
         self.timeout = float(timeout)
         self.memory_mb = int(memory_mb)
         self.pids = int(pids)

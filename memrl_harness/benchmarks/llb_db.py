@@ -57,7 +57,8 @@ from typing import Any
 from memrl_harness.backends.docker import DB_IMAGE, MariaDBContainer
 from memrl_harness.backends.mariadb import LocalMariaDB
 from memrl_harness.backends.sql import EpisodeDatabase, ResultSet, Row, SQLResult, SQLServer
-from memrl_harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
+from memrl_harness.benchmarks.base import Episode, Memory, Task, memory_sections
+from memrl_harness.install import data_hint, shared_data_root
 from memrl_harness.llm import LLM, LLMError, Usage
 
 DATA_FILE = "llb/db_train.json"
@@ -254,7 +255,7 @@ class LLBDBBenchmark:
     ) -> None:
         path = Path(data) if data else shared_data_root() / DATA_FILE
         if not path.is_file():
-            raise ValueError(f"LLB DB data not found at {path} (set {ENV_SHARED_DATA} or --option data=PATH)")
+            raise ValueError(data_hint("LLB DB data", path))
         self.max_rounds = int(max_rounds)
         self.max_output_chars = int(max_output_chars)
         self.statement_timeout = float(statement_timeout)

@@ -38,11 +38,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memrl_harness.backends.bwrap import BwrapSandbox, check_prerequisites, default_rootfs
+from memrl_harness.backends.bwrap import BwrapSandbox, check_prerequisites
 from memrl_harness.backends.cgroups import Limits
 from memrl_harness.backends.docker import OS_IMAGE, DockerSandbox
 from memrl_harness.backends.sandbox import CommandResult, Sandbox, SandboxError
-from memrl_harness.benchmarks.base import ENV_SHARED_DATA, Episode, Memory, Task, memory_sections, shared_data_root
+from memrl_harness.benchmarks.base import Episode, Memory, Task, memory_sections
+from memrl_harness.install import data_hint, default_rootfs, shared_data_root
 from memrl_harness.llm import LLM, LLMFormatError, Usage
 
 DATA_FILE = "llb/os_interaction_train.json"
@@ -96,7 +97,7 @@ class LLBOSBenchmark:
     ) -> None:
         data_file = Path(data) if data else shared_data_root() / DATA_FILE
         if not data_file.is_file():
-            raise ValueError(f"LLB OS data not found at {data_file} (set {ENV_SHARED_DATA} or --option data=PATH)")
+            raise ValueError(data_hint("LLB OS data", data_file))
         if backend not in ("bwrap", "docker"):
             raise ValueError(f"backend: bwrap or docker, not {backend!r}")
         self.backend = backend

@@ -14,7 +14,7 @@ import pytest
 
 from memrl_harness.benchmarks import load_benchmark
 from memrl_harness.benchmarks.alfworld import AlfworldBenchmark, Game, task_type
-from memrl_harness.benchmarks.base import shared_data_root
+from memrl_harness.install import shared_data_root
 from memrl_harness.llm import LLM, Usage
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner

@@ -19,8 +19,8 @@ import pytest
 
 from memrl_harness.backends.sandbox import SandboxError
 from memrl_harness.benchmarks import load_benchmark
-from memrl_harness.benchmarks.base import shared_data_root
 from memrl_harness.benchmarks.bigcodebench import BigCodeBenchmark, check, extract_code
+from memrl_harness.install import shared_data_root
 from memrl_harness.llm import LLM
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
