@@ -86,8 +86,8 @@ demo: setup
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
 test: setup llm alfworld sandbox mariadb docker
-	$(VENV)/bin/ruff check memrl_mcp harness tests benchmarks
-	$(VENV)/bin/ruff format --check memrl_mcp harness tests benchmarks
+	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests benchmarks
+	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests benchmarks
 	$(PY) -m pytest -q
 
 bench: setup
