@@ -1,0 +1,222 @@
+"""The controlled multi-step benchmark: an LLM-free experiment in which success hinges on one decision late in the
+episode, the right decision is shared by tasks that look nothing alike, and only the observation at that decision
+tells them apart. Built to show what a step memory (Rememberer) adds to an episode memory (MemRL), and where it adds
+nothing (``one_step=true``).
+
+The world
+---------
+Incident tickets: "Team Atlas reports that the billing API on host fra-07 has been failing since the deploy." Each
+task has one hidden *cause* among ``causes`` (4 by default, ``tasks_per_cause`` tasks each: 48 tasks); the ticket's
+wording is drawn independently of the cause (team, service, host, time, template), so tasks of one cause read as
+differently as tasks of two. The benchmark ``seed`` draws the wording and, per cause, its *fix* and its *decoy* among
+the ``fixes`` (8) remedies.
+
+An episode is ``depth`` (4) decisions. The first ``depth - 1`` are diagnostics: the agent picks one of the
+diagnostic commands; each gives a plausible, harmless reading (some look like progress: "the service restarted and
+looks healthy for now") and leads on; none changes the outcome. The last diagnostic's reading states the cause's
+evidence ("the volume /var is 100% full; writes fail with 'No space left on device'") on the ticket's own host and
+service: the same evidence for every task of a cause. The last decision picks a remedy; the checker rewards it:
+the fix succeeds (+1), the decoy succeeds by luck with probability ``decoy_luck`` (0.4; it reads "the alert clears",
+a misleading success), anything else fails (-1).
+
+``one_step=true`` (the control): the same tasks, causes and remedies, but one decision, taken on the ticket alone;
+no diagnostic shows the evidence. A step memory then knows no more than the episode memory (its one observation is
+the ticket), so it can learn per task only, as the episode memory does.
+
+The agent (scripted; deterministic given the episode's ``rng``), per decision, on the menu of that decision:
+
+1. avoid the discouraged actions of the step advice, and the action each injected failure memory took at this
+   decision ("mistakes to avoid");
+2. take the encouraged action of highest value not avoided;
+3. else the action the best-ranked injected success memory took at this decision, if not avoided ("examples");
+4. else explore: a uniform choice among the actions not avoided (among all, if none is left).
+
+Its experience (``Episode.experience``): ``steps: "a1"; "a2"; ...`` on success, ``reflection: the steps "a1"; ...
+failed on this task; avoid them.`` on failure.
+
+What each memory can learn
+--------------------------
+- ``none`` explores: success (1 + decoy_luck) / fixes = 0.175.
+- ``rag`` / ``memrl``: recall is keyed by the ticket, which says nothing of the cause. A task's own memories (cosine
+  1) carry its remedy from one epoch to the next: a task is solved once, then replayed; a failure's reflection rules
+  its remedy out; a lucky decoy is replayed until it fails. Other tickets' memories carry the remedy of another cause
+  as often as not. So the episode memory learns per task, about one remedy tried per task and epoch.
+- ``rememberer``: the evidence observation is shared by the cause's tasks, so a remedy tried on one ticket advises
+  every other ticket of that cause: the step memory learns per cause, ``tasks_per_cause`` times faster.
+- ``one_step=true``: the step memory's only observation is the ticket; it learns per task like the episode memory.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from memrl_harness.benchmarks.base import Episode, Memory, StepAdvice, Steps, StepwiseBenchmark, Task
+from memrl_harness.benchmarks.controlled import _boolean, _integer, _probability
+from memrl_harness.llm import LLM
+
+# cause -> its evidence, as the last diagnostic reads it on the ticket's host and service
+CAUSES: dict[str, str] = {
+    "disk": "the volume /var is 100% full and every write fails with 'No space left on device'",
+    "certificate": "TLS handshakes fail with 'certificate has expired' for the service's own certificate",
+    "memory": "the process grows by 200 MB an hour until the kernel's OOM killer ends it",
+    "dns": "lookups of the database host return an address that was retired last month",
+    "config": "the service refuses to start: 'unknown key max_conns in /etc/service.yaml line 12'",
+    "clock": "the host's clock is 9 minutes ahead and every signed token is rejected as not yet valid",
+    "pool": "all 50 database connections are held by idle sessions and new requests queue until they time out",
+    "quota": "the upstream provider answers HTTP 429: the account's monthly request quota is used up",
+}
+REMEDIES = (
+    "rotate the logs and grow the volume",
+    "renew the certificate",
+    "roll back to the previous release",
+    "flush the DNS cache and fix the resolver entry",
+    "restore the last good configuration",
+    "resync the clock with NTP",
+    "recycle the connection pool",
+    "raise the quota with the provider",
+    "restart the service",
+    "reboot the host",
+    "scale out to another instance",
+    "clear the application cache",
+)
+DIAGNOSTICS: dict[str, str] = {  # command -> its reading (harmless; the restart looks like progress)
+    "read the service log": "the log shows a burst of errors in the last hour",
+    "check the monitoring dashboard": "the error rate is at 12% and latency is up threefold",
+    "ping the host": "the host answers in 0.4 ms; the network is fine",
+    "list recent deploys": "the last deploy was four days ago and passed its checks",
+    "restart the service": "the service restarted and looks healthy for now",
+    "check the load balancer": "two of three backends are marked unhealthy",
+}
+TEAMS = ("Atlas", "Borealis", "Cobalt", "Dune", "Ember", "Fjord", "Granite", "Harbor")
+SERVICES = ("billing API", "search service", "login portal", "report generator", "image resizer", "mail relay")
+HOSTS = ("fra-07", "ams-12", "lon-03", "par-21", "ber-09", "mad-14", "vie-02", "osl-18")
+TIMES = ("since the deploy", "since this morning", "every few minutes", "after the weekend", "since midnight")
+TEMPLATES = (
+    "Team {team} reports that the {service} on host {host} has been failing {when}.",
+    "The {service} ({host}) is down for team {team} {when}.",
+    "Please restore the {service} on {host}: team {team} sees errors {when}.",
+    "{team} on-call: {service} at {host} keeps erroring {when}.",
+)
+
+_QUOTED = re.compile(r'"([^"]+)"')
+
+
+def success_experience(actions: Sequence[str]) -> str:
+    return "steps: " + "; ".join(f'"{a}"' for a in actions) + "."
+
+
+def failure_experience(actions: Sequence[str]) -> str:
+    return "reflection: the steps " + "; ".join(f'"{a}"' for a in actions) + " failed on this task; avoid them."
+
+
+def memory_actions(experience: str) -> list[str]:
+    """The actions an experience lists, one per decision in order."""
+    return _QUOTED.findall(experience)
+
+
+def choose(
+    menu: Sequence[str], decision: int, advice: StepAdvice, memories: Sequence[Memory], rng: random.Random
+) -> str:
+    """The scripted agent's choice at one decision (see the module docstring)."""
+
+    def taken(memory: Memory) -> str | None:
+        actions = memory_actions(memory.experience)
+        return actions[decision] if decision < len(actions) and actions[decision] in menu else None
+
+    avoided = {a.action for a in advice.discouraged}
+    avoided |= {a for m in memories if m.outcome == "failure" and (a := taken(m))}
+    for item in sorted(advice.encouraged, key=lambda a: -a.q):
+        if item.action in menu and item.action not in avoided:
+            return item.action
+    for memory in memories:
+        action = taken(memory) if memory.outcome == "success" else None
+        if action is not None and action not in avoided:
+            return action
+    return rng.choice([a for a in menu if a not in avoided] or list(menu))
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A task's hidden data: its cause, the cause's fix and decoy, and where it happens."""
+
+    cause: str
+    fix: str
+    decoy: str
+    service: str
+    host: str
+
+
+class ControlledStepsBenchmark(StepwiseBenchmark):
+    """Incident tickets whose fix hinges on a late observation; see the module docstring for the experiment."""
+
+    name = "controlled-steps"
+    needs_llm = False
+
+    def __init__(
+        self,
+        causes: int | str = 4,
+        tasks_per_cause: int | str = 12,
+        fixes: int | str = 8,
+        depth: int | str = 4,
+        decoy_luck: float | str = 0.4,
+        one_step: bool | str = False,
+        seed: int | str = 0,
+    ) -> None:
+        """Options may come as text (``--option causes=3``) and are checked either way."""
+        causes = _integer("causes", causes, 1, len(CAUSES))
+        tasks_per_cause = _integer("tasks_per_cause", tasks_per_cause, 1, 64)
+        fixes = _integer("fixes", fixes, max(3, causes + 1), len(REMEDIES))
+        self.depth = _integer("depth", depth, 2, 1 + len(DIAGNOSTICS))
+        self.decoy_luck = _probability("decoy_luck", decoy_luck)
+        self.one_step = _boolean("one_step", one_step)
+        seed = _integer("seed", seed, -(2**63), 2**63 - 1)
+        draw = random.Random(f"controlled-steps:{seed}")
+        self.remedies = tuple(draw.sample(REMEDIES, fixes))
+        self.diagnostics = tuple(DIAGNOSTICS)
+        fixes_of = draw.sample(self.remedies, causes)  # one fix per cause, no two causes share it
+        self._tasks: list[Task] = []
+        for cause, fix in zip(list(CAUSES)[:causes], fixes_of, strict=True):
+            decoy = draw.choice([r for r in self.remedies if r != fix])
+            for i in range(tasks_per_cause):
+                team, service, host = draw.choice(TEAMS), draw.choice(SERVICES), draw.choice(HOSTS)
+                text = draw.choice(TEMPLATES).format(team=team, service=service, host=host, when=draw.choice(TIMES))
+                ticket = Ticket(cause, fix, decoy, service, host)
+                self._tasks.append(Task(id=f"{cause}-{i}", intent=text, data={"ticket": ticket}, type=cause))
+
+    def tasks(self) -> Sequence[Task]:
+        return list(self._tasks)
+
+    def check(self, ticket: Ticket, remedy: str, rng: random.Random) -> bool:
+        """The checker: the fix succeeds, the decoy by luck, anything else fails."""
+        roll = rng.random()
+        return remedy == ticket.fix or (remedy == ticket.decoy and roll < self.decoy_luck)
+
+    def run_steps(
+        self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random, steps: Steps
+    ) -> Episode:
+        ticket: Ticket = task.data["ticket"]
+        observation = f"Ticket: {task.intent}"
+        lines = [observation]
+        actions: list[str] = []
+        for decision in range(0 if self.one_step else self.depth - 1):
+            command = choose(self.diagnostics, decision, steps.advise(observation), memories, rng)
+            steps.took(observation, command)
+            actions.append(command)
+            reading = CAUSES[ticket.cause] if decision == self.depth - 2 else DIAGNOSTICS[command]
+            observation = f"{ticket.service} on {ticket.host}: {reading}."
+            lines.append(f"> {command}\n{observation}")
+        remedy = choose(self.remedies, len(actions), steps.advise(observation), memories, rng)
+        steps.took(observation, remedy)
+        actions.append(remedy)
+        success = self.check(ticket, remedy, rng)
+        lines.append(f"> {remedy}\n" + ("the alert clears" if success else "the alert stays"))
+        return Episode(
+            success=success,
+            reward=1.0 if success else -1.0,
+            steps=len(actions),
+            trajectory="\n".join(lines),
+            experience=success_experience(actions) if success else failure_experience(actions),
+        )
