@@ -86,6 +86,10 @@ from memrl_harness.results import (
 
 ENV_MEMORY_TOKEN = "MEMRL_MEMORY_TOKEN"  # bearer token for --memory-url
 ENV_READ_ONLY = "MEMRL_READ_ONLY"  # memrl-mcp refuses every write and logs no recall
+# A step's texts as the step memory takes them (memrl-mcp's default max_observation_chars / max_action_chars): a
+# longer shell output or script keeps its head and tail.
+STEP_OBSERVATION_CHARS = 8000
+STEP_ACTION_CHARS = 1000
 
 Progress = Callable[[int, int], None]
 """Called with (episodes done, episodes in the run) after each episode."""
@@ -328,8 +332,8 @@ class Runner:
                 usage = usage + summary_usage
             arguments = _trajectory_report(task, steps, episode, recall, experience)
             report = await _call(client, "report_trajectory", arguments)
-            reported_steps = report["updated_steps"]
-            stored_id = (report.get("stored") or {}).get("id")
+            reported_steps = report["updated"]
+            stored_id = ((report.get("outcome") or {}).get("stored") or {}).get("id")
         elif phase.learn and client is not None and recall is not None and (mode != "memp" or episode.success):
             experience, summary_usage = await self._experience(task, episode)
             usage = usage + summary_usage
@@ -498,7 +502,7 @@ def _step_hook(client: Client, task: Task) -> Steps:
     called from the episode's worker thread through the run's event loop."""
 
     def recall(observation: str) -> StepAdvice:
-        arguments = {"task": task.intent, "observation": observation}
+        arguments = {"task": task.intent, "observation": bound(observation, STEP_OBSERVATION_CHARS)}
         found = anyio.from_thread.run(_call, client, "recall_step_advice", arguments)
 
         def actions(key: str) -> tuple[ActionAdvice, ...]:
@@ -519,7 +523,11 @@ def _trajectory_report(
     arguments: dict[str, Any] = {
         "task": task.intent,
         "steps": [
-            {"observation": s.observation, "action": s.action, "reward": r}
+            {
+                "observation": bound(s.observation, STEP_OBSERVATION_CHARS),
+                "action": bound(s.action, STEP_ACTION_CHARS),
+                "reward": r,
+            }
             for s, r in zip(steps.taken, rewards, strict=True)
         ],
         "episode_id": str(uuid.uuid4()),
