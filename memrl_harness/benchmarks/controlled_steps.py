@@ -140,13 +140,11 @@ def choose(
 
 @dataclass(frozen=True)
 class Ticket:
-    """A task's hidden data: its cause, the cause's fix and decoy, and where it happens."""
+    """Where a task's incident happens, and (``cause="task"``) its one cause."""
 
-    cause: str
-    fix: str
-    decoy: str
     service: str
     host: str
+    cause: str | None
 
 
 class ControlledStepsBenchmark(StepwiseBenchmark):
@@ -158,46 +156,52 @@ class ControlledStepsBenchmark(StepwiseBenchmark):
     def __init__(
         self,
         causes: int | str = 4,
-        tasks_per_cause: int | str = 12,
+        tasks: int | str = 40,
         fixes: int | str = 8,
         depth: int | str = 4,
         decoy_luck: float | str = 0.4,
+        cause: str = "episode",
         one_step: bool | str = False,
         seed: int | str = 0,
     ) -> None:
         """Options may come as text (``--option causes=3``) and are checked either way."""
-        causes = _integer("causes", causes, 1, len(CAUSES))
-        tasks_per_cause = _integer("tasks_per_cause", tasks_per_cause, 1, 64)
-        fixes = _integer("fixes", fixes, max(3, causes + 1), len(REMEDIES))
+        count = _integer("causes", causes, 1, len(CAUSES))
+        tasks = _integer("tasks", tasks, 1, 1000)
+        fixes = _integer("fixes", fixes, count + 1, len(REMEDIES))
         self.depth = _integer("depth", depth, 2, 1 + len(DIAGNOSTICS))
         self.decoy_luck = _probability("decoy_luck", decoy_luck)
+        if cause not in ("episode", "task"):
+            raise ValueError(f"cause: must be 'episode' or 'task', got {cause!r}")
         self.one_step = _boolean("one_step", one_step)
         seed = _integer("seed", seed, -(2**63), 2**63 - 1)
         draw = random.Random(f"controlled-steps:{seed}")
         self.remedies = tuple(draw.sample(REMEDIES, fixes))
         self.diagnostics = tuple(DIAGNOSTICS)
-        fixes_of = draw.sample(self.remedies, causes)  # one fix per cause, no two causes share it
+        self.causes = tuple(CAUSES)[:count]
+        self.fix = dict(zip(self.causes, draw.sample(self.remedies, count), strict=True))  # no two causes share one
+        self.decoy = {c: draw.choice([r for r in self.remedies if r != self.fix[c]]) for c in self.causes}
         self._tasks: list[Task] = []
-        for cause, fix in zip(list(CAUSES)[:causes], fixes_of, strict=True):
-            decoy = draw.choice([r for r in self.remedies if r != fix])
-            for i in range(tasks_per_cause):
-                team, service, host = draw.choice(TEAMS), draw.choice(SERVICES), draw.choice(HOSTS)
-                text = draw.choice(TEMPLATES).format(team=team, service=service, host=host, when=draw.choice(TIMES))
-                ticket = Ticket(cause, fix, decoy, service, host)
-                self._tasks.append(Task(id=f"{cause}-{i}", intent=text, data={"ticket": ticket}, type=cause))
+        for i in range(tasks):
+            team, service, host = draw.choice(TEAMS), draw.choice(SERVICES), draw.choice(HOSTS)
+            text = draw.choice(TEMPLATES).format(team=team, service=service, host=host, when=draw.choice(TIMES))
+            fixed = self.causes[i % count] if cause == "task" else None
+            self._tasks.append(
+                Task(id=f"ticket-{i}", intent=text, data={"ticket": Ticket(service, host, fixed)}, type=fixed)
+            )
 
     def tasks(self) -> Sequence[Task]:
         return list(self._tasks)
 
-    def check(self, ticket: Ticket, remedy: str, rng: random.Random) -> bool:
-        """The checker: the fix succeeds, the decoy by luck, anything else fails."""
+    def check(self, cause: str, remedy: str, rng: random.Random) -> bool:
+        """The checker: the cause's fix succeeds, its decoy by luck, anything else fails."""
         roll = rng.random()
-        return remedy == ticket.fix or (remedy == ticket.decoy and roll < self.decoy_luck)
+        return remedy == self.fix[cause] or (remedy == self.decoy[cause] and roll < self.decoy_luck)
 
     def run_steps(
         self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random, steps: Steps
     ) -> Episode:
         ticket: Ticket = task.data["ticket"]
+        cause = ticket.cause or rng.choice(self.causes)
         observation = f"Ticket: {task.intent}"
         lines = [observation]
         actions: list[str] = []
@@ -205,14 +209,16 @@ class ControlledStepsBenchmark(StepwiseBenchmark):
             command = choose(self.diagnostics, decision, steps.advise(observation), memories, rng)
             steps.took(observation, command)
             actions.append(command)
-            reading = CAUSES[ticket.cause] if decision == self.depth - 2 else DIAGNOSTICS[command]
-            observation = f"{ticket.service} on {ticket.host}: {reading}."
+            if decision == self.depth - 2:  # the evidence: the same words on every ticket of the cause
+                observation = f"The last check reads: {CAUSES[cause]}."
+            else:
+                observation = f"{ticket.service} on {ticket.host}: {DIAGNOSTICS[command]}."
             lines.append(f"> {command}\n{observation}")
         remedy = choose(self.remedies, len(actions), steps.advise(observation), memories, rng)
         steps.took(observation, remedy)
         actions.append(remedy)
-        success = self.check(ticket, remedy, rng)
-        lines.append(f"> {remedy}\n" + ("the alert clears" if success else "the alert stays"))
+        success = self.check(cause, remedy, rng)
+        lines.append(f"> {remedy}\n" + ("the alert clears" if success else "the alert stays") + f" (cause: {cause})")
         return Episode(
             success=success,
             reward=1.0 if success else -1.0,
