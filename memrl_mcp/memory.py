@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any, Self
 
 import numpy as np
+from pydantic import BaseModel
 
 from memrl_mcp import algorithm
 from memrl_mcp.access import Access
@@ -37,13 +38,16 @@ from memrl_mcp.models import (
     ReportResult,
     SearchResult,
     Stats,
+    StepAdviceResult,
     StoreResult,
+    TrajectoryResult,
 )
 from memrl_mcp.optimistic import Ledger, NewMemory
 from memrl_mcp.records import ClaimedReport, RecallRecord, memory_payload, memory_view
 from memrl_mcp.settings import Settings
+from memrl_mcp.steps import StepMemory, StepRules, canonical_task
 from memrl_mcp.storage import Hit, Point, Store, new_id, open_store
-from memrl_mcp.validation import COUNT, DELTA, NAMESPACE, POINT_ID, Q_WEIGHT, TIMESTAMP, K, Limits
+from memrl_mcp.validation import COUNT, DELTA, EPISODE_ID, NAMESPACE, POINT_ID, Q_WEIGHT, TIMESTAMP, K, Limits
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
@@ -65,6 +69,7 @@ class MemoryService:
             settings.max_experience_chars,
             settings.max_metadata_chars,
             (settings.reward_min, settings.reward_max),
+            (settings.max_trajectory_steps, settings.max_observation_chars, settings.max_action_chars),
         )
         self._store = store
         self._ledger = Ledger(store)
@@ -86,6 +91,26 @@ class MemoryService:
             std=profile.std if settings.sim_std is None else settings.sim_std,
         )
         self._new_memory = NewMemory(settings.q_init_success, settings.q_init_failure, settings.max_metadata_chars)
+        self.step_delta = self.delta if settings.step_delta is None else settings.step_delta
+        self.steps = StepMemory(
+            store,
+            self._ledger,
+            StepRules(
+                n=settings.step_n,
+                gamma=settings.step_gamma,
+                update=settings.step_update,
+                learning_rate=settings.step_learning_rate,
+                observation_weight=settings.step_observation_weight,
+                match_threshold=settings.step_match_threshold,
+                advice_threshold=settings.step_advice_threshold,
+                max_records=settings.step_max_records,
+                max_actions=settings.step_max_actions,
+                embed_chars=settings.step_embed_chars,
+            ),
+            embed_tasks=self._embed_tasks,
+            embed_texts=self._embed,
+            report_recall=self._apply_report,
+        )
 
     @classmethod
     def open(
@@ -139,6 +164,7 @@ class MemoryService:
             recall = RecallRecord.model_validate(payload)
             if recall.report is not None and now - recall.report.reported_at >= stale_after:
                 self._ledger.redo(recall_id, recall, self.settings.alpha, self._new_memory)
+        self.steps.housekeeping(now, stale_after)
         self._store.purge_recalls(expired_before=now)
         self._housekept_at = now
 
@@ -147,10 +173,12 @@ class MemoryService:
         (MiniLM puts "x." and "x" as far as 0.90 apart, while distinct tasks reach 0.98). The cache is
         partitioned by namespace, the unit of tenancy: a caller can only hit vectors computed for a namespace
         its token may use, so the time of a call tells nothing about another tenant's recent tasks."""
-        canonical = [" ".join(task.split()).rstrip(".!;, ") or task.strip() for task in tasks]
+        return self._embed([canonical_task(task) for task in tasks], namespace)
+
+    def _embed(self, texts: Sequence[str], namespace: str) -> np.ndarray:
         if isinstance(self.embedder, CachedEmbedder):
-            return self.embedder.embed(canonical, scope=namespace)
-        return self.embedder.embed(canonical)
+            return self.embedder.embed(texts, scope=namespace)
+        return self.embedder.embed(texts)
 
     # -- recall ---------------------------------------------------------------------------------
 
@@ -291,10 +319,18 @@ class MemoryService:
                 outcome=outcome,
                 metadata=meta,
             )
-            recall = self._ledger.claim(recall_id, report)
-            applied = self._ledger.redo(recall_id, recall, self.settings.alpha, self._new_memory)
+            return self._apply_report(recall_id, report)
+
+    def _apply_report(self, recall_id: str, report: ClaimedReport) -> ReportResult:
+        """Claim the recall with ``report`` and apply it (the step memory's reports of a recall come here too)."""
+        recall = self._ledger.claim(recall_id, report)
+        applied = self._ledger.redo(recall_id, recall, self.settings.alpha, self._new_memory)
         return ReportResult(
-            recall_id=recall_id, reward=reward, updated=applied.changes, missing=applied.missing, stored=applied.stored
+            recall_id=recall_id,
+            reward=report.reward,
+            updated=applied.changes,
+            missing=applied.missing,
+            stored=applied.stored,
         )
 
     def _recall_to_report(self, recall_id: str, access: Access) -> RecallRecord:
@@ -317,6 +353,48 @@ class MemoryService:
                 f"recall_id: recall {recall_id} expired (recall_ttl_seconds={self.settings.recall_ttl_seconds:g})"
             )
         return recall
+
+    # -- the step memory (Rememberer) ----------------------------------------------------------
+
+    def recall_step_advice(
+        self, task: str, observation: str, namespace: str | None = None, k: int | None = None, *, access: Access
+    ) -> StepAdviceResult:
+        """Encouraged and discouraged actions for (task, observation), from the k best-matching step records.
+        Read-only: nothing is logged (the trajectory report names its own steps)."""
+        task = self.limits.task.check("task", task)
+        observation = self.limits.observation.check("observation", observation)
+        k = K.check("k", self.settings.step_k if k is None else k)
+        namespace = self._namespace(namespace, access)
+        with self._call():
+            return self.steps.advise(task, observation, namespace, k, self.step_delta)
+
+    def report_trajectory(
+        self,
+        task: str,
+        steps: Sequence[Any],
+        episode_id: str,
+        namespace: str | None = None,
+        recall_id: str | None = None,
+        *,
+        access: Access,
+    ) -> TrajectoryResult:
+        """Move every step's Q toward its n-step target, once per ``episode_id`` in the namespace; with
+        ``recall_id``, also report that recall of the episode memory with the last step's reward, once."""
+        task = self.limits.task.check("task", task)
+        plain = [_plain(step) for step in steps] if isinstance(steps, list | tuple) else steps
+        checked = self.limits.steps.check("steps", plain)
+        episode_id = EPISODE_ID.check("episode_id", episode_id)
+        if recall_id is not None and not isinstance(recall_id, str):
+            raise MemoryRequestError(f"recall_id: must be a string, got {type(recall_id).__name__}")
+        namespace = self._namespace(namespace, access)
+        with self._call():
+            already = self.steps.applied(namespace, episode_id)
+            if already is not None:
+                return already
+            if recall_id is not None:
+                self._recall_to_report(recall_id, access)
+            trajectory = [(step.observation, step.action, step.reward) for step in checked]
+            return self.steps.report(task, trajectory, episode_id, namespace, recall_id, self._clock())
 
     # -- store ----------------------------------------------------------------------------------
 
@@ -386,9 +464,12 @@ class MemoryService:
                 return ForgetResult(deleted=1)
             where = {"namespace": self._namespace(namespace, access)}
             self._store.delete_where("recalls", where)
+            self._store.delete_where("episodes", where)
             deleted = self._store.count("memories", where)
             self._store.delete_where("memories", where)
-            return ForgetResult(deleted=deleted)
+            steps_deleted = self._store.count("steps", where)
+            self._store.delete_where("steps", where)
+            return ForgetResult(deleted=deleted, steps_deleted=steps_deleted)
 
     def get(self, memory_id: str, *, access: Access) -> MemoryView:
         payload = self._store.get("memories", [memory_id]).get(memory_id) if _is_point_id(memory_id) else None
@@ -426,6 +507,8 @@ class MemoryService:
             visits=sum(int(p["visits"]) for p in payloads),
             recalls_pending=self._store.count("recalls", {**where, "status": "pending"}),
             recalls_reported=self._store.count("recalls", {**where, "status": "reported"}),
+            steps=self._store.count("steps", where),
+            episodes_reported=self._store.count("episodes", {**where, "status": "reported"}),
         )
 
     def effective_settings(self) -> EffectiveSettings:
@@ -448,6 +531,17 @@ class MemoryService:
             reward_min=s.reward_min,
             reward_max=s.reward_max,
             read_only=s.read_only,
+            step_n=s.step_n,
+            step_gamma=s.step_gamma,
+            step_update=s.step_update,
+            step_learning_rate=s.step_learning_rate,
+            step_observation_weight=s.step_observation_weight,
+            step_k=s.step_k,
+            step_delta=self.step_delta,
+            step_match_threshold=s.step_match_threshold,
+            step_advice_threshold=s.step_advice_threshold,
+            step_max_records=s.step_max_records,
+            step_max_actions=s.step_max_actions,
         )
 
     # -- the operator's: metrics and backups (no caller, every namespace) -------------------------
@@ -507,6 +601,11 @@ class MemoryService:
         if metadata is None:
             return {}
         return self.limits.metadata.check("metadata", dict(metadata) if isinstance(metadata, Mapping) else metadata)
+
+
+def _plain(step: Any) -> Any:
+    """A step as the rules check it: a dict (the tools hand over their parsed model, Python callers dicts)."""
+    return step.model_dump() if isinstance(step, BaseModel) else step
 
 
 def _check_outcome(outcome: str) -> None:
