@@ -14,8 +14,9 @@ reward -> the memory learns:
   before each decision ``recall_step_advice`` (task, current observation) puts encouraged and discouraged actions
   in the prompt; at the end ``report_trajectory`` hands over every (observation, action, reward) step (reward 0 but
   for the last, the episode's), once, under a fresh episode id, and the server updates each step's Q;
-- ``both``: episode memory as ``memrl`` plus step memory as ``rememberer``; the one ``report_trajectory`` call also
-  reports the episode's outcome for the recall (its ``recall_id``);
+- ``both``: episode memory as ``memrl`` plus step memory as ``rememberer``; ``report_trajectory`` with the
+  ``recall_id`` also reports the episode's outcome for the recall (Q of the recalled memories), and the new experience
+  is stored with ``store_experience`` (``report_trajectory`` takes none);
 - ``reflexion``: no memory across tasks; up to ``trials`` attempts at a task (3 by default, as the
   Reflexion paper's runs), each failed attempt's reflection (the benchmark's own experience text, or the
   LLM's reflection on the trajectory) put before the next attempt as a "mistake to avoid". Every epoch
@@ -325,20 +326,20 @@ class Runner:
         attempts, episode, usage = await self._attempts(phase.benchmark, task, memories, given, rng, steps)
         stored_id = experience = None
         reported_steps = 0
-        if phase.learn and steps is not None and steps.taken:
+        recall_reported = False
+        learn = phase.learn and client is not None
+        if learn and steps is not None and steps.taken:
             assert client is not None
-            if recall is not None:
-                experience, summary_usage = await self._experience(task, episode)
-                usage = usage + summary_usage
-            arguments = _trajectory_report(task, steps, episode, recall, experience)
-            report = await _call(client, "report_trajectory", arguments)
-            reported_steps = report["updated"]
-            stored_id = ((report.get("outcome") or {}).get("stored") or {}).get("id")
-        elif phase.learn and client is not None and recall is not None and (mode != "memp" or episode.success):
+            report = await _call(client, "report_trajectory", _trajectory_report(task, steps, episode, recall))
+            if report.get("outcome_error"):
+                raise RunError(f"memrl-mcp report_trajectory could not report the recall: {report['outcome_error']}")
+            reported_steps, recall_reported = report["updated"], recall is not None
+        if learn and recall is not None and (mode != "memp" or episode.success):
+            assert client is not None
             experience, summary_usage = await self._experience(task, episode)
             usage = usage + summary_usage
             outcome = "success" if episode.success else "failure"
-            if mode in EPISODE_Q_MODES:
+            if mode in EPISODE_Q_MODES and not recall_reported:
                 report = await _call(
                     client,
                     "report_outcome",
@@ -351,7 +352,7 @@ class Runner:
                     },
                 )
                 stored_id = report["stored"]["id"]
-            else:
+            else:  # rag, memp; both, whose report_trajectory reported the recall but takes no experience
                 stored = await _call(
                     client,
                     "store_experience",
@@ -513,12 +514,10 @@ def _step_hook(client: Client, task: Task) -> Steps:
     return Steps(recall)
 
 
-def _trajectory_report(
-    task: Task, steps: Steps, episode: Episode, recall: dict[str, Any] | None, experience: str | None
-) -> dict[str, Any]:
+def _trajectory_report(task: Task, steps: Steps, episode: Episode, recall: dict[str, Any] | None) -> dict[str, Any]:
     """``report_trajectory``'s arguments: every step taken, reward 0 but the last (the episode's reward: the
     benchmarks reward the outcome only), under a fresh episode id (the once-only key: an episode run again after
-    a kill is another trajectory); with the episode memory's recall, its outcome and new experience too."""
+    a kill is another trajectory); with the episode memory's recall (mode both), whose outcome it reports too."""
     rewards = [0.0] * (len(steps.taken) - 1) + [episode.reward]
     arguments: dict[str, Any] = {
         "task": task.intent,

@@ -8,13 +8,12 @@ import importlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 
 from memrl_harness.benchmarks import REGISTRY
-from memrl_harness.benchmarks.alfworld import AlfworldBenchmark, Game
+from memrl_harness.benchmarks.alfworld import AlfworldBenchmark
 from memrl_harness.benchmarks.base import (
     ActionAdvice,
     StepAdvice,
@@ -25,10 +24,10 @@ from memrl_harness.benchmarks.base import (
 )
 from memrl_harness.benchmarks.controlled import ControlledBenchmark
 from memrl_harness.benchmarks.llb_db import LLBDBBenchmark
-from memrl_harness.benchmarks.llb_os import START, LLBOSBenchmark
+from memrl_harness.benchmarks.llb_os import LLBOSBenchmark
 from memrl_harness.llm import LLM
 from memrl_harness.results import EpisodeRecord, RunConfig, RunDir
-from memrl_harness.runner import RunError, Runner, _call, memory_client
+from memrl_harness.runner import RunError, Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 ADVICE = "Advice from earlier episodes at a similar point"
@@ -78,16 +77,6 @@ def test_one_step_benchmarks_refuse_the_step_modes(tmp_path: Path, mode: str) ->
     assert not (tmp_path / "run").exists()
 
 
-async def read_advice(config: RunConfig, run_dir: RunDir, task: str, observation: str) -> dict[str, Any]:
-    """recall_step_advice on the run's store, after the run (a fresh server on the same folder)."""
-    async with memory_client(config, run_dir) as client:
-        return await _call(client, "recall_step_advice", {"task": task, "observation": observation})
-
-
-def advised_actions(advice: dict[str, Any]) -> set[str]:
-    return {a["action"] for a in advice["encouraged"] + advice["discouraged"]}
-
-
 def check_reported(records: list[EpisodeRecord]) -> None:
     """Every episode reported all its steps; the first epoch had no advice, the second did."""
     assert records and all(r.reported_steps == r.steps > 0 for r in records)
@@ -101,8 +90,6 @@ async def test_alfworld_rememberer_advises_each_step(fake_llm: FakeLLMServer, ll
     shutil.copytree(source, tmp_path / "games" / PENCIL)
     bench = AlfworldBenchmark(games=tmp_path / "games", max_steps=3)
     (task,) = bench.tasks()
-    with Game(task.data["game_file"]) as game:
-        start = game.reset().observation
     fake_llm.responder = json.dumps({"thought": "let me look", "action": "look"})
     config = RunConfig(benchmark="alfworld", mode="rememberer", epochs=2, seed=0)
     run_dir = RunDir(tmp_path / "run")
@@ -110,12 +97,11 @@ async def test_alfworld_rememberer_advises_each_step(fake_llm: FakeLLMServer, ll
         records = await Runner(config, bench, run_dir, llm).run()
     check_reported(records)
     prompts = [r.last_user for r in fake_llm.chat_requests]
-    assert len(prompts) == 6
+    assert len(prompts) == 6 and all(f"Your task is to: {task.intent}" in p for p in prompts)
     assert not any(ADVICE in p for p in prompts[:3])
-    assert all(ADVICE in p and "- look (value" in p for p in prompts[3:])  # looking never won: discouraged
+    # Read back from the step memory: looking never won, so it is discouraged, tried in the first episode.
+    assert all("Discouraged actions (they led to failure; avoid them):\n- look (value" in p for p in prompts[3:])
     assert all(p.index(ADVICE) < p.index("Admissible commands") for p in prompts[3:])
-    advice = await read_advice(config, run_dir, task.intent, start)
-    assert "look" in advised_actions(advice) and all(a["q"] <= 0 for a in advice["discouraged"])
 
 
 @pytest.mark.anyio
@@ -129,7 +115,7 @@ async def test_llb_db_both_memories(fake_llm: FakeLLMServer, llm: LLM, tmp_path:
             return "1. run the SQL 2. answer with its rows"
         if len(request.messages) == 2:
             return json.dumps({"thought": "run the SQL", "action": "sql", "content": gold})
-        rows = request.messages[-1]["content"].split("rows: ", 1)[1]
+        rows = request.messages[-1]["content"].split("rows: ", 1)[1].split("\n\n")[0]  # the advice follows
         return json.dumps({"thought": "that is it", "action": "answer", "content": rows})
 
     fake_llm.responder = answer
@@ -150,8 +136,6 @@ async def test_llb_db_both_memories(fake_llm: FakeLLMServer, llm: LLM, tmp_path:
     assert ADVICE in second and "- answer: " in second
     # The advice of an earlier round is not kept in the chat history.
     assert sum(ADVICE in m["content"] for m in episodes[3].messages) == 1
-    advice = await read_advice(config, run_dir, task.intent, bench.table_description(task))
-    assert f"sql: {gold}" in advised_actions(advice)
 
 
 @pytest.mark.anyio
@@ -177,5 +161,3 @@ async def test_llb_os_rememberer(fake_llm: FakeLLMServer, llm: LLM, tmp_path: Pa
     assert len(requests) == 4 and not any(ADVICE in r.last_user for r in requests[:2])
     assert ADVICE in requests[2].last_user and f"- bash: {script}" in requests[2].last_user
     assert "- finish: " in requests[3].last_user
-    advice = await read_advice(config, run_dir, task.intent, START)
-    assert f"bash: {script}" in advised_actions(advice)
