@@ -25,11 +25,11 @@ the ticket), so it can learn per task only, as the episode memory does.
 
 The agent (scripted; deterministic given the episode's ``rng``), per decision, on the menu of that decision:
 
-1. avoid the discouraged actions of the step advice, and the action each injected failure memory took at this
-   decision ("mistakes to avoid");
-2. take the encouraged action of highest value not avoided;
-3. else the action the best-ranked injected success memory took at this decision, if not avoided ("examples");
-4. else explore: a uniform choice among the actions not avoided (among all, if none is left).
+1. take the encouraged action of highest value that is not also discouraged (the step advice is about this very
+   observation, so it outranks the episode memories, which are about a similar ticket);
+2. else avoid the discouraged actions and the action each injected failure memory took at this decision
+   ("mistakes to avoid"), and take the action the best-ranked injected success memory took here ("examples");
+3. else explore: a uniform choice among the actions not avoided (not discouraged, if none is left; any, if none).
 
 Its experience (``Episode.experience``): ``steps: "a1"; "a2"; ...`` on success, ``reflection: the steps "a1"; ...
 failed on this task; avoid them.`` on failure.
@@ -120,22 +120,23 @@ def memory_actions(experience: str) -> list[str]:
 def choose(
     menu: Sequence[str], decision: int, advice: StepAdvice, memories: Sequence[Memory], rng: random.Random
 ) -> str:
-    """The scripted agent's choice at one decision (see the module docstring)."""
+    """The scripted agent's choice at one decision (see the module docstring): the step advice, which is about the
+    current observation, outranks the episode memories, which are about a similar ticket."""
 
     def taken(memory: Memory) -> str | None:
         actions = memory_actions(memory.experience)
         return actions[decision] if decision < len(actions) and actions[decision] in menu else None
 
-    avoided = {a.action for a in advice.discouraged}
-    avoided |= {a for m in memories if m.outcome == "failure" and (a := taken(m))}
+    discouraged = {a.action for a in advice.discouraged}
     for item in sorted(advice.encouraged, key=lambda a: -a.q):
-        if item.action in menu and item.action not in avoided:
+        if item.action in menu and item.action not in discouraged:
             return item.action
+    avoided = discouraged | {a for m in memories if m.outcome == "failure" and (a := taken(m))}
     for memory in memories:
         action = taken(memory) if memory.outcome == "success" else None
         if action is not None and action not in avoided:
             return action
-    return rng.choice([a for a in menu if a not in avoided] or list(menu))
+    return rng.choice([a for a in menu if a not in avoided] or [a for a in menu if a not in discouraged] or list(menu))
 
 
 @dataclass(frozen=True)
