@@ -1,27 +1,27 @@
 """The controlled multi-step benchmark: an LLM-free experiment in which success hinges on one decision late in the
-episode, the right decision is shared by tasks that look nothing alike, and only the observation at that decision
-tells them apart. Built to show what a step memory (Rememberer) adds to an episode memory (MemRL), and where it adds
-nothing (``one_step=true``).
+episode, the right decision is shared by tickets that look nothing alike, and only an observation inside the episode
+tells which one it is. Built to show what a step memory (Rememberer) adds to an episode memory (MemRL), and where it
+adds nothing (``one_step=true``).
 
 The world
 ---------
-Incident tickets: "Team Atlas reports that the billing API on host fra-07 has been failing since the deploy." Each
-task has one hidden *cause* among ``causes`` (4 by default, ``tasks_per_cause`` tasks each: 48 tasks); the ticket's
-wording is drawn independently of the cause (team, service, host, time, template), so tasks of one cause read as
-differently as tasks of two. The benchmark ``seed`` draws the wording and, per cause, its *fix* and its *decoy* among
-the ``fixes`` (8) remedies.
+Incident tickets: "Team Atlas reports that the billing API on host fra-07 has been failing since the deploy." The
+benchmark ``seed`` draws ``tasks`` (40) tickets (team, service, host, time, template), and, for each of ``causes`` (4)
+hidden causes, its *fix* and its *decoy* among ``fixes`` (8) remedies (no two causes share a fix). With
+``cause=episode`` (default) every episode of a ticket draws its cause anew from the episode's seeded ``rng``: the same
+complaint has another cause another day, and its wording says nothing of it. ``cause=task`` gives each ticket one
+cause for good (ticket i has cause i mod ``causes``; its type in the report).
 
-An episode is ``depth`` (4) decisions. The first ``depth - 1`` are diagnostics: the agent picks one of the
-diagnostic commands; each gives a plausible, harmless reading (some look like progress: "the service restarted and
-looks healthy for now") and leads on; none changes the outcome. The last diagnostic's reading states the cause's
-evidence ("the volume /var is 100% full; writes fail with 'No space left on device'") on the ticket's own host and
-service: the same evidence for every task of a cause. The last decision picks a remedy; the checker rewards it:
-the fix succeeds (+1), the decoy succeeds by luck with probability ``decoy_luck`` (0.4; it reads "the alert clears",
-a misleading success), anything else fails (-1).
+An episode is ``depth`` (4) decisions. The first ``depth - 1`` are diagnostics (read the log, check the dashboard,
+ping the host, list the deploys, check the load balancer, restart the service): each gives a plausible reading of the
+ticket's own host and service (some look like progress: "the service restarted and looks healthy for now") and leads
+on; none changes the outcome. The last diagnostic shows the cause's evidence, worded the same on every ticket ("The
+last check reads: the volume /var is 100% full and every write fails with 'No space left on device'."). The last
+decision picks a remedy; the checker: the cause's fix succeeds (+1), its decoy succeeds by luck with probability
+``decoy_luck`` (0.4; a misleading success), anything else fails (-1).
 
-``one_step=true`` (the control): the same tasks, causes and remedies, but one decision, taken on the ticket alone;
-no diagnostic shows the evidence. A step memory then knows no more than the episode memory (its one observation is
-the ticket), so it can learn per task only, as the episode memory does.
+``one_step=true`` (the control): one decision, the remedy, taken on the ticket alone; no diagnostic shows the
+evidence. The step memory's only observation is then the ticket, which does not tell the cause.
 
 The agent (scripted; deterministic given the episode's ``rng``), per decision, on the menu of that decision:
 
@@ -37,13 +37,14 @@ failed on this task; avoid them.`` on failure.
 What each memory can learn
 --------------------------
 - ``none`` explores: success (1 + decoy_luck) / fixes = 0.175.
-- ``rag`` / ``memrl``: recall is keyed by the ticket, which says nothing of the cause. A task's own memories (cosine
-  1) carry its remedy from one epoch to the next: a task is solved once, then replayed; a failure's reflection rules
-  its remedy out; a lucky decoy is replayed until it fails. Other tickets' memories carry the remedy of another cause
-  as often as not. So the episode memory learns per task, about one remedy tried per task and epoch.
-- ``rememberer``: the evidence observation is shared by the cause's tasks, so a remedy tried on one ticket advises
-  every other ticket of that cause: the step memory learns per cause, ``tasks_per_cause`` times faster.
-- ``one_step=true``: the step memory's only observation is the ticket; it learns per task like the episode memory.
+- ``rag`` / ``memrl``: recall is keyed by the ticket, which says nothing of the cause; a remembered remedy is right
+  when the cause happens to recur (1 in ``causes``), so the episode memory can learn the causes' fixes as a set
+  (about 1 / causes) but not which one applies now.
+- ``rememberer`` / ``both``: the evidence reads the same on every ticket of a cause, so a remedy tried on one ticket
+  advises every ticket that shows the same evidence: the step memory learns cause -> fix, within the first epoch.
+- ``one_step=true``: nothing observable tells the cause, so no memory can do better than a fix of some cause (its
+  step Q is a running mean over the causes: 1 win in ``causes``, so below 0 and discouraged); step memory cannot
+  help. With ``cause=task`` the ticket does decide, and both memories learn per ticket.
 """
 
 from __future__ import annotations
