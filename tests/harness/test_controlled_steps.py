@@ -27,12 +27,13 @@ SMALL = {"causes": 3, "tasks": 24, "fixes": 6, "depth": 3}
 EPOCHS = 3
 SEEDS = (0, 1)
 
-# Last-epoch minus first-epoch success, measured through this test's own run() on runner seeds 0-9 (commit of this
-# test; see /work/notes/readme-steps-harness.md):
-#   multi-step rememberer: mean +0.22, min +0.08;   multi-step both: mean +0.21, min +0.08
-#   one-step rememberer:   mean -0.03, max +0.17;   one-step both:   mean +0.01, max +0.17
-# The bound sits between the two distributions' means over SEEDS (two runs): learning above, none below.
-GAIN = 0.10
+# Last-epoch minus first-epoch success, measured with this test's run() on runner seeds 0-5 (per run):
+#   multi-step: rememberer 0.17 0.17 0.12 0.25 0.58 0.50 (mean 0.30); both 0.17 0.21 0.00 0.33 0.50 0.38 (0.26)
+#   one-step:   rememberer 0.04 -0.12 0.04 0.08 0.04 -0.04 (0.01);   both 0.00 -0.04 0.04 0.17 0.04 0.08 (0.05)
+# The test pools the two modes and SEEDS (4 runs; sd of such a mean: 0.09 multi-step, 0.04 one-step). GAIN sits
+# 1.8 of those sd below the multi-step mean (0.28) and 2.2 above the one-step mean (0.03); the pooled means of seed
+# pairs (0, 1), (2, 3), (4, 5) were 0.18, 0.18, 0.49 multi-step and -0.03, 0.08, 0.03 one-step.
+GAIN = 0.12
 
 
 def advice(encouraged: dict[str, float] | None = None, discouraged: dict[str, float] | None = None) -> StepAdvice:
@@ -116,10 +117,11 @@ async def test_step_memory_learns_where_an_observation_decides_and_not_in_the_on
                     for seed in SEEDS:
                         group.start_soon(one, mode, one_step, seed)
 
-    def gain(key: tuple[str, bool]) -> float:
-        return statistics.mean(c[-1] - c[0] for c in curves[key])
+    def gain(*keys: tuple[str, bool]) -> float:
+        return statistics.mean(c[-1] - c[0] for key in keys for c in curves[key])
 
-    for mode in ("rememberer", "both"):
-        assert gain((mode, False)) > GAIN, (mode, curves[(mode, False)])
-        assert gain((mode, True)) < GAIN, (mode, curves[(mode, True)])
-        assert gain((mode, False)) - gain((mode, True)) > GAIN
+    modes = ("rememberer", "both")
+    assert gain(*((m, False) for m in modes)) > GAIN, curves
+    assert gain(*((m, True) for m in modes)) < GAIN, curves
+    for mode in modes:
+        assert gain((mode, False)) > gain((mode, True)), (mode, curves)
