@@ -39,15 +39,27 @@ from memrl_mcp.models import (
     SearchResult,
     Stats,
     StepAdviceResult,
+    StepRecordView,
     StoreResult,
     TrajectoryResult,
 )
 from memrl_mcp.optimistic import Ledger, NewMemory
-from memrl_mcp.records import ClaimedReport, RecallRecord, memory_payload, memory_view
+from memrl_mcp.records import ClaimedReport, RecallRecord, StepPayload, memory_payload, memory_view
 from memrl_mcp.settings import Settings
-from memrl_mcp.steps import StepMemory, StepRules, canonical_task
+from memrl_mcp.steps import StepMemory, StepRules, canonical_task, step_id
 from memrl_mcp.storage import Hit, Point, Store, new_id, open_store
-from memrl_mcp.validation import COUNT, DELTA, EPISODE_ID, NAMESPACE, POINT_ID, Q_WEIGHT, TIMESTAMP, K, Limits
+from memrl_mcp.validation import (
+    COUNT,
+    DELTA,
+    EPISODE_ID,
+    FINITE,
+    NAMESPACE,
+    POINT_ID,
+    Q_WEIGHT,
+    TIMESTAMP,
+    K,
+    Limits,
+)
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
@@ -586,6 +598,41 @@ class MemoryService:
                     points += [Point(m.id, v, memory_payload(m)) for m, v in zip(same, vectors, strict=True)]
                 self._store.upsert("memories", points)
         return len(memories)
+
+    def step_records(self) -> Iterator[StepRecordView]:
+        """Every step record, in storage order: what an export writes after the memories."""
+        for record_id, payload in self._store.scroll("steps"):
+            yield StepPayload.model_validate(payload).view(record_id)
+
+    def check_step(self, record: StepRecordView) -> None:
+        """Refuse a step record to restore that reports could not have made; the message names the field."""
+        POINT_ID.check("id", record.id)
+        NAMESPACE.check("namespace", record.namespace)
+        self.limits.task.check("task", record.task)
+        self.limits.observation.check("observation", record.observation)
+        if record.id != step_id(record.namespace, record.task, record.observation):
+            raise MemoryRequestError("id: is not the id of its (namespace, task, observation); reports would miss it")
+        if len(record.actions) > self.settings.step_max_actions:
+            raise MemoryRequestError(
+                f"actions: {len(record.actions)} exceed step_max_actions={self.settings.step_max_actions}"
+            )
+        if len({a.action for a in record.actions}) < len(record.actions):
+            raise MemoryRequestError("actions: an action is listed twice (each action of a record is listed once)")
+        for i, action in enumerate(record.actions):
+            self.limits.action.check(f"actions[{i}].action", action.action)
+            FINITE.check(f"actions[{i}].q", action.q)
+            COUNT.check(f"actions[{i}].visits", action.visits)
+            self.limits.reward.check(f"actions[{i}].reward", action.reward)
+        TIMESTAMP.check("created_at", record.created_at)
+        TIMESTAMP.check("updated_at", record.updated_at)
+
+    def restore_steps(self, records: Sequence[StepRecordView]) -> int:
+        """Write step records exactly as given, re-embedding their texts; every one is checked first."""
+        for record in records:
+            self.check_step(record)
+        with self._call():
+            self.steps.restore(records)
+        return len(records)
 
     # -- validation -----------------------------------------------------------------------------
 

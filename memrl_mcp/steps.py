@@ -32,6 +32,7 @@ stops (:class:`EpisodeGone`) and removes what it had just created.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ from memrl_mcp.models import (
     StepAdvice,
     StepAdviceResult,
     StepChange,
+    StepRecordView,
     TrajectoryResult,
 )
 from memrl_mcp.optimistic import Ledger
@@ -376,6 +378,22 @@ class StepMemory:
             return False
         self._store.delete("steps", [ids[victim]])
         return True
+
+    # -- backups ------------------------------------------------------------------------------------
+
+    def restore(self, records: Sequence[StepRecordView], batch: int = 64) -> None:
+        """Write checked records under their own ids, re-embedded (an import; a record with the id is replaced)."""
+        for start in range(0, len(records), batch):
+            chunk = sorted(records[start : start + batch], key=lambda r: r.namespace)
+            points = []
+            for namespace, group in itertools.groupby(chunk, key=lambda r: r.namespace):
+                same = list(group)
+                tasks = self._embed_tasks([r.task for r in same], namespace)
+                observations = self._observations([r.observation for r in same], namespace)
+                for record, task, observation in zip(same, tasks, observations, strict=True):
+                    payload = StepPayload(**record.model_dump(exclude={"id"}))
+                    points.append(Point(record.id, np.concatenate([task, observation]), payload.model_dump()))
+            self._store.upsert("steps", points)
 
     # -- housekeeping -------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import BinaryIO
 import pytest
 
 from memrl_mcp.access import EVERYTHING
-from memrl_mcp.backup import write_atomically, write_memories
+from memrl_mcp.backup import write_atomically, write_records
 from memrl_mcp.cli import parse_args
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.models import MemoryView
@@ -214,7 +214,7 @@ def test_import_completes_an_interrupted_one_and_keeps_other_memories(embedder: 
     original = seed(embedder, tmp_path / "source")
     backup = tmp_path / "backup.jsonl"
     with backup.open("wb") as stream:
-        write_memories(original.values(), stream)
+        write_records(original.values(), stream)
     backup.write_bytes(b"\n \r\n" + backup.read_bytes().replace(b"\n", b"\r\n\n"))  # blank lines, CRLF: skipped
 
     target = make_service(embedder, tmp_path / "target")
@@ -240,7 +240,7 @@ def test_a_held_store_is_refused(embedder: Embedder, tmp_path: Path) -> None:
     original = seed(embedder, data_dir)
     backup = tmp_path / "backup.jsonl"
     with backup.open("wb") as stream:
-        write_memories(original.values(), stream)
+        write_records(original.values(), stream)
     holder = make_service(embedder, data_dir)  # as a running server would
     try:
         for args in (("import", str(backup)), ("export", "--out", str(tmp_path / "out.jsonl"))):
