@@ -192,7 +192,9 @@ def parse_record(text: str) -> Record:
     except ValidationError as error:
         by_field: dict[str, str] = {}
         for e in error.errors():
-            by_field.setdefault(str(e["loc"][0]), f"{e['loc'][0]}: {e['msg']}, got {reprlib.repr(e['input'])}")
+            first, *rest = e["loc"]
+            where = f"{first}" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in rest)
+            by_field.setdefault(str(first), f"{where}: {e['msg']}, got {reprlib.repr(e['input'])}")
         raise BackupError("; ".join(by_field.values())) from None
 
 

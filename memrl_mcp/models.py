@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 Outcome = Literal["success", "failure"]
 
@@ -136,6 +136,8 @@ class EffectiveSettings(BaseModel):
 
 class ActionView(BaseModel):
     """One action tried at a remembered step."""
+
+    model_config = ConfigDict(extra="forbid")  # an import names a stray field instead of dropping it
 
     action: str
     q: float = Field(description="Q(task, observation, action): the discounted reward expected after this action.")

@@ -16,6 +16,8 @@ from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.server import create_server
 from tests.conftest import call, make_service, refused
+from tests.test_http import ALICE, BOB, mcp_client, tokens_file
+from tests.test_transports import DEADLINE_S, http_server
 
 pytestmark = pytest.mark.anyio
 
@@ -269,3 +271,42 @@ async def test_forget_removes_a_namespaces_steps_and_episodes(client: Client, se
     assert (await call(client, "memory_stats", namespace="kept"))["steps"] == 3
     advice = await call(client, "recall_step_advice", task=MUG, observation=COUNTER, namespace="gone")
     assert advice["records"] == []
+
+
+async def test_a_tenant_never_sees_or_updates_another_tenants_steps(tmp_path: Path) -> None:
+    with (
+        http_server(tmp_path / "data", tmp_path, MEMRL_TOKENS_FILE=str(tokens_file(tmp_path))) as server,
+        anyio.fail_after(DEADLINE_S),
+    ):
+        async with mcp_client(server, ALICE) as alice, mcp_client(server, BOB) as bob:
+            mine = await call(alice, "report_trajectory", task=MUG, steps=SUCCESS, episode_id="run-1")
+            assert (mine["namespace"], mine["created"]) == ("alice", 3)
+            alice_recall = await call(alice, "recall_experience", task=MUG)
+
+            for namespace in (None, "bob", "shared"):
+                advice = await call(bob, "recall_step_advice", task=MUG, observation=COUNTER, namespace=namespace)
+                assert advice["records"] == [] and advice["encouraged"] == []
+            for tool, arguments in (
+                ("recall_step_advice", {"task": MUG, "observation": COUNTER}),
+                ("report_trajectory", {"task": MUG, "steps": FAILURE, "episode_id": "run-1"}),
+                ("forget_experience", {}),
+            ):
+                message = await refused(bob, tool, namespace="alice", **arguments)
+                assert "not one of the namespaces this token may use" in message
+            # Alice's recall looks like one that does not exist, and nothing of bob's report is written.
+            message = await refused(
+                bob, "report_trajectory", task=MUG, steps=FAILURE, episode_id="x", recall_id=alice_recall["recall_id"]
+            )
+            assert "unknown recall" in message
+            # The same episode id is bob's own in his namespace: applied there, alice's steps untouched.
+            his = await call(bob, "report_trajectory", task=MUG, steps=FAILURE, episode_id="run-1")
+            assert (his["namespace"], his["already_applied"], his["created"]) == ("bob", False, 3)
+
+            advice = await call(alice, "recall_step_advice", task=MUG, observation=COUNTER, k=3)
+            assert {r["namespace"] for r in advice["records"]} == {"alice"}
+            seen = [(a["action"], a["visits"]) for r in advice["records"] for a in r["actions"]]
+            assert ("take mug 1 from countertop 1", 1) in seen
+            assert all(visits == 1 for _, visits in seen)  # bob's report added no visit
+            assert not {a for a, _ in seen} & {step["action"] for step in FAILURE[1:]}  # nor any of his actions
+            assert (await call(alice, "memory_stats"))["steps"] == 3
+            assert (await call(bob, "memory_stats"))["steps"] == 3
