@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from memrl_mcp import algorithm
+from memrl_mcp.embeddings import Embedder, canonical_task, embed_scoped, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.models import (
     ActionView,
@@ -57,8 +58,6 @@ from memrl_mcp.optimistic import Ledger
 from memrl_mcp.records import ClaimedReport, EpisodeRecord, ReportedStep, StepPayload
 from memrl_mcp.storage import PLACEHOLDER, Point, Store
 
-Embed = Callable[[Sequence[str], str], np.ndarray]
-"""Texts and the namespace they belong to (the embedding cache's scope) -> unit rows."""
 ReportRecall = Callable[[str, ClaimedReport], ReportResult]
 """Claim a recall of the episode memory with this report, and apply it (idempotent under the same claim)."""
 
@@ -87,12 +86,6 @@ class StepRules:
     max_records: int
     max_actions: int
     embed_chars: int
-
-
-def canonical_task(task: str) -> str:
-    """One form per task: spacing and a trailing full stop make no new task (MiniLM puts "x." and "x" as far as
-    0.90 apart, while distinct tasks reach 0.98)."""
-    return " ".join(task.split()).rstrip(".!;, ") or task.strip()
 
 
 def canonical_text(text: str) -> str:
@@ -131,21 +124,23 @@ class StepMemory:
         store: Store,
         ledger: Ledger,
         rules: StepRules,
-        embed_tasks: Embed,
-        embed_texts: Embed,
+        embedder: Embedder,
         report_recall: ReportRecall,
     ) -> None:
         self._store = store
         self._ledger = ledger
         self.rules = rules
-        self._embed_tasks = embed_tasks
-        self._embed_texts = embed_texts
+        self._embedder = embedder
         self._report_recall = report_recall
 
     # -- vectors ------------------------------------------------------------------------------------
 
+    def _tasks(self, tasks: Sequence[str], namespace: str) -> np.ndarray:
+        return embed_tasks(self._embedder, tasks, namespace)
+
     def _observations(self, observations: Sequence[str], namespace: str) -> np.ndarray:
-        return self._embed_texts([embedded_text(o, self.rules.embed_chars) for o in observations], namespace)
+        texts = [embedded_text(o, self.rules.embed_chars) for o in observations]
+        return embed_scoped(self._embedder, texts, namespace)
 
     def _query(self, task: np.ndarray, observation: np.ndarray) -> np.ndarray:
         """Dot product with a stored ``[g, o]`` = (1 - w) cos(task) + w cos(observation)."""
@@ -156,7 +151,7 @@ class StepMemory:
 
     def advise(self, task: str, observation: str, namespace: str, k: int, delta: float) -> StepAdviceResult:
         """The k records matching (task, observation) best (match >= delta), and the action advice they give."""
-        task_vector = self._embed_tasks([task], namespace)[0]
+        task_vector = self._tasks([task], namespace)[0]
         observation_vector = self._observations([observation], namespace)[0]
         query = self._query(task_vector, observation_vector)
         hits = self._store.search(query, k, delta, {"namespace": namespace}, table="steps", with_vectors=True)
@@ -240,7 +235,7 @@ class StepMemory:
             if ids[j] in found:
                 values[j] = _state_value(found[ids[j]])
         if missing:
-            task_vector = self._embed_tasks([task], namespace)[0]
+            task_vector = self._tasks([task], namespace)[0]
             vectors = self._observations([observations[j] for j in missing], namespace)
             for j, vector in zip(missing, vectors, strict=True):
                 query = self._query(task_vector, vector)
@@ -322,7 +317,7 @@ class StepMemory:
         written = self._ledger.update_once(record_id, operation, fold, table="steps")
         created = False
         if written is None:
-            task_vector = self._embed_tasks([record.task], record.namespace)[0]
+            task_vector = self._tasks([record.task], record.namespace)[0]
             observation_vector = self._observations([step.observation], record.namespace)[0]
             if not self._make_room(record.namespace, task_vector, observation_vector):
                 return None
@@ -388,7 +383,7 @@ class StepMemory:
             points = []
             for namespace, group in itertools.groupby(chunk, key=lambda r: r.namespace):
                 same = list(group)
-                tasks = self._embed_tasks([r.task for r in same], namespace)
+                tasks = self._tasks([r.task for r in same], namespace)
                 observations = self._observations([r.observation for r in same], namespace)
                 for record, task, observation in zip(same, tasks, observations, strict=True):
                     payload = StepPayload(**record.model_dump(exclude={"id"}))
