@@ -193,6 +193,10 @@ class StepChange(BaseModel):
     q_before: float | None = Field(description="None: the action was new at this record.")
     q_after: float
     visits: int
+    kept: bool = Field(
+        description="False: the record was over step_max_actions and this action, with the lowest mean reward, "
+        "was dropped at once."
+    )
 
 
 class TrajectoryResult(BaseModel):

@@ -303,6 +303,7 @@ class StepMemory:
         step = record.steps[t]
         record_id = step_id(record.namespace, record.task, step.observation)
         operation = f"step:{key}:{t}"
+        folded: list[algorithm.ActionValue] = []  # the action as the write that landed left it
 
         def fold(payload: Any) -> dict[str, Any]:
             actions = [_value(ActionView.model_validate(a)) for a in payload["actions"]]
@@ -310,6 +311,7 @@ class StepMemory:
             new = algorithm.update_action_value(
                 old, step.action, step.target, step.reward, self.rules.update, self.rules.learning_rate
             )
+            folded.append(new)
             actions = [new if a is old else a for a in actions] + ([] if old else [new])
             kept = algorithm.prune_actions(actions, self.rules.max_actions)
             return {"actions": [_view(a).model_dump() for a in kept], "updated_at": record.reported_at}
@@ -339,17 +341,18 @@ class StepMemory:
             if written is None:  # evicted by a concurrent report at once
                 return None
         if written.update is None:
-            return None if created else (None, False)
+            return None, created
         before = next((a for a in written.before["actions"] if a["action"] == step.action), None)
-        after = next((a for a in written.update["actions"] if a["action"] == step.action), None)
+        after = folded[-1]
         change = StepChange(
             step=t,
             record_id=record_id,
             action=step.action,
             target=step.target,
             q_before=None if before is None else float(before["q"]),
-            q_after=float(after["q"]) if after is not None else float("nan"),
-            visits=int(after["visits"]) if after is not None else 0,
+            q_after=after.q,
+            visits=after.visits,
+            kept=any(a["action"] == step.action for a in written.update["actions"]),
         )
         return change, created
 

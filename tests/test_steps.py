@@ -243,17 +243,30 @@ async def test_capacities_bound_actions_and_records(embedder: Embedder, tmp_path
     service = make_service(embedder, tmp_path, step_max_actions=2, step_max_records=3)
     try:
         async with Client(create_server(service)) as client:
-            for i, (action, reward) in enumerate((("a", 0.5), ("b", -1.0), ("c", 0.2))):
+            kept = []
+            for i, (action, reward) in enumerate((("a", 0.5), ("b", -1.0), ("c", 0.2), ("d", -0.5))):
                 steps = [{"observation": ROOM, "action": action, "reward": reward}]
-                await call(client, "report_trajectory", task=MUG, steps=steps, episode_id=f"act-{i}")
+                report = await call(client, "report_trajectory", task=MUG, steps=steps, episode_id=f"act-{i}")
+                kept.append(report["changes"][0]["kept"])
             (record,) = records(service).values()
-            assert [a["action"] for a in record["actions"]] == ["a", "c"]  # b had the lowest mean reward
+            # c pushed out b (the lowest mean reward); d came in with the lowest and went at once.
+            assert [a["action"] for a in record["actions"]] == ["a", "c"]
+            assert kept == [True, True, True, False]
 
-            # Three more distinct steps: the fourth record makes room by the paper's rule.
+            # Three more distinct steps: the fourth record makes room by the paper's rule. COUNTER and HOLDING are
+            # the closest stored pair, and KNIFE is farther from each stored record than they are from each other:
+            # KNIFE stays, and of the pair (equal samples) the first in storage order, HOLDING, goes.
             for i, observation in enumerate((COUNTER, HOLDING, KNIFE)):
                 steps = [{"observation": observation, "action": "look", "reward": 0.0}]
-                await call(client, "report_trajectory", task=MUG, steps=steps, episode_id=f"rec-{i}")
-            assert len(records(service)) == 3
+                report = await call(client, "report_trajectory", task=MUG, steps=steps, episode_id=f"rec-{i}")
+                assert (report["created"], report["dropped"]) == (1, 0)
+            assert {r["observation"] for r in records(service).values()} == {ROOM, COUNTER, KNIFE}
+            # A near-copy of a stored record adds the least: it is the one dropped, and nothing else changes.
+            before = records(service)
+            steps = [{"observation": KNIFE.replace(".", "!"), "action": "look", "reward": 0.0}]
+            report = await call(client, "report_trajectory", task=MUG, steps=steps, episode_id="near-copy")
+            assert (report["updated"], report["created"], report["dropped"]) == (0, 0, 1)
+            assert records(service) == before
             assert (await call(client, "memory_stats"))["steps"] == 3
     finally:
         service.close()
