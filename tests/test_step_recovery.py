@@ -6,7 +6,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,8 +16,9 @@ from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.settings import Settings, load_settings
-from memrl_mcp.storage import open_store
-from tests.test_recovery import DiesAtWrite
+from memrl_mcp.steps import EpisodeGone
+from memrl_mcp.storage import Store, open_store
+from tests.test_recovery import WRITES, DiesAtWrite
 from tests.test_steps import MUG, SUCCESS, records
 from tests.test_transports import child_env
 
@@ -121,3 +124,53 @@ def test_a_sigkilled_report_is_finished_once_on_reopen(
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert_applied_once(settings, embedder, memory_id, recall_id, kill_at)
+
+
+class ForgetsAtWrite:
+    """The real store, except that the namespace is forgotten (by another caller) just before its n-th write."""
+
+    def __init__(self, store: Store, forget: Callable[[], object], n: int) -> None:
+        self._store, self._forget, self._left = store, forget, n
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+        if name not in WRITES:
+            return method
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            if self._left == 0:
+                self._forget()
+            self._left -= 1
+            return method(*args, **kwargs)
+
+        return write
+
+
+# Without a recall a report of 3 new steps writes 11 times (the claim, 3 x 3 per step, "reported").
+@pytest.mark.parametrize("forget_at", range(11))
+def test_a_namespace_forgotten_mid_report_never_comes_back(
+    embedder: Embedder, tmp_path: Path, engine: str, forget_at: int
+) -> None:
+    settings = load_settings(data_dir=tmp_path, embedded_engine=engine)
+    store = open_store(settings, embedder.dim)
+    other = MemoryService(settings, embedder, store)
+    reporter = MemoryService(
+        settings,
+        embedder,
+        ForgetsAtWrite(store, lambda: other.forget(namespace="default", access=EVERYTHING), forget_at),  # type: ignore[arg-type]
+    )
+    try:
+        if forget_at == 0:  # forgotten before the report wrote anything: the report is simply newer
+            assert reporter.report_trajectory(MUG, SUCCESS, "e", access=EVERYTHING).created == 3
+            assert other.stats(access=EVERYTHING).steps == 3
+            return
+        if forget_at < 8:  # a step record is created after the forget: the report sees its episode gone, stops
+            with pytest.raises(EpisodeGone, match="episode_id: episode 'e' is gone"):
+                reporter.report_trajectory(MUG, SUCCESS, "e", access=EVERYTHING)
+        else:  # every record was created before: the forget took them with it, the report's last writes miss
+            reporter.report_trajectory(MUG, SUCCESS, "e", access=EVERYTHING)
+        stats = other.stats(access=EVERYTHING)
+        assert (stats.steps, stats.episodes_reported) == (0, 0)
+        assert records(other) == {}
+    finally:
+        store.close()
