@@ -323,3 +323,35 @@ async def test_a_tenant_never_sees_or_updates_another_tenants_steps(tmp_path: Pa
             assert not {a for a, _ in seen} & {step["action"] for step in FAILURE[1:]}  # nor any of his actions
             assert (await call(alice, "memory_stats"))["steps"] == 3
             assert (await call(bob, "memory_stats"))["steps"] == 3
+
+
+def test_n_step_targets_and_the_constant_rate_through_the_service(embedder: Embedder, tmp_path: Path) -> None:
+    """n = 2, gamma = 0.5, Q <- Q + 0.5 (G - Q), by hand:
+    e-1: G = (0 + 0.5 x 0 + 0.25 x nothing known of HOLDING, 0 + 0.5 x 1, 1) = (0, 0.5, 1) -> Q = (0, 0.25, 0.5);
+    e-2: G_0 = 0.25 x max Q(HOLDING) = 0.125 -> Q = (0.0625, 0.375, 0.75)."""
+    service = make_service(embedder, tmp_path, step_n=2, step_gamma=0.5, step_update="const", step_learning_rate=0.5)
+    try:
+        first = service.report_trajectory(MUG, SUCCESS, "e-1", access=EVERYTHING)
+        assert [(c.target, c.q_after) for c in first.changes] == [(0.0, 0.0), (0.5, 0.25), (1.0, 0.5)]
+        second = service.report_trajectory(MUG, SUCCESS, "e-2", access=EVERYTHING)
+        assert [(c.target, c.q_before, c.q_after) for c in second.changes] == [
+            (0.125, 0.0, 0.0625),
+            (0.5, 0.25, 0.375),
+            (1.0, 0.5, 0.75),
+        ]
+    finally:
+        service.close()
+
+
+def test_the_tail_comes_from_the_nearest_record_above_the_threshold(service: MemoryService) -> None:
+    service.report_trajectory(MUG, SUCCESS, "e-1", access=EVERYTHING)  # Q(HOLDING, go to sinkbasin 1) = 1
+    near = "You pick up the mug 1 from the countertop 1 ."  # not the same text: no exact record
+    far = "Nothing happens."
+    for episode, observation, tail in (("near", near, 1.0), ("far", far, 0.0)):
+        steps = [
+            {"observation": ROOM, "action": "take mug 1", "reward": 0.0},
+            {**SUCCESS[2], "observation": observation},
+        ]
+        report = service.report_trajectory(MUG, steps, episode, access=EVERYTHING)
+        assert report.changes[0].target == tail, observation  # 0 + gamma x max Q of the matched record, or 0
+        assert report.created == 1  # the near observation is a record of its own all the same
