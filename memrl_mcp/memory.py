@@ -12,6 +12,7 @@ without limit.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import threading
@@ -25,7 +26,7 @@ from pydantic import BaseModel
 
 from memrl_mcp import algorithm
 from memrl_mcp.access import Access
-from memrl_mcp.embeddings import CachedEmbedder, Embedder, create_embedder
+from memrl_mcp.embeddings import Embedder, create_embedder, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.models import (
     EffectiveSettings,
@@ -39,15 +40,27 @@ from memrl_mcp.models import (
     SearchResult,
     Stats,
     StepAdviceResult,
+    StepRecordView,
     StoreResult,
     TrajectoryResult,
 )
 from memrl_mcp.optimistic import Ledger, NewMemory
-from memrl_mcp.records import ClaimedReport, RecallRecord, memory_payload, memory_view
+from memrl_mcp.records import ClaimedReport, RecallRecord, StepPayload, memory_payload, memory_view
 from memrl_mcp.settings import Settings
-from memrl_mcp.steps import StepMemory, StepRules, canonical_task
+from memrl_mcp.steps import StepMemory, StepRules, step_id
 from memrl_mcp.storage import Hit, Point, Store, new_id, open_store
-from memrl_mcp.validation import COUNT, DELTA, EPISODE_ID, NAMESPACE, POINT_ID, Q_WEIGHT, TIMESTAMP, K, Limits
+from memrl_mcp.validation import (
+    COUNT,
+    DELTA,
+    EPISODE_ID,
+    FINITE,
+    NAMESPACE,
+    POINT_ID,
+    Q_WEIGHT,
+    TIMESTAMP,
+    K,
+    Limits,
+)
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
@@ -107,9 +120,9 @@ class MemoryService:
                 max_actions=settings.step_max_actions,
                 embed_chars=settings.step_embed_chars,
             ),
-            embed_tasks=self._embed_tasks,
-            embed_texts=self._embed,
-            report_recall=self._apply_report,
+            embedder=embedder,
+            # The ledger's, not a method of this service: no reference cycle, so a dropped service closes at once.
+            report_recall=functools.partial(self._ledger.report, alpha=settings.alpha, new=self._new_memory),
         )
 
     @classmethod
@@ -169,16 +182,8 @@ class MemoryService:
         self._housekept_at = now
 
     def _embed_tasks(self, tasks: Sequence[str], namespace: str) -> np.ndarray:
-        """Embed the tasks' canonical forms, so that spacing and a trailing full stop make no twin
-        (MiniLM puts "x." and "x" as far as 0.90 apart, while distinct tasks reach 0.98). The cache is
-        partitioned by namespace, the unit of tenancy: a caller can only hit vectors computed for a namespace
-        its token may use, so the time of a call tells nothing about another tenant's recent tasks."""
-        return self._embed([canonical_task(task) for task in tasks], namespace)
-
-    def _embed(self, texts: Sequence[str], namespace: str) -> np.ndarray:
-        if isinstance(self.embedder, CachedEmbedder):
-            return self.embedder.embed(texts, scope=namespace)
-        return self.embedder.embed(texts)
+        """Embed the tasks' canonical forms, in the namespace's partition of the cache (embeddings.embed_tasks)."""
+        return embed_tasks(self.embedder, tasks, namespace)
 
     # -- recall ---------------------------------------------------------------------------------
 
@@ -319,19 +324,7 @@ class MemoryService:
                 outcome=outcome,
                 metadata=meta,
             )
-            return self._apply_report(recall_id, report)
-
-    def _apply_report(self, recall_id: str, report: ClaimedReport) -> ReportResult:
-        """Claim the recall with ``report`` and apply it (the step memory's reports of a recall come here too)."""
-        recall = self._ledger.claim(recall_id, report)
-        applied = self._ledger.redo(recall_id, recall, self.settings.alpha, self._new_memory)
-        return ReportResult(
-            recall_id=recall_id,
-            reward=report.reward,
-            updated=applied.changes,
-            missing=applied.missing,
-            stored=applied.stored,
-        )
+            return self._ledger.report(recall_id, report, self.settings.alpha, self._new_memory)
 
     def _recall_to_report(self, recall_id: str, access: Access) -> RecallRecord:
         payload = self._store.get("recalls", [recall_id]).get(recall_id) if _is_point_id(recall_id) else None
@@ -586,6 +579,41 @@ class MemoryService:
                     points += [Point(m.id, v, memory_payload(m)) for m, v in zip(same, vectors, strict=True)]
                 self._store.upsert("memories", points)
         return len(memories)
+
+    def step_records(self) -> Iterator[StepRecordView]:
+        """Every step record, in storage order: what an export writes after the memories."""
+        for record_id, payload in self._store.scroll("steps"):
+            yield StepPayload.model_validate(payload).view(record_id)
+
+    def check_step(self, record: StepRecordView) -> None:
+        """Refuse a step record to restore that reports could not have made; the message names the field."""
+        POINT_ID.check("id", record.id)
+        NAMESPACE.check("namespace", record.namespace)
+        self.limits.task.check("task", record.task)
+        self.limits.observation.check("observation", record.observation)
+        if record.id != step_id(record.namespace, record.task, record.observation):
+            raise MemoryRequestError("id: is not the id of its (namespace, task, observation); reports would miss it")
+        if len(record.actions) > self.settings.step_max_actions:
+            raise MemoryRequestError(
+                f"actions: {len(record.actions)} exceed step_max_actions={self.settings.step_max_actions}"
+            )
+        if len({a.action for a in record.actions}) < len(record.actions):
+            raise MemoryRequestError("actions: an action is listed twice (each action of a record is listed once)")
+        for i, action in enumerate(record.actions):
+            self.limits.action.check(f"actions[{i}].action", action.action)
+            FINITE.check(f"actions[{i}].q", action.q)
+            COUNT.check(f"actions[{i}].visits", action.visits)
+            self.limits.reward.check(f"actions[{i}].reward", action.reward)
+        TIMESTAMP.check("created_at", record.created_at)
+        TIMESTAMP.check("updated_at", record.updated_at)
+
+    def restore_steps(self, records: Sequence[StepRecordView]) -> int:
+        """Write step records exactly as given, re-embedding their texts; every one is checked first."""
+        for record in records:
+            self.check_step(record)
+        with self._call():
+            self.steps.restore(records)
+        return len(records)
 
     # -- validation -----------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 Outcome = Literal["success", "failure"]
 
@@ -137,6 +137,8 @@ class EffectiveSettings(BaseModel):
 class ActionView(BaseModel):
     """One action tried at a remembered step."""
 
+    model_config = ConfigDict(extra="forbid")  # an import names a stray field instead of dropping it
+
     action: str
     q: float = Field(description="Q(task, observation, action): the discounted reward expected after this action.")
     visits: int = Field(description="Targets folded into q.")
@@ -191,6 +193,10 @@ class StepChange(BaseModel):
     q_before: float | None = Field(description="None: the action was new at this record.")
     q_after: float
     visits: int
+    kept: bool = Field(
+        description="False: the record was over step_max_actions and this action, with the lowest mean reward, "
+        "was dropped at once."
+    )
 
 
 class TrajectoryResult(BaseModel):

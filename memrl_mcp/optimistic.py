@@ -33,7 +33,7 @@ import numpy as np
 
 from memrl_mcp import algorithm
 from memrl_mcp.errors import MemoryRequestError, MemrlError
-from memrl_mcp.models import MemoryView, QChange, StoreResult
+from memrl_mcp.models import MemoryView, QChange, ReportResult, StoreResult
 from memrl_mcp.records import ClaimedReport, RecallRecord, memory_payload, memory_view, merged_metadata
 from memrl_mcp.storage import Point, Store, Table
 
@@ -154,6 +154,19 @@ class Ledger:
     def add(self, memory: MemoryView, vector: np.ndarray) -> StoreResult:
         self._store.upsert("memories", [Point(memory.id, vector, memory_payload(memory))])
         return StoreResult(id=memory.id, merged=False, memory=memory)
+
+    def report(self, recall_id: str, report: ClaimedReport, alpha: float, new: NewMemory) -> ReportResult:
+        """Claim the recall with ``report`` and apply it: ``report_outcome``, and a trajectory's report of its
+        recall (whose claim id derives from the episode, so that its redo is recognised as its own)."""
+        recall = self.claim(recall_id, report)
+        applied = self.redo(recall_id, recall, alpha, new)
+        return ReportResult(
+            recall_id=recall_id,
+            reward=report.reward,
+            updated=applied.changes,
+            missing=applied.missing,
+            stored=applied.stored,
+        )
 
     def redo(self, recall_id: str, recall: RecallRecord, alpha: float, new: NewMemory) -> Applied:
         """Everything a claimed report does (module docstring, 3.): run by the reporter, or again after a crash."""

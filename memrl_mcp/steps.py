@@ -32,6 +32,7 @@ stops (:class:`EpisodeGone`) and removes what it had just created.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from memrl_mcp import algorithm
+from memrl_mcp.embeddings import Embedder, canonical_task, embed_scoped, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.models import (
     ActionView,
@@ -49,14 +51,13 @@ from memrl_mcp.models import (
     StepAdvice,
     StepAdviceResult,
     StepChange,
+    StepRecordView,
     TrajectoryResult,
 )
 from memrl_mcp.optimistic import Ledger
 from memrl_mcp.records import ClaimedReport, EpisodeRecord, ReportedStep, StepPayload
 from memrl_mcp.storage import PLACEHOLDER, Point, Store
 
-Embed = Callable[[Sequence[str], str], np.ndarray]
-"""Texts and the namespace they belong to (the embedding cache's scope) -> unit rows."""
 ReportRecall = Callable[[str, ClaimedReport], ReportResult]
 """Claim a recall of the episode memory with this report, and apply it (idempotent under the same claim)."""
 
@@ -85,12 +86,6 @@ class StepRules:
     max_records: int
     max_actions: int
     embed_chars: int
-
-
-def canonical_task(task: str) -> str:
-    """One form per task: spacing and a trailing full stop make no new task (MiniLM puts "x." and "x" as far as
-    0.90 apart, while distinct tasks reach 0.98)."""
-    return " ".join(task.split()).rstrip(".!;, ") or task.strip()
 
 
 def canonical_text(text: str) -> str:
@@ -129,21 +124,23 @@ class StepMemory:
         store: Store,
         ledger: Ledger,
         rules: StepRules,
-        embed_tasks: Embed,
-        embed_texts: Embed,
+        embedder: Embedder,
         report_recall: ReportRecall,
     ) -> None:
         self._store = store
         self._ledger = ledger
         self.rules = rules
-        self._embed_tasks = embed_tasks
-        self._embed_texts = embed_texts
+        self._embedder = embedder
         self._report_recall = report_recall
 
     # -- vectors ------------------------------------------------------------------------------------
 
+    def _tasks(self, tasks: Sequence[str], namespace: str) -> np.ndarray:
+        return embed_tasks(self._embedder, tasks, namespace)
+
     def _observations(self, observations: Sequence[str], namespace: str) -> np.ndarray:
-        return self._embed_texts([embedded_text(o, self.rules.embed_chars) for o in observations], namespace)
+        texts = [embedded_text(o, self.rules.embed_chars) for o in observations]
+        return embed_scoped(self._embedder, texts, namespace)
 
     def _query(self, task: np.ndarray, observation: np.ndarray) -> np.ndarray:
         """Dot product with a stored ``[g, o]`` = (1 - w) cos(task) + w cos(observation)."""
@@ -154,7 +151,7 @@ class StepMemory:
 
     def advise(self, task: str, observation: str, namespace: str, k: int, delta: float) -> StepAdviceResult:
         """The k records matching (task, observation) best (match >= delta), and the action advice they give."""
-        task_vector = self._embed_tasks([task], namespace)[0]
+        task_vector = self._tasks([task], namespace)[0]
         observation_vector = self._observations([observation], namespace)[0]
         query = self._query(task_vector, observation_vector)
         hits = self._store.search(query, k, delta, {"namespace": namespace}, table="steps", with_vectors=True)
@@ -238,7 +235,7 @@ class StepMemory:
             if ids[j] in found:
                 values[j] = _state_value(found[ids[j]])
         if missing:
-            task_vector = self._embed_tasks([task], namespace)[0]
+            task_vector = self._tasks([task], namespace)[0]
             vectors = self._observations([observations[j] for j in missing], namespace)
             for j, vector in zip(missing, vectors, strict=True):
                 query = self._query(task_vector, vector)
@@ -306,6 +303,7 @@ class StepMemory:
         step = record.steps[t]
         record_id = step_id(record.namespace, record.task, step.observation)
         operation = f"step:{key}:{t}"
+        folded: list[algorithm.ActionValue] = []  # the action as the write that landed left it
 
         def fold(payload: Any) -> dict[str, Any]:
             actions = [_value(ActionView.model_validate(a)) for a in payload["actions"]]
@@ -313,6 +311,7 @@ class StepMemory:
             new = algorithm.update_action_value(
                 old, step.action, step.target, step.reward, self.rules.update, self.rules.learning_rate
             )
+            folded.append(new)
             actions = [new if a is old else a for a in actions] + ([] if old else [new])
             kept = algorithm.prune_actions(actions, self.rules.max_actions)
             return {"actions": [_view(a).model_dump() for a in kept], "updated_at": record.reported_at}
@@ -320,7 +319,7 @@ class StepMemory:
         written = self._ledger.update_once(record_id, operation, fold, table="steps")
         created = False
         if written is None:
-            task_vector = self._embed_tasks([record.task], record.namespace)[0]
+            task_vector = self._tasks([record.task], record.namespace)[0]
             observation_vector = self._observations([step.observation], record.namespace)[0]
             if not self._make_room(record.namespace, task_vector, observation_vector):
                 return None
@@ -342,17 +341,18 @@ class StepMemory:
             if written is None:  # evicted by a concurrent report at once
                 return None
         if written.update is None:
-            return None if created else (None, False)
+            return None, created
         before = next((a for a in written.before["actions"] if a["action"] == step.action), None)
-        after = next((a for a in written.update["actions"] if a["action"] == step.action), None)
+        after = folded[-1]
         change = StepChange(
             step=t,
             record_id=record_id,
             action=step.action,
             target=step.target,
             q_before=None if before is None else float(before["q"]),
-            q_after=float(after["q"]) if after is not None else float("nan"),
-            visits=int(after["visits"]) if after is not None else 0,
+            q_after=after.q,
+            visits=after.visits,
+            kept=any(a["action"] == step.action for a in written.update["actions"]),
         )
         return change, created
 
@@ -376,6 +376,22 @@ class StepMemory:
             return False
         self._store.delete("steps", [ids[victim]])
         return True
+
+    # -- backups ------------------------------------------------------------------------------------
+
+    def restore(self, records: Sequence[StepRecordView], batch: int = 64) -> None:
+        """Write checked records under their own ids, re-embedded (an import; a record with the id is replaced)."""
+        for start in range(0, len(records), batch):
+            chunk = sorted(records[start : start + batch], key=lambda r: r.namespace)
+            points = []
+            for namespace, group in itertools.groupby(chunk, key=lambda r: r.namespace):
+                same = list(group)
+                tasks = self._tasks([r.task for r in same], namespace)
+                observations = self._observations([r.observation for r in same], namespace)
+                for record, task, observation in zip(same, tasks, observations, strict=True):
+                    payload = StepPayload(**record.model_dump(exclude={"id"}))
+                    points.append(Point(record.id, np.concatenate([task, observation]), payload.model_dump()))
+            self._store.upsert("steps", points)
 
     # -- housekeeping -------------------------------------------------------------------------------
 

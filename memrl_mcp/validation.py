@@ -183,6 +183,7 @@ NAMESPACE = Rule[str](NamespaceName)
 POINT_ID = Rule[str](Annotated[str, Field(max_length=36), AfterValidator(_uuid)])
 COUNT = Rule[int](Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)])
 TIMESTAMP = Rule[float](Annotated[float, Field(ge=0.0, allow_inf_nan=False)])
+FINITE = Rule[float](Annotated[float, Field(allow_inf_nan=False)])
 
 
 MAX_EPISODE_ID_CHARS = 200
