@@ -19,6 +19,7 @@ from memrl_harness.benchmarks.controlled_steps import (
     failure_experience,
     success_experience,
 )
+from memrl_harness.report import build_report
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
 
@@ -125,3 +126,8 @@ async def test_step_memory_learns_where_an_observation_decides_and_not_in_the_on
     assert gain(*((m, True) for m in modes)) < GAIN, curves
     for mode in modes:
         assert gain((mode, False)) > gain((mode, True)), (mode, curves)
+    # The report and its curves take the new modes like the others (one setting per mode and variant, seeds pooled).
+    report = build_report(sorted(p for p in tmp_path.iterdir() if p.is_dir()), tmp_path / "report").read_text()
+    for mode in modes:
+        assert f"| {mode} #1 | 0, 1 |" in report and f"| {mode} #2 | 0, 1 |" in report
+    assert (tmp_path / "report" / "success_rate_controlled-steps.png").stat().st_size > 0
