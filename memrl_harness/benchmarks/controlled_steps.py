@@ -44,7 +44,12 @@ What each memory can learn
   advises every ticket that shows the same evidence: the step memory learns cause -> fix, within the first epoch.
 - ``one_step=true``: nothing observable tells the cause, so no memory can do better than a fix of some cause (its
   step Q is a running mean over the causes: 1 win in ``causes``, so below 0 and discouraged); step memory cannot
-  help. With ``cause=task`` the ticket does decide, and both memories learn per ticket.
+  help. With ``cause=task`` the ticket does decide, and both memories learn per ticket (the step memory faster: it
+  keeps every remedy tried on a ticket with its value, the episode memory one success and the newest reflection).
+
+Measured (runner seeds 0-2, 6 epochs, benchmark defaults; last epoch, mean): cause=episode: none 0.19, rag 0.18,
+memrl 0.23, rememberer 0.89, both 0.78; one_step: 0.18 to 0.25 for every mode, flat; cause=task: memrl 0.58,
+rememberer 0.99; one_step with cause=task: memrl 0.45, rememberer 0.62, both 0.72 (tables and curves: the README).
 """
 
 from __future__ import annotations
