@@ -176,6 +176,7 @@ HOSTILE: list[tuple[dict[str, Any], str]] = [
     ({"episode_id": 7}, "episode_id"),
     ({"namespace": "no spaces"}, "namespace"),
     ({"recall_id": 5}, "recall_id"),
+    ({"recall_id": "r" * 10_000}, "recall_id"),
     ({"surprise": True}, "surprise"),
 ]
 
