@@ -226,8 +226,9 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         recall_id: Annotated[
             str | None,
             Field(
+                max_length=36,
                 description="The recall_id of recall_experience for this episode, if any: its report_outcome is "
-                "applied too, with the last step's reward."
+                "applied too, with the last step's reward.",
             ),
         ] = None,
     ) -> TrajectoryResult:

@@ -176,6 +176,7 @@ HOSTILE: list[tuple[dict[str, Any], str]] = [
     ({"episode_id": 7}, "episode_id"),
     ({"namespace": "no spaces"}, "namespace"),
     ({"recall_id": 5}, "recall_id"),
+    ({"recall_id": "r" * 10_000}, "recall_id"),
     ({"surprise": True}, "surprise"),
 ]
 
@@ -355,3 +356,18 @@ def test_the_tail_comes_from_the_nearest_record_above_the_threshold(service: Mem
         report = service.report_trajectory(MUG, steps, episode, access=EVERYTHING)
         assert report.changes[0].target == tail, observation  # 0 + gamma x max Q of the matched record, or 0
         assert report.created == 1  # the near observation is a record of its own all the same
+
+
+async def test_the_schemas_tell_clients_the_bounds(client: Client) -> None:
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert tools["recall_step_advice"].annotations.read_only_hint is True
+    assert tools["report_trajectory"].annotations.idempotent_hint is True
+    report = tools["report_trajectory"].input_schema
+    assert report["additionalProperties"] is False
+    assert (report["properties"]["steps"]["minItems"], report["properties"]["steps"]["maxItems"]) == (1, 200)
+    step = report["$defs"]["TrajectoryStep"]
+    assert step["additionalProperties"] is False and step["required"] == ["observation", "action", "reward"]
+    assert step["properties"]["observation"]["maxLength"] == 8000
+    assert (step["properties"]["reward"]["minimum"], step["properties"]["reward"]["maximum"]) == (-1.0, 1.0)
+    advice = tools["recall_step_advice"].output_schema["properties"]
+    assert {"encouraged", "discouraged", "records", "advice_threshold"} <= set(advice)
