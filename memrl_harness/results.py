@@ -19,9 +19,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-Mode = Literal["none", "rag", "memrl", "memp", "reflexion"]
-MODES: tuple[Mode, ...] = ("none", "rag", "memrl", "memp", "reflexion")
-MEMORY_MODES: tuple[Mode, ...] = ("rag", "memrl", "memp")  # the modes with a memory server
+Mode = Literal["none", "rag", "memrl", "memp", "reflexion", "rememberer", "both"]
+MODES: tuple[Mode, ...] = ("none", "rag", "memrl", "memp", "reflexion", "rememberer", "both")
+MEMORY_MODES: tuple[Mode, ...] = ("rag", "memrl", "memp", "rememberer", "both")  # the modes with a memory server
+STEP_MODES: tuple[Mode, ...] = ("rememberer", "both")  # step memory (multi-step benchmarks only)
+EPISODE_Q_MODES: tuple[Mode, ...] = ("memrl", "both")  # episode memory recalled with Q, its outcome reported
 Q_VALUES_FILE = "q_values.json"  # memory id -> final Q of every injected memory (memrl runs)
 MEMORY_EXPORT_FILE = "memory.jsonl"  # the final memory, as `memrl-mcp export` writes it
 SIMILARITY_FILE = "task_similarity.json"  # the benchmark's intra-dataset query similarity
@@ -99,6 +101,8 @@ class EpisodeRecord(BaseModel):
     stored_id: str | None = None
     task_type: str | None = Field(None, description="Benchmark-specific group for per-type results.")
     trials: int = Field(1, ge=1, description="Attempts made (reflexion stops at the first success).")
+    advised_steps: int = Field(0, ge=0, description="Step-memory modes: decisions that were given some advice.")
+    reported_steps: int = Field(0, ge=0, description="Step-memory modes: steps whose Q the trajectory report updated.")
 
 
 class GivenMemory(BaseModel):

@@ -10,6 +10,13 @@ reward -> the memory learns:
 - ``memp``: procedural memory (MemP): recall with lambda = 0; only successes are stored, no Q update;
 - ``memrl``: recall with the server's lambda; ``report_outcome`` updates the Q of exactly the
   recalled memories and stores the new experience;
+- ``rememberer`` (multi-step benchmarks only): step memory (Rememberer, arXiv 2306.07929) and no episode memory:
+  before each decision ``recall_step_advice`` (task, current observation) puts encouraged and discouraged actions
+  in the prompt; at the end ``report_trajectory`` hands over every (observation, action, reward) step (reward 0 but
+  for the last, the episode's), once, under a fresh episode id, and the server updates each step's Q;
+- ``both``: episode memory as ``memrl`` plus step memory as ``rememberer``; ``report_trajectory`` with the
+  ``recall_id`` also reports the episode's outcome for the recall (Q of the recalled memories), and the new experience
+  is stored with ``store_experience`` (``report_trajectory`` takes none);
 - ``reflexion``: no memory across tasks; up to ``trials`` attempts at a task (3 by default, as the
   Reflexion paper's runs), each failed attempt's reflection (the benchmark's own experience text, or the
   LLM's reflection on the trajectory) put before the next attempt as a "mistake to avoid". Every epoch
@@ -36,6 +43,7 @@ import os
 import random
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -43,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 import yaml
 from mcp import Client, StdioServerParameters
@@ -50,12 +59,23 @@ from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from memrl_harness.benchmarks.base import Benchmark, Episode, Memory, Task
+from memrl_harness.benchmarks.base import (
+    ActionAdvice,
+    Benchmark,
+    Episode,
+    Memory,
+    StepAdvice,
+    Steps,
+    StepwiseBenchmark,
+    Task,
+)
 from memrl_harness.llm import LLM, Usage, summarize_experience
 from memrl_harness.metrics import TaskSimilarity, mean_pairwise_similarity
 from memrl_harness.results import (
+    EPISODE_Q_MODES,
     MEMORY_MODES,
     Q_VALUES_FILE,
+    STEP_MODES,
     Attempt,
     EpisodeRecord,
     GivenMemory,
@@ -67,6 +87,10 @@ from memrl_harness.results import (
 
 ENV_MEMORY_TOKEN = "MEMRL_MEMORY_TOKEN"  # bearer token for --memory-url
 ENV_READ_ONLY = "MEMRL_READ_ONLY"  # memrl-mcp refuses every write and logs no recall
+# A step's texts as the step memory takes them (memrl-mcp's default max_observation_chars / max_action_chars): a
+# longer shell output or script keeps its head and tail.
+STEP_OBSERVATION_CHARS = 8000
+STEP_ACTION_CHARS = 1000
 
 Progress = Callable[[int, int], None]
 """Called with (episodes done, episodes in the run) after each episode."""
@@ -177,6 +201,12 @@ class Runner:
         for bench in (benchmark, eval_benchmark):
             if bench is not None and bench.needs_llm and llm is None:
                 raise RunError(f"benchmark {bench.name} needs an LLM (MEMRL_LLM_BASE_URL / --llm-base-url)")
+            if bench is not None and config.mode in STEP_MODES and not isinstance(bench, StepwiseBenchmark):
+                raise RunError(
+                    f"mode {config.mode}: benchmark {bench.name} takes one decision per task, so a step memory has "
+                    "no later step to advise; the step-memory modes are for multi-step benchmarks "
+                    "(alfworld, llb-os, llb-db, controlled-steps)"
+                )
         transfer = config.transfer
         if transfer is not None and transfer.eval_options and eval_benchmark is None:
             raise RunError("a transfer with eval_options needs the benchmark built with them (eval_benchmark)")
@@ -231,7 +261,7 @@ class Runner:
                 async with memory_client(self.config, self.run_dir) as client:
                     await self._record_memory_settings(client)
                     await self._epochs(client, self.training, done[id(self.training)], counter)
-                    if self.config.mode == "memrl":
+                    if self.config.mode in EPISODE_Q_MODES:
                         await self._save_q_values(client)
                 if not self.config.memory_url:
                     await self._export_memory()
@@ -280,12 +310,12 @@ class Runner:
         started = time.perf_counter()
         recall: dict[str, Any] | None = None
         memories: list[Memory] = []
-        if client is not None:
+        if client is not None and mode != "rememberer":
             arguments: dict[str, Any] = {"task": task.intent}
             if mode in ("rag", "memp"):
                 arguments["q_weight"] = 0.0
             # Only an episode that will report its outcome logs a recall; the others look up read-only.
-            reports = mode == "memrl" and phase.learn
+            reports = mode in EPISODE_Q_MODES and phase.learn
             recall = await _call(client, "recall_experience" if reports else "search_experience", arguments)
             memories = [
                 Memory(m["id"], m["task"], m["experience"], m["outcome"], m["q"], m["similarity"])
@@ -293,13 +323,24 @@ class Runner:
             ]
         given = [GivenMemory.model_validate(m) for m in recall["memories"]] if recall else []
         rng = random.Random(f"{self.config.seed}:{epoch}:{task.id}")
-        attempts, episode, usage = await self._attempts(phase.benchmark, task, memories, given, rng)
+        steps = _step_hook(client, task) if client is not None and mode in STEP_MODES else None
+        attempts, episode, usage = await self._attempts(phase.benchmark, task, memories, given, rng, steps)
         stored_id = experience = None
-        if phase.learn and client is not None and recall is not None and (mode != "memp" or episode.success):
+        reported_steps = 0
+        recall_reported = False
+        learn = phase.learn and client is not None
+        if learn and steps is not None and steps.taken:
+            assert client is not None
+            report = await _call(client, "report_trajectory", _trajectory_report(task, steps, episode, recall))
+            if report.get("outcome_error"):
+                raise RunError(f"memrl-mcp report_trajectory could not report the recall: {report['outcome_error']}")
+            reported_steps, recall_reported = report["updated"], recall is not None
+        if learn and recall is not None and (mode != "memp" or episode.success):
+            assert client is not None
             experience, summary_usage = await self._experience(task, episode)
             usage = usage + summary_usage
             outcome = "success" if episode.success else "failure"
-            if mode == "memrl":
+            if mode in EPISODE_Q_MODES and not recall_reported:
                 report = await _call(
                     client,
                     "report_outcome",
@@ -312,7 +353,7 @@ class Runner:
                     },
                 )
                 stored_id = report["stored"]["id"]
-            else:
+            else:  # rag, memp; both, whose report_trajectory reported the recall but takes no experience
                 stored = await _call(
                     client,
                     "store_experience",
@@ -339,6 +380,8 @@ class Runner:
             memory_ids=[m.id for m in memories],
             stored_id=stored_id,
             trials=len(attempts),
+            advised_steps=steps.advised if steps else 0,
+            reported_steps=reported_steps,
         )
         trajectory = TrajectoryRecord(
             epoch=epoch,
@@ -353,16 +396,27 @@ class Runner:
         return record, trajectory
 
     async def _attempts(
-        self, benchmark: Benchmark, task: Task, memories: list[Memory], given: list[GivenMemory], rng: random.Random
+        self,
+        benchmark: Benchmark,
+        task: Task,
+        memories: list[Memory],
+        given: list[GivenMemory],
+        rng: random.Random,
+        steps: Steps | None,
     ) -> tuple[list[Attempt], Episode, Usage]:
         """The attempts at one task: one, or (reflexion) until a success or ``trials``, each failed attempt's
-        reflection shown to the next ones, newest first, as a mistake to avoid."""
+        reflection shown to the next ones, newest first, as a mistake to avoid. ``steps``, the step memory's hook,
+        goes to a multi-step benchmark's episode loop (the step-memory modes make one attempt)."""
         reflections: list[Memory] = []
         attempts: list[Attempt] = []
         usage = Usage()
         for trial in range(1, self.config.attempts + 1):
             shown = [*reversed(reflections), *memories]
-            episode: Episode = await anyio.to_thread.run_sync(benchmark.run_episode, task, shown, self.llm, rng)
+            if steps is not None:
+                assert isinstance(benchmark, StepwiseBenchmark)  # checked when the runner was made
+                episode = await anyio.to_thread.run_sync(benchmark.run_steps, task, shown, self.llm, rng, steps)
+            else:
+                episode = await anyio.to_thread.run_sync(benchmark.run_episode, task, shown, self.llm, rng)
             usage = usage + episode.usage
             attempt = Attempt(
                 memories=[*(GivenMemory(id=r.id, outcome=r.outcome) for r in reversed(reflections)), *given],
@@ -443,6 +497,44 @@ class Runner:
                 continue
             q_values[memory_id] = json.loads(result.contents[0].text)["q"]
         (self.run_dir.path / Q_VALUES_FILE).write_text(json.dumps(q_values, indent=0) + "\n")
+
+
+def _step_hook(client: Client, task: Task) -> Steps:
+    """The step memory's hook for one episode: each observation's advice from ``recall_step_advice`` (read-only),
+    called from the episode's worker thread through the run's event loop."""
+
+    def recall(observation: str) -> StepAdvice:
+        arguments = {"task": task.intent, "observation": bound(observation, STEP_OBSERVATION_CHARS)}
+        found = anyio.from_thread.run(_call, client, "recall_step_advice", arguments)
+
+        def actions(key: str) -> tuple[ActionAdvice, ...]:
+            return tuple(ActionAdvice(a["action"], float(a["q"]), int(a["visits"])) for a in found[key])
+
+        return StepAdvice(encouraged=actions("encouraged"), discouraged=actions("discouraged"))
+
+    return Steps(recall)
+
+
+def _trajectory_report(task: Task, steps: Steps, episode: Episode, recall: dict[str, Any] | None) -> dict[str, Any]:
+    """``report_trajectory``'s arguments: every step taken, reward 0 but the last (the episode's reward: the
+    benchmarks reward the outcome only), under a fresh episode id (the once-only key: an episode run again after
+    a kill is another trajectory); with the episode memory's recall (mode both), whose outcome it reports too."""
+    rewards = [0.0] * (len(steps.taken) - 1) + [episode.reward]
+    arguments: dict[str, Any] = {
+        "task": task.intent,
+        "steps": [
+            {
+                "observation": bound(s.observation, STEP_OBSERVATION_CHARS),
+                "action": bound(s.action, STEP_ACTION_CHARS),
+                "reward": r,
+            }
+            for s, r in zip(steps.taken, rewards, strict=True)
+        ],
+        "episode_id": str(uuid.uuid4()),
+    }
+    if recall is not None:
+        arguments["recall_id"] = recall["recall_id"]
+    return arguments
 
 
 class _Counter:

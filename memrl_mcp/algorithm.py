@@ -1,4 +1,5 @@
-"""MemRL's learning rule, pure and small: two-phase retrieval scores and the Monte-Carlo Q update.
+"""The learning rules, pure and small: MemRL's two-phase retrieval scores and Monte-Carlo Q update for the
+episode memory, and Rememberer's n-step Q-learning for the step memory (second half of this module).
 
 Notation follows the paper (and ../shared/design/MEMRL.md):
 
@@ -96,3 +97,124 @@ def select(
 def update_q(q: float, reward: float, alpha: float) -> float:
     """Monte-Carlo utility update: Q <- Q + alpha (R - Q)."""
     return q + alpha * (reward - q)
+
+
+# -- Rememberer (RLEM): step-level experience memory ------------------------------------------------
+#
+# Notation of "Large Language Models Are Semi-Parametric Reinforcement Learning Agents" (arXiv 2306.07929)
+# and its code (OpenDFM/Rememberer): a record is keyed by (task g, observation o) and holds, per action a
+# tried there, Q(g, o, a), the visits folded into it and the mean immediate reward. After an episode
+# (o_0, a_0, r_0, ..., o_{T-1}, a_{T-1}, r_{T-1}), every step moves toward its n-step bootstrapped target
+#     G_t = sum_{i<n} gamma^i r_{t+i} + gamma^n max_a Q(g, o_{t+n}, a)
+# with the sum cut at the episode's end and the tail zero past it (or when no record matches o_{t+n}).
+
+UpdateRule = Literal["mean", "const"]
+
+
+@dataclass(frozen=True)
+class ActionValue:
+    """One action of a record: its Q, the targets folded into it, and its mean immediate reward (the paper's
+    action-capacity rule drops the action with the lowest one)."""
+
+    action: str
+    q: float
+    visits: int
+    reward: float
+
+
+def step_similarity(task_similarity: float, observation_similarity: float, observation_weight: float) -> float:
+    """How well a record matches (g, o): (1 - w) sim(g, g') + w sim(o, o'). The paper's ablation: dropping the
+    observation term hurts more than dropping the task term, so w leans to the observation."""
+    return (1.0 - observation_weight) * task_similarity + observation_weight * observation_similarity
+
+
+def n_step_target(
+    rewards: Sequence[float], t: int, n: int, gamma: float, state_values: Sequence[float | None]
+) -> float:
+    """G_t for step t of an episode: ``rewards[i]`` is r_i, ``state_values[j]`` is max_a Q(g, o_j, a) from the
+    record matching o_j (None: no record matches, the tail is zero)."""
+    end = len(rewards)
+    target = sum(gamma**i * rewards[t + i] for i in range(min(n, end - t)))
+    if t + n < end:
+        tail = state_values[t + n]
+        if tail is not None:
+            target += gamma**n * tail
+    return target
+
+
+def n_step_targets(rewards: Sequence[float], n: int, gamma: float, state_values: Sequence[float | None]) -> list[float]:
+    """G_t for every step of an episode (:func:`n_step_target`)."""
+    return [n_step_target(rewards, t, n, gamma, state_values) for t in range(len(rewards))]
+
+
+def state_value(actions: Sequence[ActionValue]) -> float | None:
+    """max_a Q(g, o, a) of a record; None for a record without actions (no tail to bootstrap from)."""
+    return max((a.q for a in actions), default=None)
+
+
+def update_action_value(
+    value: ActionValue | None, action: str, target: float, reward: float, rule: UpdateRule, learning_rate: float
+) -> ActionValue:
+    """Fold one target into an action: a running mean (``mean``: Q <- Q + (G - Q) / visits, so a new action's Q
+    is its first target) or a constant rate (``const``: Q <- Q + alpha (G - Q), a new action starting at 0).
+    The mean immediate reward moves the same way."""
+    old = value or ActionValue(action=action, q=0.0, visits=0, reward=0.0)
+    visits = old.visits + 1
+    rate = 1.0 / visits if rule == "mean" else learning_rate
+    return ActionValue(
+        action=action,
+        q=old.q + rate * (target - old.q),
+        visits=visits,
+        reward=old.reward + rate * (reward - old.reward),
+    )
+
+
+def prune_actions(actions: Sequence[ActionValue], capacity: int) -> list[ActionValue]:
+    """The action capacity: while over it, drop the action with the lowest mean immediate reward (the paper's
+    rule; the earliest listed goes first on a tie)."""
+    kept = list(actions)
+    while len(kept) > capacity:
+        kept.remove(min(kept, key=lambda a: a.reward))
+    return kept
+
+
+def record_to_evict(old: np.ndarray, new: np.ndarray, samples: Sequence[int]) -> int | None:
+    """The record capacity, when the memory is full and a new record comes: ``old`` is the similarity matrix of
+    the stored records, ``new`` the new record's similarity to each of them, ``samples`` each record's visits.
+
+    If the new record is at least as close to a stored one as the two closest stored records are to each other,
+    it adds the least: it is dropped (None). Otherwise one of the two closest stored records goes, the one with
+    more samples (the other, rarer one keeps its information in the memory); its index is returned. A full
+    memory holds at least two records (the capacity setting is at least 2)."""
+    pairs = old.astype(np.float64).copy()
+    np.fill_diagonal(pairs, -np.inf)
+    i, j = np.unravel_index(int(np.argmax(pairs)), pairs.shape)
+    if new.max() >= pairs[i, j]:
+        return None
+    return int(i) if samples[i] >= samples[j] else int(j)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """An action advised for the current step, with the numbers behind it."""
+
+    action: str
+    q: float
+    visits: int
+
+
+def action_advice(records: Sequence[Sequence[ActionValue]], threshold: float) -> tuple[list[Advice], list[Advice]]:
+    """Encouraged and discouraged actions from the matched records, best match first.
+
+    An action seen in several records is judged by the best-matching one. Encouraged: Q above ``threshold``,
+    highest first; discouraged: Q at or below it, lowest first (the paper's code advises the best action when
+    its Q > 0 and the worst when its Q <= 0: with rewards of 0 or less for failure, Q <= 0 marks an action
+    that never led to success)."""
+    seen: dict[str, ActionValue] = {}
+    for actions in records:
+        for value in actions:
+            seen.setdefault(value.action, value)
+    advice = [Advice(v.action, v.q, v.visits) for v in seen.values()]
+    encouraged = sorted((a for a in advice if a.q > threshold), key=lambda a: (-a.q, -a.visits))
+    discouraged = sorted((a for a in advice if a.q <= threshold), key=lambda a: (a.q, -a.visits))
+    return encouraged, discouraged

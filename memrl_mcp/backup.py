@@ -1,9 +1,13 @@
 """Backups: ``memrl-mcp export`` and ``memrl-mcp import``, as JSON Lines.
 
-One memory per line, every field of :class:`MemoryView` (id, namespace, task, experience, outcome, q,
-visits, last_reward, merges, created_at, updated_at, metadata) and no vector: an import re-embeds the
-tasks, so a backup also moves memories to another embedder or engine. Floats are written in Python's
-shortest round-trip form, so Q and timestamps come back bit for bit.
+One record per line, with a ``kind``: ``"memory"`` (the episode memory: every field of :class:`MemoryView`: id,
+namespace, task, experience, outcome, q, visits, last_reward, merges, created_at, updated_at, metadata) or
+``"step"`` (the step memory: every field of :class:`StepRecordView`: id, namespace, task, observation, actions
+with their q, visits and mean reward, created_at, updated_at). A line without ``kind`` is a memory (backups made
+before the step memory). No vector: an import re-embeds the texts, so a backup also moves memories to another
+embedder or engine. Floats are written in Python's shortest round-trip form, so Q and timestamps come back bit
+for bit. Which episode ids and recalls were reported is not exported: a restored store would apply a repeated
+report of an old episode again.
 
 An export to a file writes a temporary file in the same folder, syncs it and renames it over the
 target: a crashed export leaves a stray ``.<name>.*.tmp``, never a file that looks complete.
@@ -16,6 +20,7 @@ So an import is resumable: if it dies mid-write, run it again.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import reprlib
@@ -29,10 +34,11 @@ from pydantic import ValidationError
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.memory import MemoryService
-from memrl_mcp.models import MemoryView
+from memrl_mcp.models import MemoryView, StepRecordView
 from memrl_mcp.settings import Settings
 
-FIELDS = tuple(MemoryView.model_fields)
+Record = MemoryView | StepRecordView
+KINDS: dict[str, type[MemoryView] | type[StepRecordView]] = {"memory": MemoryView, "step": StepRecordView}
 SHOWN_PROBLEMS = 20  # lines listed when an import is refused
 T = TypeVar("T")
 
@@ -52,27 +58,33 @@ def export_memories(settings: Settings, out: Path | None, namespaces: Sequence[s
     try:
         # One scan, filtered here: a namespace without memories (a typo) is then reported, not refused mid-stream.
         wanted = set(namespaces)
-        memories = (m for m in service.memories() if not wanted or m.namespace in wanted)
+        everything = itertools.chain(service.memories(), service.step_records())
+        records = (r for r in everything if not wanted or r.namespace in wanted)
         if out is None:
-            counts = write_memories(memories, stdout)
+            counts = write_records(records, stdout)
             stdout.flush()
         else:
-            counts = write_atomically(out, lambda stream: write_memories(memories, stream))
+            counts = write_atomically(out, lambda stream: write_records(records, stream))
     finally:
         service.close()
-    empty = "".join(f"; no memory in namespace {ns!r}" for ns in dict.fromkeys(namespaces) if not counts[ns])
+    empty = "".join(
+        f"; no memory in namespace {ns!r}" for ns in dict.fromkeys(namespaces) if not any(c[ns] for c in counts)
+    )
     source = settings.qdrant_url or settings.data_dir
-    return f"exported {_tally(counts)} from {source} to {out or 'stdout'}{empty}"
+    return f"exported {_tally(*counts)} from {source} to {out or 'stdout'}{empty}"
 
 
-def write_memories(memories: Iterable[MemoryView], stream: BinaryIO) -> Counter[str]:
-    """One JSON object per line, in UTF-8; returns the count per namespace."""
-    counts: Counter[str] = Counter()
-    for memory in memories:
-        line = json.dumps(memory.model_dump(), ensure_ascii=False, allow_nan=False)
+def write_records(records: Iterable[Record], stream: BinaryIO) -> tuple[Counter[str], Counter[str]]:
+    """One JSON object per line, in UTF-8, with its kind; returns the count per namespace of memories and of
+    steps."""
+    memories: Counter[str] = Counter()
+    steps: Counter[str] = Counter()
+    for record in records:
+        kind = "step" if isinstance(record, StepRecordView) else "memory"
+        line = json.dumps({"kind": kind, **record.model_dump()}, ensure_ascii=False, allow_nan=False)
         stream.write(line.encode() + b"\n")
-        counts[memory.namespace] += 1
-    return counts
+        (steps if kind == "step" else memories)[record.namespace] += 1
+    return memories, steps
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], T]) -> T:
@@ -102,26 +114,33 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], T]) -> T:
 
 def import_memories(settings: Settings, path: Path) -> str:
     """Check every line of ``path``, then restore them all; returns a summary. Idempotent by id."""
-    numbered = read_memories(path)  # before opening the store: a malformed file creates nothing
+    numbered = read_records(path)  # before opening the store: a malformed file creates nothing
     service = MemoryService.open(settings)
     try:
         problems = []
-        for number, memory in numbered:
+        for number, record in numbered:
             try:
-                service.check_memory(memory)
+                if isinstance(record, StepRecordView):
+                    service.check_step(record)
+                else:
+                    service.check_memory(record)
             except MemoryRequestError as error:
                 problems.append(f"line {number}: {error}")
         _refuse(path, problems)
-        memories = [memory for _, memory in numbered]
+        memories = [record for _, record in numbered if isinstance(record, MemoryView)]
+        steps = [record for _, record in numbered if isinstance(record, StepRecordView)]
         service.restore(memories)
+        service.restore_steps(steps)
     finally:
         service.close()
-    return f"imported {_tally(Counter(m.namespace for m in memories))} into {settings.qdrant_url or settings.data_dir}"
+    counts = Counter(m.namespace for m in memories), Counter(s.namespace for s in steps)
+    return f"imported {_tally(*counts)} into {settings.qdrant_url or settings.data_dir}"
 
 
-def read_memories(path: Path) -> list[tuple[int, MemoryView]]:
-    """Parse every line into a memory with its line number; refuse the file if any line is malformed."""
-    numbered: list[tuple[int, MemoryView]] = []
+def read_records(path: Path) -> list[tuple[int, Record]]:
+    """Parse every line into a memory or a step record with its line number; refuse the file if any line is
+    malformed."""
+    numbered: list[tuple[int, Record]] = []
     problems: list[str] = []
     first_line: dict[str, int] = {}
     with path.open("rb") as stream:
@@ -134,21 +153,21 @@ def read_memories(path: Path) -> list[tuple[int, MemoryView]]:
             if not text.strip():
                 continue
             try:
-                memory = parse_memory(text)
+                record = parse_record(text)
             except BackupError as error:
                 problems.append(f"line {number}: {error}")
                 continue
-            if memory.id in first_line:
-                problems.append(f"line {number}: id: {memory.id} is already on line {first_line[memory.id]}")
+            if record.id in first_line:
+                problems.append(f"line {number}: id: {record.id} is already on line {first_line[record.id]}")
                 continue
-            first_line[memory.id] = number
-            numbered.append((number, memory))
+            first_line[record.id] = number
+            numbered.append((number, record))
     _refuse(path, problems)
     return numbered
 
 
-def parse_memory(text: str) -> MemoryView:
-    """One line: a JSON object with exactly the fields of a memory, each of its exact type (no coercion)."""
+def parse_record(text: str) -> Record:
+    """One line: a JSON object with exactly the fields of its kind, each of its exact type (no coercion)."""
     try:
         record = json.loads(text.rstrip("\r\n"))  # so that the column is the line's own
     except json.JSONDecodeError as error:
@@ -157,18 +176,25 @@ def parse_memory(text: str) -> MemoryView:
         raise BackupError("JSON nested too deep to read") from None
     if not isinstance(record, dict):
         raise BackupError(f"not a JSON object but {type(record).__name__}")
-    missing = [field for field in FIELDS if field not in record]
+    kind = record.pop("kind", "memory")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise BackupError(f"kind: must be one of {', '.join(map(repr, KINDS))}, got {reprlib.repr(kind)}")
+    model = KINDS[kind]
+    fields = tuple(model.model_fields)
+    missing = [field for field in fields if field not in record]
     if missing:
         raise BackupError(f"{', '.join(missing)}: missing")
-    unknown = [field for field in record if field not in FIELDS]
+    unknown = [field for field in record if field not in fields]
     if unknown:
         raise BackupError(f"{', '.join(unknown)}: unknown field")
     try:
-        return MemoryView.model_validate(record, strict=True)
+        return model.model_validate(record, strict=True)
     except ValidationError as error:
         by_field: dict[str, str] = {}
         for e in error.errors():
-            by_field.setdefault(str(e["loc"][0]), f"{e['loc'][0]}: {e['msg']}, got {reprlib.repr(e['input'])}")
+            first, *rest = e["loc"]
+            where = f"{first}" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in rest)
+            by_field.setdefault(str(first), f"{where}: {e['msg']}, got {reprlib.repr(e['input'])}")
         raise BackupError("; ".join(by_field.values())) from None
 
 
@@ -180,7 +206,16 @@ def _refuse(path: Path, problems: list[str]) -> None:
         raise BackupError(f"{path}: {len(problems)} bad line(s), nothing imported:\n  " + "\n  ".join(shown))
 
 
-def _tally(counts: Counter[str]) -> str:
-    total = sum(counts.values())
+def _tally(memories: Counter[str], steps: Counter[str]) -> str:
+    """ "4 memories (default 2, team 2)", and "and 3 step records (...)" when there are any."""
+    total = sum(memories.values())
+    text = f"{total} memor{'y' if total == 1 else 'ies'}" + _detail(memories)
+    if steps:
+        count = sum(steps.values())
+        text += f" and {count} step record{'' if count == 1 else 's'}" + _detail(steps)
+    return text
+
+
+def _detail(counts: Counter[str]) -> str:
     detail = ", ".join(f"{namespace} {n}" for namespace, n in sorted(counts.items()))
-    return f"{total} memor{'y' if total == 1 else 'ies'}" + (f" ({detail})" if detail else "")
+    return f" ({detail})" if detail else ""

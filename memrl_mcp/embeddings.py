@@ -370,6 +370,26 @@ def _fastembed_profile(model: str, settings: Settings) -> SimilarityProfile | No
     return SimilarityProfile(mean=mean, std=std, delta=delta, merge=merge)
 
 
+def canonical_task(task: str) -> str:
+    """One form per task: spacing and a trailing full stop make no twin (MiniLM puts "x." and "x" as far as 0.90
+    apart, while distinct tasks reach 0.98)."""
+    return " ".join(task.split()).rstrip(".!;, ") or task.strip()
+
+
+def embed_scoped(embedder: Embedder, texts: Sequence[str], scope: str) -> np.ndarray:
+    """Embed through the cache's partition ``scope`` (the namespace, the unit of tenancy: a caller can only hit
+    vectors computed for a namespace its token may use, so the time of a call tells nothing about another
+    tenant's recent texts)."""
+    if isinstance(embedder, CachedEmbedder):
+        return embedder.embed(texts, scope=scope)
+    return embedder.embed(texts)
+
+
+def embed_tasks(embedder: Embedder, tasks: Sequence[str], scope: str) -> np.ndarray:
+    """Embed the tasks' canonical forms (:func:`canonical_task`), in ``scope``."""
+    return embed_scoped(embedder, [canonical_task(task) for task in tasks], scope)
+
+
 def create_embedder(settings: Settings) -> Embedder:
     """The embedder named by ``settings.embedder``, behind a cache of ``settings.embedding_cache`` texts.
 

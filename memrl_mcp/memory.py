@@ -12,6 +12,7 @@ without limit.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import threading
@@ -21,10 +22,11 @@ from contextlib import contextmanager
 from typing import Any, Self
 
 import numpy as np
+from pydantic import BaseModel
 
 from memrl_mcp import algorithm
 from memrl_mcp.access import Access
-from memrl_mcp.embeddings import CachedEmbedder, Embedder, create_embedder
+from memrl_mcp.embeddings import Embedder, create_embedder, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.models import (
     EffectiveSettings,
@@ -37,13 +39,28 @@ from memrl_mcp.models import (
     ReportResult,
     SearchResult,
     Stats,
+    StepAdviceResult,
+    StepRecordView,
     StoreResult,
+    TrajectoryResult,
 )
 from memrl_mcp.optimistic import Ledger, NewMemory
-from memrl_mcp.records import ClaimedReport, RecallRecord, memory_payload, memory_view
+from memrl_mcp.records import ClaimedReport, RecallRecord, StepPayload, memory_payload, memory_view
 from memrl_mcp.settings import Settings
+from memrl_mcp.steps import StepMemory, StepRules, step_id
 from memrl_mcp.storage import Hit, Point, Store, new_id, open_store
-from memrl_mcp.validation import COUNT, DELTA, NAMESPACE, POINT_ID, Q_WEIGHT, TIMESTAMP, K, Limits
+from memrl_mcp.validation import (
+    COUNT,
+    DELTA,
+    EPISODE_ID,
+    FINITE,
+    NAMESPACE,
+    POINT_ID,
+    Q_WEIGHT,
+    TIMESTAMP,
+    K,
+    Limits,
+)
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
@@ -65,6 +82,7 @@ class MemoryService:
             settings.max_experience_chars,
             settings.max_metadata_chars,
             (settings.reward_min, settings.reward_max),
+            (settings.max_trajectory_steps, settings.max_observation_chars, settings.max_action_chars),
         )
         self._store = store
         self._ledger = Ledger(store)
@@ -86,6 +104,26 @@ class MemoryService:
             std=profile.std if settings.sim_std is None else settings.sim_std,
         )
         self._new_memory = NewMemory(settings.q_init_success, settings.q_init_failure, settings.max_metadata_chars)
+        self.step_delta = self.delta if settings.step_delta is None else settings.step_delta
+        self.steps = StepMemory(
+            store,
+            self._ledger,
+            StepRules(
+                n=settings.step_n,
+                gamma=settings.step_gamma,
+                update=settings.step_update,
+                learning_rate=settings.step_learning_rate,
+                observation_weight=settings.step_observation_weight,
+                match_threshold=settings.step_match_threshold,
+                advice_threshold=settings.step_advice_threshold,
+                max_records=settings.step_max_records,
+                max_actions=settings.step_max_actions,
+                embed_chars=settings.step_embed_chars,
+            ),
+            embedder=embedder,
+            # The ledger's, not a method of this service: no reference cycle, so a dropped service closes at once.
+            report_recall=functools.partial(self._ledger.report, alpha=settings.alpha, new=self._new_memory),
+        )
 
     @classmethod
     def open(
@@ -139,18 +177,13 @@ class MemoryService:
             recall = RecallRecord.model_validate(payload)
             if recall.report is not None and now - recall.report.reported_at >= stale_after:
                 self._ledger.redo(recall_id, recall, self.settings.alpha, self._new_memory)
+        self.steps.housekeeping(now, stale_after)
         self._store.purge_recalls(expired_before=now)
         self._housekept_at = now
 
     def _embed_tasks(self, tasks: Sequence[str], namespace: str) -> np.ndarray:
-        """Embed the tasks' canonical forms, so that spacing and a trailing full stop make no twin
-        (MiniLM puts "x." and "x" as far as 0.90 apart, while distinct tasks reach 0.98). The cache is
-        partitioned by namespace, the unit of tenancy: a caller can only hit vectors computed for a namespace
-        its token may use, so the time of a call tells nothing about another tenant's recent tasks."""
-        canonical = [" ".join(task.split()).rstrip(".!;, ") or task.strip() for task in tasks]
-        if isinstance(self.embedder, CachedEmbedder):
-            return self.embedder.embed(canonical, scope=namespace)
-        return self.embedder.embed(canonical)
+        """Embed the tasks' canonical forms, in the namespace's partition of the cache (embeddings.embed_tasks)."""
+        return embed_tasks(self.embedder, tasks, namespace)
 
     # -- recall ---------------------------------------------------------------------------------
 
@@ -291,11 +324,7 @@ class MemoryService:
                 outcome=outcome,
                 metadata=meta,
             )
-            recall = self._ledger.claim(recall_id, report)
-            applied = self._ledger.redo(recall_id, recall, self.settings.alpha, self._new_memory)
-        return ReportResult(
-            recall_id=recall_id, reward=reward, updated=applied.changes, missing=applied.missing, stored=applied.stored
-        )
+            return self._ledger.report(recall_id, report, self.settings.alpha, self._new_memory)
 
     def _recall_to_report(self, recall_id: str, access: Access) -> RecallRecord:
         payload = self._store.get("recalls", [recall_id]).get(recall_id) if _is_point_id(recall_id) else None
@@ -317,6 +346,48 @@ class MemoryService:
                 f"recall_id: recall {recall_id} expired (recall_ttl_seconds={self.settings.recall_ttl_seconds:g})"
             )
         return recall
+
+    # -- the step memory (Rememberer) ----------------------------------------------------------
+
+    def recall_step_advice(
+        self, task: str, observation: str, namespace: str | None = None, k: int | None = None, *, access: Access
+    ) -> StepAdviceResult:
+        """Encouraged and discouraged actions for (task, observation), from the k best-matching step records.
+        Read-only: nothing is logged (the trajectory report names its own steps)."""
+        task = self.limits.task.check("task", task)
+        observation = self.limits.observation.check("observation", observation)
+        k = K.check("k", self.settings.step_k if k is None else k)
+        namespace = self._namespace(namespace, access)
+        with self._call():
+            return self.steps.advise(task, observation, namespace, k, self.step_delta)
+
+    def report_trajectory(
+        self,
+        task: str,
+        steps: Sequence[Any],
+        episode_id: str,
+        namespace: str | None = None,
+        recall_id: str | None = None,
+        *,
+        access: Access,
+    ) -> TrajectoryResult:
+        """Move every step's Q toward its n-step target, once per ``episode_id`` in the namespace; with
+        ``recall_id``, also report that recall of the episode memory with the last step's reward, once."""
+        task = self.limits.task.check("task", task)
+        plain = [_plain(step) for step in steps] if isinstance(steps, list | tuple) else steps
+        checked = self.limits.steps.check("steps", plain)
+        episode_id = EPISODE_ID.check("episode_id", episode_id)
+        if recall_id is not None and not isinstance(recall_id, str):
+            raise MemoryRequestError(f"recall_id: must be a string, got {type(recall_id).__name__}")
+        namespace = self._namespace(namespace, access)
+        with self._call():
+            already = self.steps.applied(namespace, episode_id)
+            if already is not None:
+                return already
+            if recall_id is not None:
+                self._recall_to_report(recall_id, access)
+            trajectory = [(step.observation, step.action, step.reward) for step in checked]
+            return self.steps.report(task, trajectory, episode_id, namespace, recall_id, self._clock())
 
     # -- store ----------------------------------------------------------------------------------
 
@@ -386,9 +457,12 @@ class MemoryService:
                 return ForgetResult(deleted=1)
             where = {"namespace": self._namespace(namespace, access)}
             self._store.delete_where("recalls", where)
+            self._store.delete_where("episodes", where)
             deleted = self._store.count("memories", where)
             self._store.delete_where("memories", where)
-            return ForgetResult(deleted=deleted)
+            steps_deleted = self._store.count("steps", where)
+            self._store.delete_where("steps", where)
+            return ForgetResult(deleted=deleted, steps_deleted=steps_deleted)
 
     def get(self, memory_id: str, *, access: Access) -> MemoryView:
         payload = self._store.get("memories", [memory_id]).get(memory_id) if _is_point_id(memory_id) else None
@@ -426,6 +500,8 @@ class MemoryService:
             visits=sum(int(p["visits"]) for p in payloads),
             recalls_pending=self._store.count("recalls", {**where, "status": "pending"}),
             recalls_reported=self._store.count("recalls", {**where, "status": "reported"}),
+            steps=self._store.count("steps", where),
+            episodes_reported=self._store.count("episodes", {**where, "status": "reported"}),
         )
 
     def effective_settings(self) -> EffectiveSettings:
@@ -448,6 +524,17 @@ class MemoryService:
             reward_min=s.reward_min,
             reward_max=s.reward_max,
             read_only=s.read_only,
+            step_n=s.step_n,
+            step_gamma=s.step_gamma,
+            step_update=s.step_update,
+            step_learning_rate=s.step_learning_rate,
+            step_observation_weight=s.step_observation_weight,
+            step_k=s.step_k,
+            step_delta=self.step_delta,
+            step_match_threshold=s.step_match_threshold,
+            step_advice_threshold=s.step_advice_threshold,
+            step_max_records=s.step_max_records,
+            step_max_actions=s.step_max_actions,
         )
 
     # -- the operator's: metrics and backups (no caller, every namespace) -------------------------
@@ -493,6 +580,41 @@ class MemoryService:
                 self._store.upsert("memories", points)
         return len(memories)
 
+    def step_records(self) -> Iterator[StepRecordView]:
+        """Every step record, in storage order: what an export writes after the memories."""
+        for record_id, payload in self._store.scroll("steps"):
+            yield StepPayload.model_validate(payload).view(record_id)
+
+    def check_step(self, record: StepRecordView) -> None:
+        """Refuse a step record to restore that reports could not have made; the message names the field."""
+        POINT_ID.check("id", record.id)
+        NAMESPACE.check("namespace", record.namespace)
+        self.limits.task.check("task", record.task)
+        self.limits.observation.check("observation", record.observation)
+        if record.id != step_id(record.namespace, record.task, record.observation):
+            raise MemoryRequestError("id: is not the id of its (namespace, task, observation); reports would miss it")
+        if len(record.actions) > self.settings.step_max_actions:
+            raise MemoryRequestError(
+                f"actions: {len(record.actions)} exceed step_max_actions={self.settings.step_max_actions}"
+            )
+        if len({a.action for a in record.actions}) < len(record.actions):
+            raise MemoryRequestError("actions: an action is listed twice (each action of a record is listed once)")
+        for i, action in enumerate(record.actions):
+            self.limits.action.check(f"actions[{i}].action", action.action)
+            FINITE.check(f"actions[{i}].q", action.q)
+            COUNT.check(f"actions[{i}].visits", action.visits)
+            self.limits.reward.check(f"actions[{i}].reward", action.reward)
+        TIMESTAMP.check("created_at", record.created_at)
+        TIMESTAMP.check("updated_at", record.updated_at)
+
+    def restore_steps(self, records: Sequence[StepRecordView]) -> int:
+        """Write step records exactly as given, re-embedding their texts; every one is checked first."""
+        for record in records:
+            self.check_step(record)
+        with self._call():
+            self.steps.restore(records)
+        return len(records)
+
     # -- validation -----------------------------------------------------------------------------
 
     def _namespace(self, namespace: str | None, access: Access) -> str:
@@ -507,6 +629,11 @@ class MemoryService:
         if metadata is None:
             return {}
         return self.limits.metadata.check("metadata", dict(metadata) if isinstance(metadata, Mapping) else metadata)
+
+
+def _plain(step: Any) -> Any:
+    """A step as the rules check it: a dict (the tools hand over their parsed model, Python callers dicts)."""
+    return step.model_dump() if isinstance(step, BaseModel) else step
 
 
 def _check_outcome(outcome: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 Outcome = Literal["success", "failure"]
 
@@ -73,6 +73,7 @@ class ReportResult(BaseModel):
 
 class ForgetResult(BaseModel):
     deleted: int
+    steps_deleted: int = Field(0, description="Step records deleted with the namespace.")
 
 
 class QSummary(BaseModel):
@@ -93,6 +94,8 @@ class Stats(BaseModel):
     visits: int = Field(description="Rewards folded into all memories.")
     recalls_pending: int
     recalls_reported: int
+    steps: int = Field(0, description="Step records (Rememberer's step memory).")
+    episodes_reported: int = Field(0, description="Trajectories applied (their episode_ids are remembered).")
 
 
 class EffectiveSettings(BaseModel):
@@ -115,3 +118,103 @@ class EffectiveSettings(BaseModel):
     reward_min: float
     reward_max: float
     read_only: bool
+    step_n: int
+    step_gamma: float
+    step_update: str
+    step_learning_rate: float
+    step_observation_weight: float
+    step_k: int
+    step_delta: float
+    step_match_threshold: float
+    step_advice_threshold: float
+    step_max_records: int
+    step_max_actions: int
+
+
+# -- the step memory (Rememberer) -------------------------------------------------------------------
+
+
+class ActionView(BaseModel):
+    """One action tried at a remembered step."""
+
+    model_config = ConfigDict(extra="forbid")  # an import names a stray field instead of dropping it
+
+    action: str
+    q: float = Field(description="Q(task, observation, action): the discounted reward expected after this action.")
+    visits: int = Field(description="Targets folded into q.")
+    reward: float = Field(description="Mean immediate reward right after this action.")
+
+
+class StepRecordView(BaseModel):
+    """A remembered step: the (task, observation) it is keyed by and the actions tried there."""
+
+    id: str
+    namespace: str
+    task: str
+    observation: str
+    actions: list[ActionView]
+    created_at: float = Field(description="Unix time.")
+    updated_at: float = Field(description="Unix time.")
+
+
+class MatchedStep(StepRecordView):
+    """A step record matched to the current (task, observation), with how well each part matched."""
+
+    similarity: float = Field(description="(1 - w) task_similarity + w observation_similarity.")
+    task_similarity: float = Field(description="Cosine similarity of its task to the current task.")
+    observation_similarity: float = Field(description="Cosine similarity of its observation to the current one.")
+
+
+class StepAdvice(BaseModel):
+    action: str
+    q: float
+    visits: int
+
+
+class StepAdviceResult(BaseModel):
+    """Action advice for the current step: what worked here before (encouraged) and what did not (discouraged)."""
+
+    namespace: str
+    encouraged: list[StepAdvice] = Field(description="Actions whose Q is above advice_threshold, highest first.")
+    discouraged: list[StepAdvice] = Field(description="Actions whose Q is at or below advice_threshold, lowest first.")
+    advice_threshold: float = Field(
+        description="Q above it: encouraged; at or below it: discouraged (an action that never led to a reward)."
+    )
+    records: list[MatchedStep] = Field(description="The matched step records, best match first.")
+
+
+class StepChange(BaseModel):
+    """One step's update: its record's action moved toward the step's n-step target."""
+
+    step: int = Field(description="Index of the step in the reported trajectory.")
+    record_id: str
+    action: str
+    target: float = Field(description="G_t = sum_{i<n} gamma^i r_{t+i} + gamma^n max_a Q(task, o_{t+n}, a).")
+    q_before: float | None = Field(description="None: the action was new at this record.")
+    q_after: float
+    visits: int
+    kept: bool = Field(
+        description="False: the record was over step_max_actions and this action, with the lowest mean reward, "
+        "was dropped at once."
+    )
+
+
+class TrajectoryResult(BaseModel):
+    """What a reported trajectory changed. A second report of one episode_id changes nothing and says so."""
+
+    episode_id: str
+    namespace: str
+    already_applied: bool = Field(description="True: this episode_id was reported before; nothing changed now.")
+    steps: int = Field(description="Steps in the trajectory.")
+    updated: int = Field(description="Step Q values updated (each step of an episode exactly once).")
+    created: int = Field(description="New step records (a (task, observation) never seen).")
+    merged: int = Field(description="Steps folded into an action already tried at the same (task, observation).")
+    dropped: int = Field(description="Steps not stored: the memory was full and they were the most redundant.")
+    changes: list[StepChange] = Field(
+        description="Per step, its target and Q before and after (empty when already applied)."
+    )
+    outcome: ReportResult | None = Field(
+        None, description="The episode memory's report_outcome for recall_id, with the last step's reward."
+    )
+    outcome_error: str | None = Field(None, description="Why the recall_id could not be reported, when it could not.")
+    message: str

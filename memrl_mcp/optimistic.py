@@ -33,9 +33,9 @@ import numpy as np
 
 from memrl_mcp import algorithm
 from memrl_mcp.errors import MemoryRequestError, MemrlError
-from memrl_mcp.models import MemoryView, QChange, StoreResult
+from memrl_mcp.models import MemoryView, QChange, ReportResult, StoreResult
 from memrl_mcp.records import ClaimedReport, RecallRecord, memory_payload, memory_view, merged_metadata
-from memrl_mcp.storage import Point, Store
+from memrl_mcp.storage import Point, Store, Table
 
 APPLIED_KEPT = 64  # operations a memory remembers having applied: more than any retry can race past
 WRITE_ATTEMPTS = 200  # optimistic write retries before giving up on a memory (contention, not an error)
@@ -89,11 +89,15 @@ class Ledger:
         self.conflicts = 0
 
     def update_once(
-        self, memory_id: str, operation: str, change: Callable[[Mapping[str, Any]], dict[str, Any]]
+        self,
+        memory_id: str,
+        operation: str,
+        change: Callable[[Mapping[str, Any]], dict[str, Any]],
+        table: Table = "memories",
     ) -> Written | None:
-        """Apply ``change`` to a memory once, however many writers race; None when the memory is gone."""
+        """Apply ``change`` to a memory (or a step record) once, however many writers race; None when it is gone."""
         for attempt in range(WRITE_ATTEMPTS):
-            before = self._store.get("memories", [memory_id]).get(memory_id)
+            before = self._store.get(table, [memory_id]).get(memory_id)
             if before is None:
                 return None
             applied = list(before.get("applied", []))
@@ -101,8 +105,8 @@ class Ledger:
                 return Written(before, None)
             version = int(before.get("version", 0))
             update = {**change(before), "version": version + 1, "applied": [*applied, operation][-APPLIED_KEPT:]}
-            self._store.set_payload_if("memories", memory_id, update, {"version": version})
-            after = self._store.get("memories", [memory_id]).get(memory_id)
+            self._store.set_payload_if(table, memory_id, update, {"version": version})
+            after = self._store.get(table, [memory_id]).get(memory_id)
             if after is None:
                 return None
             if operation in after.get("applied", []):
@@ -150,6 +154,19 @@ class Ledger:
     def add(self, memory: MemoryView, vector: np.ndarray) -> StoreResult:
         self._store.upsert("memories", [Point(memory.id, vector, memory_payload(memory))])
         return StoreResult(id=memory.id, merged=False, memory=memory)
+
+    def report(self, recall_id: str, report: ClaimedReport, alpha: float, new: NewMemory) -> ReportResult:
+        """Claim the recall with ``report`` and apply it: ``report_outcome``, and a trajectory's report of its
+        recall (whose claim id derives from the episode, so that its redo is recognised as its own)."""
+        recall = self.claim(recall_id, report)
+        applied = self.redo(recall_id, recall, alpha, new)
+        return ReportResult(
+            recall_id=recall_id,
+            reward=report.reward,
+            updated=applied.changes,
+            missing=applied.missing,
+            stored=applied.stored,
+        )
 
     def redo(self, recall_id: str, recall: RecallRecord, alpha: float, new: NewMemory) -> Applied:
         """Everything a claimed report does (module docstring, 3.): run by the reporter, or again after a crash."""

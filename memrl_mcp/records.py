@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memrl_mcp.models import MemoryView, Outcome
+from memrl_mcp.models import ActionView, MemoryView, Outcome, StepRecordView
 
 RecallStatus = Literal["pending", "applying", "reported"]
 """pending: issued, reportable; applying: claimed by a report, which may have been interrupted (the record is its
@@ -76,3 +76,60 @@ def merged_metadata(old: Mapping[str, Any], new: Mapping[str, Any], max_chars: i
     union would exceed the size limit (repeated merges must not grow a memory without bound)."""
     union = {**old, **new}
     return union if len(json.dumps(union, ensure_ascii=False)) <= max_chars else dict(new)
+
+
+# -- the step memory ----------------------------------------------------------------------------------
+
+
+class StepPayload(BaseModel):
+    """A step record as stored (its point's vector: the task's and the observation's embeddings side by side)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str
+    task: str
+    observation: str
+    actions: list[ActionView]
+    created_at: float
+    updated_at: float
+    version: int = 0
+    applied: list[str] = Field(default_factory=list)
+
+    def view(self, record_id: str) -> StepRecordView:
+        return StepRecordView(id=record_id, **self.model_dump(exclude={"version", "applied"}))
+
+
+class ReportedStep(BaseModel):
+    """A step of a claimed trajectory with the target computed when it was claimed (so a redo applies the same)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    observation: str
+    action: str
+    reward: float
+    target: float
+
+
+EpisodeStatus = Literal["applying", "reported"]
+
+
+class EpisodeRecord(BaseModel):
+    """A reported trajectory, keyed by (namespace, episode_id): its claim and redo log while ``applying``, then the
+    proof that the episode was applied (its steps dropped, its result kept) so that a second report is told so."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str
+    episode_id: str
+    task: str
+    claim: str
+    status: EpisodeStatus
+    reported_at: float
+    recall_id: str | None
+    steps: list[ReportedStep]
+    done: int = Field(
+        0,
+        description="Steps applied so far (a redo resumes here; the step's own once-only check "
+        "covers the one in flight).",
+    )
+    result: dict[str, Any] | None = None

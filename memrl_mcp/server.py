@@ -24,9 +24,20 @@ from memrl_mcp.access import Access
 from memrl_mcp.auth import TokenTable, access_of
 from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.memory import MemoryService
-from memrl_mcp.models import ForgetResult, Outcome, RecallResult, ReportResult, SearchResult, Stats, StoreResult
+from memrl_mcp.models import (
+    ForgetResult,
+    Outcome,
+    RecallResult,
+    ReportResult,
+    SearchResult,
+    Stats,
+    StepAdviceResult,
+    StoreResult,
+    TrajectoryResult,
+)
 from memrl_mcp.observability import Metrics
 from memrl_mcp.validation import (
+    MAX_EPISODE_ID_CHARS,
     MAX_METADATA_DEPTH,
     MAX_METADATA_KEY_CHARS,
     CandidateCount,
@@ -43,7 +54,10 @@ An episodic memory that learns which past experiences actually help (MemRL).
 Loop for every task: recall_experience(task) -> act, following the successful memories and avoiding
 the mistakes of the failed ones -> report_outcome(recall_id, reward, experience) with the reward and a
 short experience of this attempt (on success: 3-5 high-level steps that worked; on failure: what went
-wrong and what to avoid). Rewards teach the memory which experiences to hand out next time."""
+wrong and what to avoid). Rewards teach the memory which experiences to hand out next time.
+For multi-step tasks (a game, a shell session, a database session), also ask recall_step_advice(task,
+observation) at each step for encouraged and discouraged actions, and at the end report_trajectory(task, steps,
+episode_id) with every (observation, action, reward): it learns which step helped and which went wrong."""
 
 Namespace = Annotated[
     NamespaceName | None, Field(description="Memory namespace (one per project or agent); default: the server's.")
@@ -169,6 +183,61 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         return service.report(recall_id, reward, experience, outcome, metadata, access=access())
 
     @instrumented
+    def recall_step_advice(
+        task: Task,
+        observation: Annotated[
+            rules.observation.type,
+            Field(
+                description="What the agent sees now (max "
+                f"{limits.max_observation_chars} characters; the head and tail of a long one are matched)."
+            ),
+        ],
+        namespace: Namespace = None,
+        k: Annotated[
+            CandidateCount | None, Field(description=f"Step records to match (default {limits.step_k}).")
+        ] = None,
+    ) -> StepAdviceResult:
+        """Action advice for the current step of a multi-step task, from steps remembered in similar situations
+        (same kind of task, similar observation): encouraged actions (they led to reward) and discouraged ones
+        (they did not). Read-only; call it at every step, and report the whole trajectory at the end with
+        report_trajectory so that the advice improves."""
+        return service.recall_step_advice(task, observation, namespace, k, access=access())
+
+    @instrumented
+    def report_trajectory(
+        task: Task,
+        steps: Annotated[
+            rules.steps.type,
+            Field(
+                description=f"Every step of the episode in order, at most {limits.max_trajectory_steps}: "
+                "{observation, action, reward}; the last step's reward is the episode's final reward."
+            ),
+        ],
+        episode_id: Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=MAX_EPISODE_ID_CHARS,
+                description="Your unique id of this episode: a second report with the same id (a retry) changes "
+                "nothing.",
+            ),
+        ],
+        namespace: Namespace = None,
+        recall_id: Annotated[
+            str | None,
+            Field(
+                max_length=36,
+                description="The recall_id of recall_experience for this episode, if any: its report_outcome is "
+                "applied too, with the last step's reward.",
+            ),
+        ] = None,
+    ) -> TrajectoryResult:
+        """Report a finished multi-step episode: each step's Q(task, observation, action) moves toward its n-step
+        target (the discounted rewards that followed it, plus the value of where it led), so that later advice
+        encourages the steps that led to success and discourages the ones that did not. Once per episode_id."""
+        return service.report_trajectory(task, steps, episode_id, namespace, recall_id, access=access())
+
+    @instrumented
     def store_experience(
         task: Annotated[
             rules.task.type, Field(description=f"The task the experience is about (max {limits.max_task_chars}).")
@@ -213,6 +282,8 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         strict_tool(search_experience, reads),
         strict_tool(report_outcome, writes),
         strict_tool(store_experience, writes.model_copy(update={"idempotent_hint": True})),
+        strict_tool(recall_step_advice, reads),
+        strict_tool(report_trajectory, writes.model_copy(update={"idempotent_hint": True})),
         strict_tool(
             forget_experience,
             ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),

@@ -157,6 +157,65 @@ class Settings(BaseSettings):
         "refused as expired). Agents have a few episodes in flight each; 1000 is ~3 MB of disk per namespace.",
     )
 
+    # Step memory (Rememberer, arXiv 2306.07929; defaults from its code, OpenDFM/Rememberer, where it has them)
+    step_n: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="n of the n-step bootstrapped target (the code's --n-step-flatten; its "
+        "WebShop and WikiHow runs use 1, its ALFWorld run 5).",
+    )
+    step_gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount gamma of the target (the code's default).")
+    step_update: Literal["mean", "const"] = Field(
+        "mean",
+        description="mean: Q is the running mean of its targets (the code's default); const: Q <- Q + "
+        "step_learning_rate (G - Q).",
+    )
+    step_learning_rate: float = Field(
+        0.1, gt=0.0, le=1.0, description="Learning rate of the const rule (the code's default)."
+    )
+    step_observation_weight: float = Field(
+        0.6,
+        ge=0.0,
+        le=1.0,
+        description="w of the match (1 - w) sim(task) + w sim(observation): the code's ALFWorld "
+        "matcher weighs the instruction 0.4 and the observation 0.6.",
+    )
+    step_k: int = Field(2, ge=1, le=MAX_K, description="Records recall_step_advice matches (the code shows 2).")
+    step_delta: float | None = Field(
+        None, ge=-1.0, le=1.0, description="Lowest match for recall_step_advice; default: the embedder's delta."
+    )
+    step_match_threshold: float = Field(
+        0.9,
+        ge=-1.0,
+        le=1.0,
+        description="Lowest match of the record whose max Q is the tail of a target when no "
+        "record has o_{t+n} exactly (the code takes the nearest at any distance; ours, so an unrelated record "
+        "cannot lend its value).",
+    )
+    step_advice_threshold: float = Field(
+        0.0, description="Actions with Q above it are encouraged, at or below it discouraged (the code: Q > 0)."
+    )
+    step_max_records: int = Field(
+        500,
+        ge=2,
+        le=10_000_000,
+        description="Step records per namespace (the code's runs: 500); eviction rule in the README.",
+    )
+    step_max_actions: int = Field(
+        10, ge=1, le=1000, description="Actions per record (the code's runs: 10); beyond, the lowest mean reward goes."
+    )
+    step_embed_chars: int = Field(
+        512,
+        ge=16,
+        le=100_000,
+        description="An observation longer than this is embedded as its head and tail, "
+        "half each (MiniLM reads 128 tokens, about 512 characters); the whole text still keys the record.",
+    )
+    max_observation_chars: int = Field(8000, ge=1, description="Longest accepted observation text.")
+    max_action_chars: int = Field(1000, ge=1, description="Longest accepted action text.")
+    max_trajectory_steps: int = Field(200, ge=1, le=10_000, description="Most steps in one reported trajectory.")
+
     # Input limits
     max_task_chars: int = Field(4000, ge=1, description="Longest accepted task text.")
     max_experience_chars: int = Field(20000, ge=1, description="Longest accepted experience text.")

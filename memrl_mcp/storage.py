@@ -1,4 +1,11 @@
-"""Qdrant adapters: two tables (memories, recalls) of points with a vector and a JSON payload.
+"""Qdrant adapters: four tables of points with a vector and a JSON payload.
+
+- ``memories`` and ``recalls``: the episode memory (MemRL), cosine over task embeddings;
+- ``steps``: the step memory (Rememberer), one record per (namespace, task, observation), whose vector is the
+  task's and the observation's unit embeddings side by side, searched by dot product: a query
+  ``[(1 - w) g, w o]`` then scores ``(1 - w) cos(g, g') + w cos(o, o')``, the weighted match of both parts in one
+  search, with the weight chosen per query (nothing stored depends on it);
+- ``episodes``: the once-only ledger of reported trajectories, keyed by episode id (a 1-d placeholder vector).
 
 The memory service needs only the few primitives of :class:`Store`. Two engines implement them:
 
@@ -40,16 +47,31 @@ import numpy as np
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.settings import Settings
 
-Table = Literal["memories", "recalls"]
+Table = Literal["memories", "recalls", "steps", "episodes"]
 Where = Mapping[str, str | int | Sequence[str]]
 """Conditions on payload fields, all of which must hold: an exact value, or a list of accepted values."""
-TABLES: tuple[Table, ...] = ("memories", "recalls")
+TABLES: tuple[Table, ...] = ("memories", "recalls", "steps", "episodes")
 EXPIRY = "expires_at"  # float: when a recall may be purged
 IndexKind = Literal["keyword", "float"]
 INDEXES: dict[Table, dict[str, IndexKind]] = {
     "memories": {"namespace": "keyword", "outcome": "keyword"},
     "recalls": {"namespace": "keyword", "status": "keyword", EXPIRY: "float"},
+    "steps": {"namespace": "keyword"},
+    "episodes": {"namespace": "keyword", "status": "keyword"},
 }
+PLACEHOLDER = np.ones(1, dtype=np.float32)  # the vector of an episode record: it is only ever looked up by id
+
+
+def vector_size(table: Table, dim: int) -> int:
+    """The vector size of a table for an embedder of ``dim`` dimensions."""
+    return {"steps": 2 * dim, "episodes": 1}.get(table, dim)
+
+
+def is_dot(table: Table) -> bool:
+    """Steps and episodes are scored by dot product (module docstring); memories and recalls by cosine."""
+    return table in ("steps", "episodes")
+
+
 SCROLL_PAGE = 1000
 MB = 1 << 20
 
@@ -110,17 +132,24 @@ class Point:
 
 @dataclass(frozen=True)
 class Hit:
-    """A search result: point id, cosine similarity, payload."""
+    """A search result: point id, similarity (cosine; for steps the weighted dot product), payload, and the
+    vector when it was asked for."""
 
     id: str
     similarity: float
     payload: dict[str, Any]
+    vector: np.ndarray | None = None
 
 
 class Store(Protocol):
     """What the memory service needs from a vector store."""
 
     def upsert(self, table: Table, points: Sequence[Point]) -> None: ...
+
+    def insert(self, table: Table, point: Point) -> None:
+        """Write ``point`` only if no point has its id (atomically): of racing creators, the first wins and the
+        others change nothing; read it back to learn which."""
+        ...
 
     def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
 
@@ -139,12 +168,26 @@ class Store(Protocol):
 
     def purge_recalls(self, expired_before: float) -> None: ...
 
-    def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Where) -> list[Hit]: ...
+    def search(
+        self,
+        vector: np.ndarray,
+        limit: int,
+        min_similarity: float,
+        where: Where,
+        table: Table = "memories",
+        with_vectors: bool = False,
+    ) -> list[Hit]: ...
 
     def scroll(
         self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every point matching ``where``, with only ``fields`` of its payload (None: all of it)."""
+        ...
+
+    def vectors(
+        self, table: Table, where: Where, fields: Sequence[str]
+    ) -> Iterator[tuple[str, np.ndarray, dict[str, Any]]]:
+        """Every point matching ``where`` with its vector and only ``fields`` of its payload."""
         ...
 
     def count(self, table: Table, where: Where | None = None) -> int: ...
@@ -170,9 +213,11 @@ class EdgeStore:
 
     def _config(self, dim: int, table: Table) -> Any:
         edge = self._edge
-        if table == "memories":
-            return edge.EdgeConfig(vectors=edge.EdgeVectorParams(size=dim, distance=edge.Distance.Cosine))
-        vectors = edge.EdgeVectorParams(size=dim, distance=edge.Distance.Cosine, memory=edge.Memory.Cold)
+        size = vector_size(table, dim)
+        distance = edge.Distance.Dot if is_dot(table) else edge.Distance.Cosine
+        if table != "recalls":
+            return edge.EdgeConfig(vectors=edge.EdgeVectorParams(size=size, distance=distance))
+        vectors = edge.EdgeVectorParams(size=size, distance=distance, memory=edge.Memory.Cold)
         return edge.EdgeConfig(vectors=vectors, payload_memory=edge.Memory.Cold)
 
     def _open(self, path: Path, dim: int, table: Table) -> Any:
@@ -181,8 +226,11 @@ class EdgeStore:
         stored = json.loads(config_file.read_text()) if config_file.exists() else None
         if stored is not None:
             stored_dim = int(next(iter(stored["vectors"].values()))["size"])
-            if stored_dim != dim:
-                raise ValueError(f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones")
+            if stored_dim != vector_size(table, dim):
+                raise ValueError(
+                    f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones "
+                    f"({vector_size(table, dim)}-d in this table)"
+                )
         try:
             if stored is None:
                 shard = edge.EdgeShard.create(str(path), self._config(dim, table))
@@ -227,6 +275,12 @@ class EdgeStore:
         batch = [self._edge.Point(p.id, p.vector.astype(np.float32).tolist(), p.payload) for p in points]
         self._apply(table, self._edge.UpdateOperation.upsert_points(batch), RECALL_SHARE if table == "recalls" else 1.0)
 
+    def insert(self, table: Table, point: Point) -> None:
+        batch = [self._edge.Point(point.id, point.vector.astype(np.float32).tolist(), point.payload)]
+        self._apply(
+            table, self._edge.UpdateOperation.upsert_points(batch, update_mode=self._edge.UpdateMode.InsertOnly)
+        )
+
     def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         records = self._shards[table].retrieve(list(ids), True, False) if ids else []
         return {str(r.id): dict(r.payload or {}) for r in records}
@@ -253,7 +307,15 @@ class EdgeStore:
         expired = edge.Filter(must=[edge.FieldCondition(EXPIRY, range=edge.RangeFloat(lt=expired_before))])
         self._apply("recalls", edge.UpdateOperation.delete_points_by_filter(expired), room=None)
 
-    def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Where) -> list[Hit]:
+    def search(
+        self,
+        vector: np.ndarray,
+        limit: int,
+        min_similarity: float,
+        where: Where,
+        table: Table = "memories",
+        with_vectors: bool = False,
+    ) -> list[Hit]:
         edge = self._edge
         request = edge.QueryRequest(
             limit=limit,
@@ -261,10 +323,28 @@ class EdgeStore:
             filter=self._filter(where),
             score_threshold=min_similarity,
             with_payload=True,
+            with_vector=with_vectors,
             params=edge.SearchParams(exact=True),
         )
-        points = self._shards["memories"].query(request)
-        return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
+        points = self._shards[table].query(request)
+        return [Hit(str(p.id), float(p.score), dict(p.payload or {}), _array(p.vector)) for p in points]
+
+    def vectors(
+        self, table: Table, where: Where, fields: Sequence[str]
+    ) -> Iterator[tuple[str, np.ndarray, dict[str, Any]]]:
+        offset = None
+        while True:
+            request = self._edge.ScrollRequest(
+                offset=offset,
+                limit=SCROLL_PAGE,
+                filter=self._filter(where),
+                with_payload=self._edge.PayloadSelector.Include(list(fields)),
+                with_vector=True,
+            )
+            records, offset = self._shards[table].scroll(request)
+            yield from ((str(r.id), np.asarray(r.vector, dtype=np.float32), dict(r.payload or {})) for r in records)
+            if offset is None:
+                return
 
     def scroll(
         self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
@@ -289,6 +369,10 @@ class EdgeStore:
             shard.flush()
             shard.close()
         self._shards = {}
+
+
+def _array(vector: Any) -> np.ndarray | None:
+    return None if vector is None else np.asarray(vector, dtype=np.float32)
 
 
 def _edge_match(edge: Any, value: str | int | Sequence[str]) -> Any:
@@ -340,12 +424,17 @@ class QdrantClientStore:
         """Create the collection if it is missing, then the payload indexes it lacks (server mode: local mode
         scans everything and warns that indexes do nothing)."""
         models, name = self._models, self._names[table]
+        size = vector_size(table, dim)
         if self._client.collection_exists(name):
             stored_dim = getattr(self._client.get_collection(name).config.params.vectors, "size", None)
-            if stored_dim is not None and stored_dim != dim:
-                raise ValueError(f"collection {name} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones")
+            if stored_dim is not None and stored_dim != size:
+                raise ValueError(
+                    f"collection {name} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones "
+                    f"({size}-d in this table)"
+                )
         else:
-            vectors = models.VectorParams(size=dim, distance=models.Distance.COSINE)
+            distance = models.Distance.DOT if is_dot(table) else models.Distance.COSINE
+            vectors = models.VectorParams(size=size, distance=distance)
             self._client.create_collection(name, vectors_config=vectors)
         if self._client_is_local:
             return
@@ -382,6 +471,15 @@ class QdrantClientStore:
         self._check_room(RECALL_SHARE if table == "recalls" else 1.0)
         with self._atomic:
             self._client.upsert(self._names[table], batch, **self._write)
+
+    def insert(self, table: Table, point: Point) -> None:
+        models = self._models
+        batch = [
+            models.PointStruct(id=point.id, vector=point.vector.astype(np.float32).tolist(), payload=point.payload)
+        ]
+        self._check_room()
+        with self._atomic:
+            self._client.upsert(self._names[table], batch, update_mode=models.UpdateMode.INSERT_ONLY, **self._write)
 
     def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         if not ids:
@@ -427,18 +525,46 @@ class QdrantClientStore:
                 self._names["recalls"], points_selector=models.FilterSelector(filter=expired), **self._write
             )
 
-    def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Where) -> list[Hit]:
+    def search(
+        self,
+        vector: np.ndarray,
+        limit: int,
+        min_similarity: float,
+        where: Where,
+        table: Table = "memories",
+        with_vectors: bool = False,
+    ) -> list[Hit]:
         with self._atomic:
             response = self._client.query_points(
-                self._names["memories"],
+                self._names[table],
                 query=vector.astype(np.float32).tolist(),
                 query_filter=self._filter(where),
                 score_threshold=min_similarity,
                 limit=limit,
                 with_payload=True,
+                with_vectors=with_vectors,
                 **self._read,
             )
-        return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in response.points]
+        return [Hit(str(p.id), float(p.score), dict(p.payload or {}), _array(p.vector)) for p in response.points]
+
+    def vectors(
+        self, table: Table, where: Where, fields: Sequence[str]
+    ) -> Iterator[tuple[str, np.ndarray, dict[str, Any]]]:
+        offset = None
+        while True:
+            with self._atomic:
+                records, offset = self._client.scroll(
+                    self._names[table],
+                    scroll_filter=self._filter(where),
+                    limit=SCROLL_PAGE,
+                    offset=offset,
+                    with_payload=list(fields),
+                    with_vectors=True,
+                    **self._read,
+                )
+            yield from ((str(r.id), np.asarray(r.vector, dtype=np.float32), dict(r.payload or {})) for r in records)
+            if offset is None:
+                return
 
     def scroll(
         self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None

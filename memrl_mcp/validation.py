@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, Generic, TypeVar
 
-from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
 from memrl_mcp.errors import MemoryRequestError
 
@@ -183,15 +183,51 @@ NAMESPACE = Rule[str](NamespaceName)
 POINT_ID = Rule[str](Annotated[str, Field(max_length=36), AfterValidator(_uuid)])
 COUNT = Rule[int](Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)])
 TIMESTAMP = Rule[float](Annotated[float, Field(ge=0.0, allow_inf_nan=False)])
+FINITE = Rule[float](Annotated[float, Field(allow_inf_nan=False)])
+
+
+MAX_EPISODE_ID_CHARS = 200
+EPISODE_ID = text_rule(MAX_EPISODE_ID_CHARS)
+
+
+def trajectory_rule(
+    max_steps: int, max_observation_chars: int, max_action_chars: int, reward: Rule[float]
+) -> Rule[Any]:
+    """A reported trajectory: 1 to ``max_steps`` steps, each exactly {observation, action, reward}. An error
+    names the step and its field (``steps[3].reward``)."""
+    step = create_model(
+        "TrajectoryStep",
+        __config__=ConfigDict(extra="forbid", strict=True),
+        __doc__="One decision: what the agent saw, what it did, the reward that followed (the last: the episode's).",
+        observation=(
+            text_rule(max_observation_chars).type,
+            Field(description=f"What the agent saw before acting (max {max_observation_chars} characters)."),
+        ),
+        action=(
+            text_rule(max_action_chars).type,
+            Field(description=f"What it did (max {max_action_chars})."),
+        ),
+        reward=(reward.type, Field(description="The reward right after the action (0 for most steps).")),
+    )
+    return Rule(Annotated[list[step], Field(min_length=1, max_length=max_steps)])  # type: ignore[valid-type]
 
 
 class Limits:
-    """The rules whose bounds are settings (text lengths, reward range, metadata size)."""
+    """The rules whose bounds are settings (text lengths, reward range, metadata size, trajectories)."""
 
     def __init__(
-        self, max_task_chars: int, max_experience_chars: int, max_metadata_chars: int, reward: tuple[float, float]
+        self,
+        max_task_chars: int,
+        max_experience_chars: int,
+        max_metadata_chars: int,
+        reward: tuple[float, float],
+        trajectory: tuple[int, int, int],
     ) -> None:
         self.task = text_rule(max_task_chars)
         self.experience = text_rule(max_experience_chars)
         self.metadata = metadata_rule(max_metadata_chars)
         self.reward = number_rule(*reward)
+        max_steps, max_observation_chars, max_action_chars = trajectory
+        self.observation = text_rule(max_observation_chars)
+        self.action = text_rule(max_action_chars)
+        self.steps = trajectory_rule(max_steps, max_observation_chars, max_action_chars, self.reward)

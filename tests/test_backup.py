@@ -15,10 +15,11 @@ from typing import BinaryIO
 import pytest
 
 from memrl_mcp.access import EVERYTHING
-from memrl_mcp.backup import write_atomically, write_memories
+from memrl_mcp.backup import write_atomically, write_records
 from memrl_mcp.cli import parse_args
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.models import MemoryView
+from memrl_mcp.models import MemoryView, StepRecordView
+from memrl_mcp.steps import step_id
 from tests.conftest import make_service
 from tests.test_transports import child_env, run_cli
 
@@ -214,7 +215,7 @@ def test_import_completes_an_interrupted_one_and_keeps_other_memories(embedder: 
     original = seed(embedder, tmp_path / "source")
     backup = tmp_path / "backup.jsonl"
     with backup.open("wb") as stream:
-        write_memories(original.values(), stream)
+        write_records(original.values(), stream)
     backup.write_bytes(b"\n \r\n" + backup.read_bytes().replace(b"\n", b"\r\n\n"))  # blank lines, CRLF: skipped
 
     target = make_service(embedder, tmp_path / "target")
@@ -240,7 +241,7 @@ def test_a_held_store_is_refused(embedder: Embedder, tmp_path: Path) -> None:
     original = seed(embedder, data_dir)
     backup = tmp_path / "backup.jsonl"
     with backup.open("wb") as stream:
-        write_memories(original.values(), stream)
+        write_records(original.values(), stream)
     holder = make_service(embedder, data_dir)  # as a running server would
     try:
         for args in (("import", str(backup)), ("export", "--out", str(tmp_path / "out.jsonl"))):
@@ -286,3 +287,111 @@ def test_serving_stays_the_default_command() -> None:
     )
     after = parse_args(["import", "f.jsonl", "--data-dir", "d"])
     assert (after.command, str(after.file), after.data_dir) == ("import", "f.jsonl", "d")
+
+
+STEPS = [
+    {
+        "observation": "You are in the kitchen. You see a fridge 1 and a countertop 1.",
+        "action": "go to fridge 1",
+        "reward": 0.0,
+    },
+    {"observation": "The fridge 1 is closed.", "action": "open fridge 1", "reward": 0.0},
+    {"observation": "You open the fridge 1. In it, you see an apple 1.", "action": "take apple 1", "reward": 1.0},
+]
+
+
+def seed_steps(embedder: Embedder, data_dir: Path, engine: str) -> dict[str, StepRecordView]:
+    """Memories (seed) and learned step records in two namespaces, one record with two actions."""
+    seed(embedder, data_dir, engine)
+    service = make_service(embedder, data_dir, engine)
+    try:
+        for episode, namespace in (("e1", "default"), ("e2", "team"), ("e3", "team")):
+            steps = STEPS if episode != "e3" else [{**STEPS[0], "action": "look", "reward": -0.5}]
+            service.report_trajectory("cool an apple", steps, episode, namespace=namespace, access=EVERYTHING)
+        return {r.id: r for r in service.step_records()}
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize("engine", ["edge", "qdrant-local"])
+def test_steps_round_trip_with_the_memories(embedder: Embedder, tmp_path: Path, engine: str) -> None:
+    steps = seed_steps(embedder, tmp_path / "a", engine)
+    assert len(steps) == 6 and any(len(r.actions) == 2 for r in steps.values())
+    env = child_env(MEMRL_EMBEDDED_ENGINE=engine)
+    out = tmp_path / "backup.jsonl"
+    exported = run_cli("export", "--out", str(out), "--data-dir", str(tmp_path / "a"), env=env)
+    assert exported.returncode == 0, exported.stderr
+    assert "exported 4 memories (default 2, team 2) and 6 step records (default 3, team 3)" in exported.stderr
+    kinds = [json.loads(line)["kind"] for line in out.read_text().splitlines()]
+    assert kinds == ["memory"] * 4 + ["step"] * 6
+
+    imported = run_cli("import", str(out), "--data-dir", str(tmp_path / "b"), env=env)
+    assert imported.returncode == 0, imported.stderr
+    assert "imported 4 memories (default 2, team 2) and 6 step records (default 3, team 3)" in imported.stderr
+    service = make_service(embedder, tmp_path / "b", engine)
+    try:
+        assert {r.id: r for r in service.step_records()} == steps
+        # Re-embedded: the advice finds each record by its task and observation, and reports land on them.
+        advice = service.recall_step_advice("cool an apple", STEPS[2]["observation"], k=1, access=EVERYTHING)
+        assert advice.records[0].observation_similarity == pytest.approx(1.0, abs=1e-5)
+        assert [a.action for a in advice.encouraged] == ["take apple 1"]
+        report = service.report_trajectory("cool an apple", STEPS, "e4", access=EVERYTHING)
+        assert (report.created, report.merged) == (0, 3)
+    finally:
+        service.close()
+
+
+def test_malformed_step_lines_are_named_and_nothing_is_written(embedder: Embedder, tmp_path: Path) -> None:
+    steps = seed_steps(embedder, tmp_path / "data", "edge")
+    record = next(r for r in steps.values() if len(r.actions) == 2)
+
+    def line(namespace: str = record.namespace, **changes: object) -> str:
+        """A step line in its own namespace, under the id derived from it (unless the change is the id)."""
+        fields = {**record.model_dump(), "namespace": namespace, **changes}
+        derived = step_id(namespace, record.task, str(fields["observation"]))
+        return json.dumps({"kind": "step", **fields, "id": changes.get("id", derived)})
+
+    action = record.actions[0].model_dump()
+    malformed = [  # refused as the file is read
+        line(),  # valid
+        json.dumps({"kind": "episode", **record.model_dump()}),
+        line("n3", actions=[{**action, "extra": 1}]),
+    ]
+    out_of_limits = [  # refused by the memory's own checks
+        line(),
+        line("n2", id="0c9a3b8e-3d43-4f0e-8f4e-64f3f0a0e3b2"),
+        line("n3", actions=[{**action, "q": math.nan}]),
+        line("n4", actions=[{**action, "visits": -1}]),
+        line("n5", actions=[action, action]),
+        line("n6", actions=[{**action, "action": f"a{i}"} for i in range(11)]),
+        line("n7", observation="x" * 8001),
+    ]
+    expected = {
+        "malformed": (
+            malformed,
+            ["line 2: kind: must be one of 'memory', 'step', got 'episode'", "line 3: actions[0].extra: Extra inputs"],
+        ),
+        "limits": (
+            out_of_limits,
+            [
+                "line 2: id: is not the id of its (namespace, task, observation)",
+                "line 3: actions[0].q: Input should be a finite number",
+                "line 4: actions[0].visits: Input should be greater than or equal to 0",
+                "line 5: actions: an action is listed twice",
+                "line 6: actions: 11 exceed step_max_actions=10",
+                "line 7: observation: String should have at most 8000 characters",
+            ],
+        ),
+    }
+    for name, (lines, messages) in expected.items():
+        path = write_lines(tmp_path / f"{name}.jsonl", lines)
+        result = run_cli("import", str(path), "--data-dir", str(tmp_path / "data"), env=child_env())
+        assert result.returncode == 2, result.stderr
+        for message in messages:
+            assert message in result.stderr
+        assert f"{len(messages)} bad line(s), nothing imported" in result.stderr and "line 1:" not in result.stderr
+    service = make_service(embedder, tmp_path / "data")
+    try:
+        assert {r.id: r for r in service.step_records()} == steps
+    finally:
+        service.close()

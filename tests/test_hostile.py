@@ -253,17 +253,22 @@ print(service.forget(namespace="gone", access=EVERYTHING), flush=True)
 """
 
 
-@pytest.mark.parametrize("kill_at", [0, 1, 2])
+FORGET_DELETES = 4  # a namespace's recalls, episodes (the redo logs first), memories, step records
+
+
+@pytest.mark.parametrize("kill_at", [0, 1, 2, 3, FORGET_DELETES])
 def test_sigkill_during_forget_never_brings_the_namespace_back(
     embedder: Embedder, tmp_path: Path, engine: str, kill_at: int
 ) -> None:
-    """kill_at: the bulk deletes of a namespace's forget done before the SIGKILL (2: all of them)."""
+    """kill_at: the bulk deletes of a namespace's forget done before the SIGKILL (4: all of them)."""
     service = make_service(embedder, tmp_path, engine)
     try:
         for task in TASKS:
             service.store_experience(task, "the forgotten procedure", namespace="gone", access=EVERYTHING)
         kept = service.store_experience(MUG, "kept", namespace="kept", access=EVERYTHING)
         recalls = [service.recall(task, namespace="gone", access=EVERYTHING).recall_id for task in TASKS]
+        steps = [{"observation": f"screen {i}", "action": "press enter", "reward": 0.0} for i in range(3)]
+        service.report_trajectory(TASKS[0], steps, "episode", namespace="gone", access=EVERYTHING)
     finally:
         service.close()
 
@@ -274,10 +279,10 @@ def test_sigkill_during_forget_never_brings_the_namespace_back(
         text=True,
         timeout=120,
     )
-    if kill_at < 2:
+    if kill_at < FORGET_DELETES:
         assert child.returncode == -signal.SIGKILL, child.stderr
     else:
-        assert child.returncode == 0 and "deleted=4" in child.stdout, child.stderr
+        assert child.returncode == 0 and "deleted=4 steps_deleted=3" in child.stdout, child.stderr
 
     reopened = make_service(embedder, tmp_path, engine)
     try:
@@ -285,7 +290,7 @@ def test_sigkill_during_forget_never_brings_the_namespace_back(
         if kill_at == 0:  # killed before anything was deleted: nothing was forgotten yet
             assert left == len(TASKS)
         else:  # the recalls went first: not one can be reported, whatever memories are left
-            assert left == (len(TASKS) if kill_at == 1 else 0)
+            assert left == (len(TASKS) if kill_at <= 2 else 0)
             for recall_id in recalls:
                 with pytest.raises(MemoryRequestError, match=r"unknown recall .* its namespace was forgotten"):
                     reopened.report(recall_id, 1.0, experience="REVIVED", access=EVERYTHING)
@@ -294,6 +299,7 @@ def test_sigkill_during_forget_never_brings_the_namespace_back(
             with pytest.raises(MemoryRequestError, match="unknown recall"):
                 reopened.report(recall_id, 1.0, experience="REVIVED", access=EVERYTHING)
         assert reopened.stats("gone", access=EVERYTHING).memories == 0
+        assert (reopened.stats("gone", access=EVERYTHING).steps, reopened.stats(access=EVERYTHING).steps) == (0, 0)
         assert [m.namespace for m in reopened.memories()] == ["kept"]
         assert reopened.get(kept.id, access=EVERYTHING).experience == "kept"
     finally:

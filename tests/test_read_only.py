@@ -22,12 +22,17 @@ async def test_a_read_only_server_offers_no_tool_that_writes(embedder: Embedder,
     try:
         async with Client(create_server(reader)) as client:
             names = {tool.name for tool in (await client.list_tools()).tools}
-            assert names == {"search_experience", "memory_stats"}
+            assert names == {"search_experience", "memory_stats", "recall_step_advice"}
             for tool, arguments in {
                 "recall_experience": {"task": "water the plants"},  # it would log a recall
                 "store_experience": {"task": "a new task", "experience": "a new lesson"},
                 "report_outcome": {"recall_id": stored["id"], "reward": 1.0},
                 "forget_experience": {"memory_id": stored["id"]},
+                "report_trajectory": {
+                    "task": "water the plants",
+                    "steps": [{"observation": "a dry plant", "action": "water it", "reward": 1.0}],
+                    "episode_id": "e1",
+                },
             }.items():
                 result = await client.call_tool(tool, arguments)
                 assert result.is_error, tool

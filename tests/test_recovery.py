@@ -12,7 +12,7 @@ from memrl_mcp.memory import MemoryService
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
 
-WRITES = ("upsert", "set_payload", "set_payload_if")
+WRITES = ("upsert", "insert", "set_payload", "set_payload_if")
 # A report with two recalled memories and a new experience writes 5 times: the claim, one conditional write
 # per memory, the new memory, then "reported". Crash before each of them.
 REPORT_WRITES = 5

@@ -20,7 +20,7 @@ import numpy as np
 import qdrant_edge as edge
 
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import INDEXES, TABLES, Point, new_id, open_store
+from memrl_mcp.storage import INDEXES, TABLES, Point, is_dot, new_id, open_store, vector_size
 
 DIM = 384
 KILLS = 6
@@ -69,7 +69,8 @@ def assert_whole_and_working(data_dir: Path) -> None:
 def test_a_table_left_without_indexes_gets_them_at_the_next_open(tmp_path: Path) -> None:
     # The state a kill between "create the table" and "index it" leaves: tables that exist, one with a point.
     for table in TABLES:
-        vectors = edge.EdgeVectorParams(size=DIM, distance=edge.Distance.Cosine)
+        distance = edge.Distance.Dot if is_dot(table) else edge.Distance.Cosine
+        vectors = edge.EdgeVectorParams(size=vector_size(table, DIM), distance=distance)
         shard = edge.EdgeShard.create(str(edge_folder(tmp_path) / table), edge.EdgeConfig(vectors=vectors))
         if table == "memories":
             point = edge.Point(new_id(), unit_vector(0).tolist(), {"namespace": "n", "outcome": "failure", "q": 0.0})

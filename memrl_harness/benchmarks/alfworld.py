@@ -10,7 +10,8 @@ examine, clean, heat, cool, puttwo), so the report breaks results down per type.
 
 The episode: each step the LLM gets the type's few-shot example (``alfworld_examples.json``,
 compacted), the memories (successes to follow, failure reflections to avoid), the goal, the last
-``history`` steps and the admissible commands, and answers ``{"thought", "action"}`` with the
+``history`` steps, the step memory's advice on the current observation (the step-memory modes) and the
+admissible commands, and answers ``{"thought", "action"}`` with the
 action constrained to the admissible commands by the JSON schema's enum. Up to ``max_steps``
 (30) steps; success is the game's ``won``; reward +1 / -1. Prompts stay small enough for a
 2048-token local model: history, observations, example and memories are cut to fixed sizes.
@@ -45,7 +46,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from memrl_harness.benchmarks.base import Episode, Memory, Task
+from memrl_harness.benchmarks.base import (
+    Episode,
+    Memory,
+    StepAdvice,
+    Steps,
+    StepwiseBenchmark,
+    Task,
+)
 from memrl_harness.install import data_hint, shared_data_root
 from memrl_harness.llm import LLM, LLMFormatError, Usage
 
@@ -182,10 +190,10 @@ class Game:
         self.close()
 
 
-Policy = Callable[[str, GameState, list[tuple[str, str]]], tuple[str, str, Usage]]
+Policy = Callable[[str, GameState, list[tuple[str, str]], StepAdvice], tuple[str, str, Usage]]
 
 
-class AlfworldBenchmark:
+class AlfworldBenchmark(StepwiseBenchmark):
     """ALFWorld games with a ReAct-style LLM agent; see the module docstring."""
 
     name = "alfworld"
@@ -243,7 +251,13 @@ class AlfworldBenchmark:
         return load_examples(self.examples_file).get(kind or "", "")
 
     def prompt(
-        self, task: Task, memories: Sequence[Memory], state: GameState, room: str, past: list[tuple[str, str]]
+        self,
+        task: Task,
+        memories: Sequence[Memory],
+        state: GameState,
+        room: str,
+        past: list[tuple[str, str]],
+        advice: StepAdvice | None = None,
     ) -> str:
         """The user message of one step (the step number lets scripted test LLMs follow a plan)."""
         parts = []
@@ -263,11 +277,15 @@ class AlfworldBenchmark:
             lines = [f"({skipped} earlier steps not shown)"] if skipped else []
             lines += [f"> {a}\n{_cut(o, OBSERVATION_CHARS)}" for a, o in shown]
             parts.append("Recent steps:\n" + "\n".join(lines))
+        if advice:
+            parts.append(advice.section())
         parts.append(f"Step {len(past) + 1} of {self.max_steps}. Admissible commands: " + ", ".join(state.admissible))
         return "\n\n".join(parts)
 
-    def play(self, task: Task, act: Policy) -> Episode:
-        """Play one game with ``act(room, state, past) -> (thought, action, usage)``; returns the episode."""
+    def play(self, task: Task, act: Policy, steps: Steps | None = None) -> Episode:
+        """Play one game with ``act(room, state, past, advice) -> (thought, action, usage)``, asking ``steps`` for
+        advice on each observation (the game's last feedback; the room and goal at the start)."""
+        steps = steps or Steps()
         usage = Usage()
         past: list[tuple[str, str]] = []
         thoughts: list[str] = []
@@ -275,7 +293,8 @@ class AlfworldBenchmark:
             state = game.reset()
             room = state.observation.split("Your task is to:")[0].strip()
             while len(past) < self.max_steps and not state.done and not state.won:
-                thought, action, spent = act(room, state, past)
+                thought, action, spent = act(room, state, past, steps.advise(state.observation))
+                steps.took(state.observation, action)
                 usage = usage + spent
                 state = game.step(action)
                 past.append((action, state.observation))
@@ -294,11 +313,11 @@ class AlfworldBenchmark:
             usage=usage,
         )
 
-    def run_episode(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: Any) -> Episode:
+    def run_steps(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: Any, steps: Steps) -> Episode:
         if llm is None:
             raise ValueError("the alfworld benchmark needs an LLM")
 
-        def act(room: str, state: GameState, past: list[tuple[str, str]]) -> tuple[str, str, Usage]:
+        def act(room: str, state: GameState, past: list[tuple[str, str]], advice: StepAdvice) -> tuple[str, str, Usage]:
             schema = {
                 "type": "object",
                 "properties": {
@@ -310,7 +329,7 @@ class AlfworldBenchmark:
             }
             messages = [
                 {"role": "system", "content": SYSTEM},
-                {"role": "user", "content": self.prompt(task, memories, state, room, past)},
+                {"role": "user", "content": self.prompt(task, memories, state, room, past, advice)},
             ]
             try:
                 reply = llm.chat(messages, json_schema=schema, max_tokens=128)
@@ -318,7 +337,7 @@ class AlfworldBenchmark:
                 return "", "look", Usage(calls=1)
             return str(reply.data.get("thought", "")), reply.data["action"], reply.usage
 
-        return self.play(task, act)
+        return self.play(task, act, steps)
 
 
 def _positive(label: str, value: int | str) -> int:

@@ -3,12 +3,19 @@
 A benchmark module provides tasks (with the intent text recall is keyed by) and runs one episode
 of one task with the memories recall handed out, returning the reward of the benchmark's own
 checker. Everything else (memory calls, epochs, workers, experiences, metrics) is the runner's.
+
+A multi-step benchmark (:class:`StepwiseBenchmark`: ALFWorld, LLB OS and DB) takes several decisions per
+episode, each on an observation. Its episode loop has one hook, :class:`Steps`: before each decision it asks
+``steps.advise(observation)`` and shows the advice (Rememberer's encouraged and discouraged actions) with the
+observation; after it, ``steps.took(observation, action)``. The runner owns what is behind the hook (the step
+memory, or nothing) and reports the steps taken at the end.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -82,3 +89,94 @@ class Benchmark(Protocol):
     def tasks(self) -> Sequence[Task]: ...
 
     def run_episode(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random) -> Episode: ...
+
+
+# --- the step memory's hook (Rememberer) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActionAdvice:
+    """One action the step memory has seen at a matching (task, observation): its Q value and how often it was tried."""
+
+    action: str
+    q: float
+    visits: int
+
+
+@dataclass(frozen=True)
+class StepAdvice:
+    """What the step memory advises at one observation: actions to prefer (high Q) and to avoid (low Q)."""
+
+    encouraged: tuple[ActionAdvice, ...] = ()
+    discouraged: tuple[ActionAdvice, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.encouraged or self.discouraged)
+
+    def section(self) -> str:
+        """The advice as a prompt section, in Rememberer's shape: the actions with their value and how often they
+        were tried, so the agent can weigh one lucky try against a well-worn path ('' when there is none)."""
+        if not self:
+            return ""
+
+        def lines(items: tuple[ActionAdvice, ...]) -> str:
+            return "\n".join(f"- {a.action} (value {a.q:+.2f}, tried {a.visits}x)" for a in items)
+
+        parts = ["Advice from earlier episodes at a similar point of a similar task:"]
+        if self.encouraged:
+            parts.append("Encouraged actions (they led to success; prefer them):\n" + lines(self.encouraged))
+        if self.discouraged:
+            parts.append("Discouraged actions (they led to failure; avoid them):\n" + lines(self.discouraged))
+        return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decision taken: the observation it was taken on and the action."""
+
+    observation: str
+    action: str
+
+
+class Steps:
+    """The step memory's hook in a multi-step episode loop: advice before each decision, the decision after it.
+
+    ``recall`` maps an observation to advice (the runner's bridge to ``recall_step_advice``); without it there is
+    no advice, so a benchmark's loop is the same in every mode. The steps taken are kept for the report.
+    """
+
+    def __init__(self, recall: Callable[[str], StepAdvice] | None = None) -> None:
+        self._recall = recall
+        self.taken: list[Step] = []
+        self.advised = 0  # decisions that were given some advice
+
+    def advise(self, observation: str) -> StepAdvice:
+        advice = self._recall(observation) if self._recall else StepAdvice()
+        self.advised += bool(advice)
+        return advice
+
+    def took(self, observation: str, action: str) -> None:
+        self.taken.append(Step(observation, action))
+
+
+def with_advice(messages: Sequence[Mapping[str, str]], advice: StepAdvice) -> list[dict[str, str]]:
+    """A chat for one call: the advice appended to its last (user) message only, so the kept history never holds
+    advice given on an earlier observation."""
+    chat = [dict(m) for m in messages]
+    if advice:
+        chat[-1]["content"] = f"{chat[-1]['content']}\n\n{advice.section()}"
+    return chat
+
+
+class StepwiseBenchmark(ABC):
+    """A benchmark whose episode is a sequence of decisions on observations; only these take the step-memory modes
+    (a one-decision task has no later step for step memory to advise)."""
+
+    @abstractmethod
+    def run_steps(
+        self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random, steps: Steps
+    ) -> Episode:
+        """One episode, asking ``steps`` for advice before each decision and telling it each action taken."""
+
+    def run_episode(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random) -> Episode:
+        return self.run_steps(task, memories, llm, rng, Steps())

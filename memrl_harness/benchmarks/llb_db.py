@@ -18,7 +18,9 @@ Episode (LifelongAgentBench's protocol): a fresh database holds the task's table
 rounds: the LLM answers JSON ``{thought, action, content}`` with ``action`` ``sql`` (the SQL is run, one or
 more statements stopping at the first error, its last result set or its error shown back, cut to
 ``max_output_chars``) or ``answer`` (the final answer; ends the episode). Recalled memories are in the first
-prompt: successes to follow, failures to avoid. The database and its user are dropped afterwards.
+prompt: successes to follow, failures to avoid. In the step-memory modes each round's request also carries the step
+memory's advice on the current observation (the last result; the table's description before the first). The
+database and its user are dropped afterwards.
 
 Checker (LLB's): for INSERT / UPDATE / DELETE tasks (``answer_info.md5``) the table's hash after the
 agent's SQL, computed as LLB computes it (:data:`MD5_QUERY`: the md5 of the sorted, comma-joined first
@@ -57,7 +59,15 @@ from typing import Any
 from memrl_harness.backends.docker import DB_IMAGE, MariaDBContainer
 from memrl_harness.backends.mariadb import LocalMariaDB
 from memrl_harness.backends.sql import EpisodeDatabase, ResultSet, Row, SQLResult, SQLServer
-from memrl_harness.benchmarks.base import Episode, Memory, Task, memory_sections
+from memrl_harness.benchmarks.base import (
+    Episode,
+    Memory,
+    Steps,
+    StepwiseBenchmark,
+    Task,
+    memory_sections,
+    with_advice,
+)
 from memrl_harness.install import data_hint, shared_data_root
 from memrl_harness.llm import LLM, LLMError, Usage
 
@@ -235,7 +245,7 @@ def sql_server(backend: str, image: str | None) -> SQLServer:
     raise ValueError(f"backend: mariadb or docker, not {backend!r}")
 
 
-class LLBDBBenchmark:
+class LLBDBBenchmark(StepwiseBenchmark):
     """LifelongAgentBench's DB tasks, one fresh database and user per episode on a shared SQL server."""
 
     name = "llb-db"
@@ -349,14 +359,16 @@ class LLBDBBenchmark:
 
     # --- the agent ------------------------------------------------------------------------
 
-    def prompt(self, task: Task, memories: Sequence[Memory]) -> str:
+    def table_description(self, task: Task) -> str:
+        """The task's table as the agent first sees it (also the step memory's first observation)."""
         table = task.data["table_info"]
         columns = ", ".join(f"{c['name']} {c['type']}" for c in table["column_info_list"])
+        return f"The {self.engine} table `{table['name']}` has the columns: {columns} ({len(table['row_list'])} rows)."
+
+    def prompt(self, task: Task, memories: Sequence[Memory]) -> str:
         parts = memory_sections(memories)
         parts.append(f"Task: {task.intent}")
-        parts.append(
-            f"The {self.engine} table `{table['name']}` has the columns: {columns} ({len(table['row_list'])} rows)."
-        )
+        parts.append(self.table_description(task))
         parts.append(
             f"You have {self.max_rounds} rounds. Each round answer JSON with `thought`, `action` and `content`:\n"
             '- action "sql": content is SQL to run on the database; you will see its result or error.\n'
@@ -366,7 +378,9 @@ class LLBDBBenchmark:
         )
         return "\n\n".join(parts)
 
-    def run_episode(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random) -> Episode:
+    def run_steps(
+        self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random, steps: Steps
+    ) -> Episode:
         if llm is None:
             raise ValueError("llb-db needs an LLM")
         messages: list[dict[str, str]] = [
@@ -376,17 +390,20 @@ class LLBDBBenchmark:
         usage = Usage()
         log = [f"Task: {task.intent}"]
         answer: str | None = None
-        steps = 0
+        rounds = 0
+        observation = self.table_description(task)
         with self.database(task) as database:
             for _ in range(self.max_rounds):
+                chat = with_advice(messages, steps.advise(observation))
                 try:
-                    reply = llm.chat(messages, json_schema=ACTION_SCHEMA, max_tokens=self.max_tokens)
+                    reply = llm.chat(chat, json_schema=ACTION_SCHEMA, max_tokens=self.max_tokens)
                 except LLMError as exc:  # an unparsable answer ends the episode, as an invalid action in LLB
                     log.append(f"Invalid reply: {str(exc)[:300]}")
                     break
                 usage = usage + reply.usage
-                steps += 1
+                rounds += 1
                 action, content = reply.data["action"], reply.data["content"].strip()
+                steps.took(observation, f"{action}: {content}")
                 messages.append({"role": "assistant", "content": reply.text})
                 if action == "answer":
                     answer = content
@@ -402,7 +419,7 @@ class LLBDBBenchmark:
         return Episode(
             success=outcome.success,
             reward=1.0 if outcome.success else 0.0,
-            steps=steps,
+            steps=rounds,
             trajectory="\n\n".join(log),
             usage=usage,
         )

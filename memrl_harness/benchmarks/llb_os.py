@@ -14,7 +14,9 @@ limits, a seccomp filter and no network (see that module for what it guarantees 
 Episode (LLB's loop): up to ``max_rounds`` (10) rounds; each round the LLM answers JSON
 ``{thought, action: bash|answer|finish, content}``; a ``bash`` command runs in the sandbox and
 its output (cut to ``output_chars``) is the next user message; ``answer`` / ``finish`` end the
-episode. Then the evaluation script runs in the same sandbox through :meth:`Sandbox.check`, with a shell and tools the
+episode. In the step-memory modes each round's request also carries the step memory's advice on the current
+observation (the last command's output; ``START`` before the first). Then the evaluation script runs in the same
+sandbox through :meth:`Sandbox.check`, with a shell and tools the
 agent cannot have replaced (replacing ``/bin/bash`` with ``exit 0`` does not pass a task): exit status 0 is
 success (reward ``reward_success``, 1), anything else failure (``reward_failure``, 0; configs/llb.yaml). A
 sandbox that dies under the agent (its holder gone) is a failure too.
@@ -42,11 +44,20 @@ from memrl_harness.backends.bwrap import BwrapSandbox, check_prerequisites
 from memrl_harness.backends.cgroups import Limits
 from memrl_harness.backends.docker import OS_IMAGE, DockerSandbox
 from memrl_harness.backends.sandbox import CommandResult, Sandbox, SandboxError
-from memrl_harness.benchmarks.base import Episode, Memory, Task, memory_sections
+from memrl_harness.benchmarks.base import (
+    Episode,
+    Memory,
+    Steps,
+    StepwiseBenchmark,
+    Task,
+    memory_sections,
+    with_advice,
+)
 from memrl_harness.install import data_hint, default_rootfs, shared_data_root
 from memrl_harness.llm import LLM, LLMFormatError, Usage
 
 DATA_FILE = "llb/os_interaction_train.json"
+START = "No command has run yet."  # the observation of the first round, for the step memory
 
 
 SYSTEM_PROMPT = (
@@ -70,7 +81,7 @@ ACTION_SCHEMA: dict[str, Any] = {
 }
 
 
-class LLBOSBenchmark:
+class LLBOSBenchmark(StepwiseBenchmark):
     """LifelongAgentBench OS interaction tasks, each in its own :class:`Sandbox`."""
 
     name = "llb-os"
@@ -171,17 +182,18 @@ class LLBOSBenchmark:
         return f"The output of the command ({status}):\n{text}"
 
     def _play(
-        self, box: Sandbox, task: Task, llm: LLM, messages: list[dict[str, str]], lines: list[str]
+        self, box: Sandbox, task: Task, llm: LLM, messages: list[dict[str, str]], lines: list[str], steps: Steps
     ) -> tuple[int, str, Usage]:
         """Initialization then up to ``max_rounds`` of the LLM's actions; rounds played, how it ended, usage."""
         init = self.initialize(box, task)
         if init is not None and (init.exit_code != 0 or init.timed_out):
             lines.append(f"(initialization exit code {init.exit_code})")
-        ended, rounds, usage = "rounds exhausted", 0, Usage()
+        ended, rounds, usage, observation = "rounds exhausted", 0, Usage(), START
         while rounds < self.max_rounds:
             rounds += 1
+            chat = with_advice(messages, steps.advise(observation))
             try:
-                reply = llm.chat(messages, json_schema=ACTION_SCHEMA, max_tokens=self.max_tokens)
+                reply = llm.chat(chat, json_schema=ACTION_SCHEMA, max_tokens=self.max_tokens)
             except LLMFormatError as exc:
                 ended = f"invalid answer: {exc}"
                 break
@@ -190,17 +202,20 @@ class LLBOSBenchmark:
             messages.append({"role": "assistant", "content": json.dumps(action)})
             thought = str(action.get("thought", "")).strip()
             content = str(action.get("content", ""))
+            steps.took(observation, f"{action['action']}: {content}")
             if action["action"] != "bash":
                 lines.append(f"Round {rounds}: {action['action']}: {content[:500]}" + _thought(thought))
                 ended = action["action"]
                 break
             result = box.run(content)
-            shown = self._shown(result)
-            lines.append(f"Round {rounds}: bash: {content[:1000]}" + _thought(thought) + "\n" + shown)
-            messages.append({"role": "user", "content": shown})
+            observation = self._shown(result)
+            lines.append(f"Round {rounds}: bash: {content[:1000]}" + _thought(thought) + "\n" + observation)
+            messages.append({"role": "user", "content": observation})
         return rounds, ended, usage
 
-    def run_episode(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random) -> Episode:
+    def run_steps(
+        self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random, steps: Steps
+    ) -> Episode:
         if llm is None:
             raise ValueError("llb-os needs an LLM")
         messages: list[dict[str, str]] = [
@@ -211,7 +226,7 @@ class LLBOSBenchmark:
         rounds, usage = 0, Usage()
         with self.sandbox() as box:
             try:
-                rounds, ended, usage = self._play(box, task, llm, messages, lines)
+                rounds, ended, usage = self._play(box, task, llm, messages, lines, steps)
                 verdict = self.evaluate(box, task)
             except SandboxError as exc:  # the agent broke its own system (e.g. its holder ran out of memory)
                 ended, verdict = f"sandbox died: {exc}"[:500], CommandResult(-1, "", False)
