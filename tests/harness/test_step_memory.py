@@ -19,12 +19,12 @@ from memrl_harness.benchmarks.base import (
     StepAdvice,
     Steps,
     StepwiseBenchmark,
-    shared_data_root,
     with_advice,
 )
 from memrl_harness.benchmarks.controlled import ControlledBenchmark
 from memrl_harness.benchmarks.llb_db import LLBDBBenchmark
 from memrl_harness.benchmarks.llb_os import LLBOSBenchmark
+from memrl_harness.install import shared_data_root
 from memrl_harness.llm import LLM
 from memrl_harness.results import EpisodeRecord, RunConfig, RunDir
 from memrl_harness.runner import RunError, Runner
