@@ -41,8 +41,9 @@ from memrl_mcp.errors import MemrlError
 from memrl_mcp.settings import Settings
 
 Table = Literal["memories", "recalls"]
-Where = Mapping[str, str | int | Sequence[str]]
-"""Conditions on payload fields, all of which must hold: an exact value, or a list of accepted values."""
+Where = Mapping[str, str | int | Sequence[str] | None]
+"""Conditions on payload fields, all of which must hold: an exact value, a list of accepted values, or None: the
+field is absent (what a schema migration looks for)."""
 TABLES: tuple[Table, ...] = ("memories", "recalls")
 EXPIRY = "expires_at"  # float: when a recall may be purged
 IndexKind = Literal["keyword", "float"]
@@ -210,7 +211,8 @@ class EdgeStore:
     def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
         edge = self._edge
         must: list[Any] = [
-            edge.FieldCondition(key, match=_edge_match(edge, value)) for key, value in (where or {}).items()
+            edge.IsEmptyCondition(key) if value is None else edge.FieldCondition(key, match=_edge_match(edge, value))
+            for key, value in (where or {}).items()
         ]
         if point_id is not None:
             must.append(edge.HasIdCondition({point_id}))
@@ -362,7 +364,9 @@ class QdrantClientStore:
     def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
         models = self._models
         must: list[Any] = [
-            models.FieldCondition(
+            models.IsEmptyCondition(is_empty=models.PayloadField(key=key))
+            if value is None
+            else models.FieldCondition(
                 key=key,
                 match=models.MatchAny(any=list(value))
                 if isinstance(value, list | tuple | set | frozenset)
