@@ -39,6 +39,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -460,6 +461,7 @@ def py_spy(pid: int | None, out: str | None, rate: int = 100) -> Iterator[None]:
         yield
         return
     exe = Path(sys.executable).with_name("py-spy")
+    exe = exe if exe.is_file() else Path(shutil.which("py-spy") or exe)  # beside this Python, else on the PATH
     cmd = [str(exe), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--output", out, "--threads"]
     spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)  # attached before the load starts
