@@ -73,7 +73,7 @@ def fill_peer(path: Path, points: list) -> float:
     client.create_collection(COLLECTION, vectors_config=vectors)
     for i in range(0, len(points), latency.BATCH):
         batch = [
-            models.PointStruct(id=p.id, vector={PEER_VECTOR: p.vector.tolist()}, payload=peer_payload(p.payload["task"]))
+            models.PointStruct(id=p.id, vector={PEER_VECTOR: p.vector.tolist()}, payload=peer_payload(p.payload))
             for p in points[i : i + latency.BATCH]
         ]
         client.upsert(COLLECTION, batch)
@@ -81,8 +81,8 @@ def fill_peer(path: Path, points: list) -> float:
     return time.perf_counter() - start
 
 
-def peer_payload(task: str) -> dict:
-    return {"document": task, "metadata": None}
+def peer_payload(ours: dict) -> dict:
+    return {"document": ours["task"], "metadata": None}
 
 
 async def timed(client: Client, tool: str, arguments: dict) -> float:
