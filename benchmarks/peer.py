@@ -125,6 +125,7 @@ async def run_size(n: int, args, pairs, base, queries: dict[str, list[str]], roo
                     recall.append(r)
                     find.append(f)
             rows.append((n, length, B.p50(recall), B.pct(recall, 95), B.p50(find), B.pct(find, 95)))
+            print(f"    {length} queries: our recall p50 {rows[-1][2]:.1f} ms, the peer's find {rows[-1][4]:.1f} ms")
     return rows
 
 
