@@ -52,6 +52,7 @@ INDEXES: dict[Table, dict[str, IndexKind]] = {
     "recalls": {"namespace": "keyword", "status": "keyword", EXPIRY: "float"},
 }
 SCROLL_PAGE = 1000
+SEARCH_OMITS = ("applied",)  # a search's hits never need the applied-operation list: up to 64 ids, converted per hit
 MB = 1 << 20
 
 
@@ -262,7 +263,7 @@ class EdgeStore:
             query=edge.Query.Nearest(vector.astype(np.float32).tolist()),
             filter=self._filter(where),
             score_threshold=min_similarity,
-            with_payload=True,
+            with_payload=edge.PayloadSelector.Exclude(list(SEARCH_OMITS)),
             params=edge.SearchParams(exact=True),
         )
         points = self._shards["memories"].query(request)
@@ -439,7 +440,7 @@ class QdrantClientStore:
                 query_filter=self._filter(where),
                 score_threshold=min_similarity,
                 limit=limit,
-                with_payload=True,
+                with_payload=self._models.PayloadSelectorExclude(exclude=list(SEARCH_OMITS)),
                 **self._read,
             )
         return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in response.points]
