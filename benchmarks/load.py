@@ -39,6 +39,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -460,6 +461,7 @@ def py_spy(pid: int | None, out: str | None, rate: int = 100) -> Iterator[None]:
         yield
         return
     exe = Path(sys.executable).with_name("py-spy")
+    exe = exe if exe.is_file() else Path(shutil.which("py-spy") or exe)  # beside this Python, else on the PATH
     cmd = [str(exe), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--output", out, "--threads"]
     spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)  # attached before the load starts
@@ -470,11 +472,11 @@ def py_spy(pid: int | None, out: str | None, rate: int = 100) -> Iterator[None]:
         spy.wait(timeout=60)
 
 
-OWN_CODE = (  # a sample whose stack passes through one of these goes to it (first match)
-    ("memrl: embedding (tokenizer + onnxruntime)", r"\(embeddings\.py:"),
-    ("memrl: store search (qdrant-edge query)", r"search \(storage\.py:"),
-    ("memrl: other store calls (retrieve, upsert, set_payload)", r"\(storage\.py:"),
-    ("memrl: MemoryService + algorithm, rest", r"\((memory|algorithm)\.py:"),
+OWN_CODE = (  # a sample whose stack passes through one of these goes to it (first match; py-spy names the package)
+    ("memrl: embedding (tokenizer + onnxruntime)", r"\((memrl_mcp/)?embeddings\.py:"),
+    ("memrl: store search (qdrant-edge query)", r"search \((memrl_mcp/)?storage\.py:"),
+    ("memrl: other store calls (retrieve, upsert, set_payload)", r"\((memrl_mcp/)?storage\.py:"),
+    ("memrl: service, optimistic writes, records", r"\((memrl_mcp/)?(memory|optimistic|records|algorithm)\.py:"),
 )
 LIBRARIES = (  # otherwise: the innermost frame of one of these libraries owns the sample
     ("MCP SDK: tool layer (arguments, results)", r"\(mcp/server/mcpserver/"),

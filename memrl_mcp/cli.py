@@ -13,6 +13,7 @@ from types import FrameType
 from memrl_mcp import __version__, backup
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.memory import MemoryService
+from memrl_mcp.migrations import SchemaTooNewError
 from memrl_mcp.observability import configure_logging
 from memrl_mcp.settings import Settings, SettingsError, load_settings
 from memrl_mcp.storage import DiskFullError, StoreLockedError
@@ -129,7 +130,7 @@ def run_backup(args: argparse.Namespace) -> int:
             summary = backup.export_memories(settings, args.out, args.namespace, sys.stdout.buffer)
         else:
             summary = backup.import_memories(settings, args.file)
-    except (SettingsError, StoreLockedError, DiskFullError, backup.BackupError, OSError) as error:
+    except (SettingsError, StoreLockedError, DiskFullError, SchemaTooNewError, backup.BackupError, OSError) as error:
         print(f"memrl-mcp {args.command}: {error}", file=sys.stderr)
         return 2
     print(f"memrl-mcp {args.command}: {summary}", file=sys.stderr)

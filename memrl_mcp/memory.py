@@ -28,6 +28,7 @@ from memrl_mcp import algorithm
 from memrl_mcp.access import Access
 from memrl_mcp.embeddings import Embedder, create_embedder, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.migrations import SCHEMA_POINT, migrate
 from memrl_mcp.models import (
     EffectiveSettings,
     ForgetResult,
@@ -133,12 +134,14 @@ class MemoryService:
         store: Store | None = None,
         clock: Callable[[], float] = time.time,
     ) -> Self:
-        """Build the embedder and open the store the settings name (unless given), then recover: an embedded
-        store is this process's alone, so whatever is still "applying" was interrupted and is finished now; on a
-        Qdrant server another replica may be mid-report, so only reports left for a while are."""
+        """Build the embedder and open the store the settings name (unless given), bring its schema up to date
+        (:mod:`memrl_mcp.migrations`), then recover: an embedded store is this process's alone, so whatever is
+        still "applying" was interrupted and is finished now; on a Qdrant server another replica may be
+        mid-report, so only reports left for a while are."""
         embedder = embedder or create_embedder(settings)
         service = cls(settings, embedder, store or open_store(settings, embedder.dim), clock)
         try:
+            migrate(service._store, embedder.dim)
             service.housekeeping(stale_after=STALE_REPORT_SECONDS if settings.qdrant_url else 0.0)
         except BaseException:
             service.close()  # release the store (an embedded one is locked while open)
@@ -328,7 +331,7 @@ class MemoryService:
 
     def _recall_to_report(self, recall_id: str, access: Access) -> RecallRecord:
         payload = self._store.get("recalls", [recall_id]).get(recall_id) if _is_point_id(recall_id) else None
-        recall = None if payload is None else RecallRecord.model_validate(payload)
+        recall = None if payload is None or recall_id == SCHEMA_POINT else RecallRecord.model_validate(payload)
         if recall is None or not access.allows(recall.namespace):
             s = self.settings
             raise MemoryRequestError(

@@ -48,8 +48,9 @@ from memrl_mcp.errors import MemrlError
 from memrl_mcp.settings import Settings
 
 Table = Literal["memories", "recalls", "steps", "episodes"]
-Where = Mapping[str, str | int | Sequence[str]]
-"""Conditions on payload fields, all of which must hold: an exact value, or a list of accepted values."""
+Where = Mapping[str, str | int | Sequence[str] | None]
+"""Conditions on payload fields, all of which must hold: an exact value, a list of accepted values, or None: the
+field is absent (what a schema migration looks for)."""
 TABLES: tuple[Table, ...] = ("memories", "recalls", "steps", "episodes")
 EXPIRY = "expires_at"  # float: when a recall may be purged
 IndexKind = Literal["keyword", "float"]
@@ -73,6 +74,7 @@ def is_dot(table: Table) -> bool:
 
 
 SCROLL_PAGE = 1000
+SEARCH_OMITS = ("applied",)  # a search's hits never need the applied-operation list: up to 64 ids, converted per hit
 MB = 1 << 20
 
 
@@ -258,7 +260,8 @@ class EdgeStore:
     def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
         edge = self._edge
         must: list[Any] = [
-            edge.FieldCondition(key, match=_edge_match(edge, value)) for key, value in (where or {}).items()
+            edge.IsEmptyCondition(key) if value is None else edge.FieldCondition(key, match=_edge_match(edge, value))
+            for key, value in (where or {}).items()
         ]
         if point_id is not None:
             must.append(edge.HasIdCondition({point_id}))
@@ -322,7 +325,7 @@ class EdgeStore:
             query=edge.Query.Nearest(vector.astype(np.float32).tolist()),
             filter=self._filter(where),
             score_threshold=min_similarity,
-            with_payload=True,
+            with_payload=edge.PayloadSelector.Exclude(list(SEARCH_OMITS)),
             with_vector=with_vectors,
             params=edge.SearchParams(exact=True),
         )
@@ -451,7 +454,9 @@ class QdrantClientStore:
     def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
         models = self._models
         must: list[Any] = [
-            models.FieldCondition(
+            models.IsEmptyCondition(is_empty=models.PayloadField(key=key))
+            if value is None
+            else models.FieldCondition(
                 key=key,
                 match=models.MatchAny(any=list(value))
                 if isinstance(value, list | tuple | set | frozenset)
@@ -541,7 +546,7 @@ class QdrantClientStore:
                 query_filter=self._filter(where),
                 score_threshold=min_similarity,
                 limit=limit,
-                with_payload=True,
+                with_payload=self._models.PayloadSelectorExclude(exclude=list(SEARCH_OMITS)),
                 with_vectors=with_vectors,
                 **self._read,
             )

@@ -1,6 +1,7 @@
 """Every benchmark script runs at a tiny size, so that a change of the service breaks the build, not the next
 measurement (the figures in the README come from the same scripts at full size)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,15 @@ def run(script: str, *args: str, timeout: float = 600) -> str:
         ("latency.py", ("--sizes", "300", "--queries", "15"), "MCP stdio"),
         ("backends.py", ("--sizes", "300", "--queries", "10", "--budget", "5"), "qdrant-edge"),
         ("load.py", ("--clients", "2", "--seconds", "3", "--seed-memories", "50"), "LOST UPDATES 0"),
+        ("embedders.py", ("--rounds", "1", "--queries", "5", "--texts", "40"), "fp32 (FastEmbed's all-MiniLM-L6-v2)"),
     ],
 )
 def test_the_benchmark_runs_at_a_tiny_size(script: str, args: tuple[str, ...], printed: str) -> None:
     assert printed in run(script, *args)
+
+
+def test_the_peer_comparison_runs_at_a_tiny_size() -> None:
+    peer = Path(os.environ.get("MEMRL_PEER", BENCHMARKS.parent / ".venv-peer" / "bin" / "mcp-server-qdrant"))
+    assert peer.is_file(), f"the peer (mcp-server-qdrant) is not installed at {peer}: run `make peer`"
+    printed = run("peer.py", "--sizes", "300", "--queries", "3", "--peer", str(peer))
+    assert "our recall p50 below the peer's find p50" in printed

@@ -1,0 +1,79 @@
+"""The store's schema: which shape of records a store holds, and the steps that bring an older store up to date.
+
+A store records its schema version in one point of the recalls table, :data:`SCHEMA_POINT` (payload
+``{"schema_version": n}``). The point has no namespace, status or expiry, so no filter of the service matches it,
+and it lives in the store itself: replicas on one Qdrant server, and a data folder copied elsewhere, read the same
+version. A store without it predates versioning (version 0); a fresh store gets it at its first open.
+
+:func:`migrate` runs at every open, before anything else reads the store. Each step is idempotent and conditional:
+it changes only records still in the old shape, with a write that holds only while they are (so replicas migrating
+at once, or a rerun after a crash, cannot overwrite a newer write). The version is recorded only once every step
+is done: a process killed mid-migration leaves the old version, and the next open runs the rest. A store whose
+version is newer than this code knows is refused before anything is written to it: its records may mean
+something this code would corrupt.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+
+import numpy as np
+
+from memrl_mcp.errors import MemrlError
+from memrl_mcp.storage import Point, Store
+
+SCHEMA_VERSION = 1
+SCHEMA_POINT = str(uuid.uuid5(uuid.NAMESPACE_URL, "memrl-schema"))
+PROGRESS_EVERY = 1000  # records per progress line of a long migration
+
+log = logging.getLogger("memrl_mcp.migrations")
+
+
+class SchemaTooNewError(MemrlError):
+    """The store was written by a newer memrl-mcp, whose records this one does not know."""
+
+
+def bookkeeping(store: Store) -> int:
+    """Every memory carries the bookkeeping of optimistic writes (``version``, ``applied``).
+
+    A memory stored without them (by early versions, or a hand-made preload) could never be updated: every write
+    of a memory is conditional on the version it read, and no version matches an absent field."""
+    old = {"version": None}
+    done = 0
+    for memory_id, payload in store.scroll("memories", old, ("applied",)):
+        store.set_payload_if("memories", memory_id, {"version": 0, "applied": list(payload.get("applied") or [])}, old)
+        done += 1
+        if done % PROGRESS_EVERY == 0:
+            log.info("schema migration: %d memories given their bookkeeping", done)
+    return done
+
+
+STEPS: tuple[tuple[int, Callable[[Store], int]], ...] = ((1, bookkeeping),)
+"""(the version a step brings the store to, the step: returns how many records it changed), oldest first."""
+
+
+def schema_version(store: Store) -> int:
+    payload = store.get("recalls", [SCHEMA_POINT]).get(SCHEMA_POINT)
+    return 0 if payload is None else int(payload["schema_version"])
+
+
+def migrate(store: Store, dim: int) -> None:
+    """Bring the store to :data:`SCHEMA_VERSION`, or refuse it if it is newer (module docstring)."""
+    found = schema_version(store)
+    if found > SCHEMA_VERSION:
+        raise SchemaTooNewError(
+            f"the memory store has schema version {found}, written by a newer memrl-mcp; this one reads versions up "
+            f"to {SCHEMA_VERSION}. Upgrade memrl-mcp to open it (nothing was changed)"
+        )
+    if found == SCHEMA_VERSION:
+        return
+    for version, step in STEPS:
+        if version > found:
+            changed = step(store)
+            if changed:
+                log.info("schema migration to version %d: %d records changed (%s)", version, changed, step.__name__)
+    marker = np.zeros(dim, dtype=np.float32)
+    marker[0] = 1.0  # the recalls table is cosine: any unit vector; nothing searches it
+    store.upsert("recalls", [Point(SCHEMA_POINT, marker, {"schema_version": SCHEMA_VERSION})])

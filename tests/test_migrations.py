@@ -1,0 +1,165 @@
+"""A store's schema is versioned and migrated on open: old memories become updatable, a migration killed midway
+completes at the next open, and a store of a newer schema is refused untouched."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from mcp import Client
+
+from memrl_mcp.embeddings import Embedder
+from memrl_mcp.migrations import SCHEMA_POINT, SCHEMA_VERSION, schema_version
+from memrl_mcp.models import MemoryView
+from memrl_mcp.records import memory_payload
+from memrl_mcp.server import create_server
+from memrl_mcp.settings import load_settings
+from memrl_mcp.storage import Point, new_id, open_store
+from tests.conftest import call, make_service, refused
+
+TASKS = ("heat the mug in the microwave", "list the files larger than 10MB under /var/log", "count rows per region")
+
+
+def old_payload(namespace: str, task: str, q: float = 0.25) -> dict[str, Any]:
+    """A memory as stores written before the bookkeeping of optimistic writes held it: no version, no applied."""
+    memory = MemoryView(
+        id=new_id(),
+        namespace=namespace,
+        task=task,
+        experience=f"how to {task}",
+        outcome="success",
+        q=q,
+        visits=2,
+        last_reward=1.0,
+        merges=0,
+        created_at=1.7e9,
+        updated_at=1.7e9,
+        metadata={},
+    )
+    payload = memory_payload(memory)
+    del payload["version"], payload["applied"]
+    return payload
+
+
+def write_old_store(data_dir: Path, engine: str, points: list[Point]) -> None:
+    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine), 384)
+    for start in range(0, len(points), 1000):
+        store.upsert("memories", points[start : start + 1000])
+    store.close()
+
+
+def old_fields_left(data_dir: Path, engine: str = "edge") -> tuple[int, int]:
+    """(memories still without ``version``, schema version recorded), read from the closed store."""
+    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine), 384)
+    try:
+        return store.count("memories", {"version": None}), schema_version(store)
+    finally:
+        store.close()
+
+
+@pytest.mark.anyio
+async def test_an_old_format_store_opens_and_its_memories_learn_again(
+    embedder: Embedder, tmp_path: Path, engine: str
+) -> None:
+    data_dir = tmp_path / "data"
+    vectors = embedder.embed(list(TASKS))
+    points = [Point(new_id(), v, old_payload("team", t)) for t, v in zip(TASKS, vectors, strict=True)]
+    write_old_store(data_dir, engine, points)
+    assert old_fields_left(data_dir, engine) == (3, 0)
+
+    service = make_service(embedder, data_dir, engine)
+    try:
+        async with Client(create_server(service)) as client:
+            recalled = await call(client, "recall_experience", task=TASKS[0], namespace="team")
+            ids = [m["id"] for m in recalled["memories"]]
+            assert points[0].id in ids
+            report = await call(client, "report_outcome", recall_id=recalled["recall_id"], reward=1.0)
+            changed = {c["id"]: c for c in report["updated"]}
+            assert set(changed) == set(ids)  # every recalled old memory was updated, none missing
+            assert report["missing"] == []
+            assert changed[points[0].id]["q_before"] == 0.25
+            assert changed[points[0].id]["q_after"] == pytest.approx(0.25 + 0.3 * (1.0 - 0.25))
+            assert changed[points[0].id]["visits"] == 3
+            stored = await call(client, "memory_stats", namespace="team")
+            assert stored["visits"] == 2 * 3 + len(ids)
+    finally:
+        service.close()
+    assert old_fields_left(data_dir, engine) == (0, SCHEMA_VERSION)
+
+
+def test_a_fresh_store_records_its_schema_and_a_reopen_changes_nothing(embedder: Embedder, tmp_path: Path) -> None:
+    make_service(embedder, tmp_path / "data").close()
+    assert old_fields_left(tmp_path / "data") == (0, SCHEMA_VERSION)
+    make_service(embedder, tmp_path / "data").close()
+    assert old_fields_left(tmp_path / "data") == (0, SCHEMA_VERSION)
+
+
+def test_a_migration_killed_midway_completes_at_the_next_open(embedder: Embedder, tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    rng = np.random.default_rng(0)
+    n = 20_000
+    vectors = rng.standard_normal((n, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    points = [Point(new_id(), v, old_payload("bulk", f"task {i}")) for i, v in enumerate(vectors)]
+    write_old_store(data_dir, "edge", points)
+
+    # The real server migrates at start-up and logs its progress; kill it (SIGKILL) at the first progress line.
+    server = subprocess.Popen(
+        [sys.executable, "-m", "memrl_mcp.cli", "--data-dir", str(data_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "MEMRL_LOG_FORMAT": "text"},
+    )
+    assert server.stderr is not None
+    try:
+        deadline = time.monotonic() + 120
+        for line in server.stderr:
+            if "schema migration:" in line or time.monotonic() > deadline:
+                break
+        server.send_signal(signal.SIGKILL)
+    finally:
+        server.kill()
+        server.wait()
+    left, version = old_fields_left(data_dir)
+    assert 0 < left < n, f"the kill did not land mid-migration ({left} of {n} memories left)"
+    assert version == 0  # not recorded: the migration did not finish
+
+    service = make_service(embedder, data_dir)
+    service.close()
+    assert old_fields_left(data_dir) == (0, SCHEMA_VERSION)
+
+
+def test_a_store_of_a_newer_schema_is_refused_untouched(embedder: Embedder, tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    write_old_store(data_dir, "edge", [Point(new_id(), embedder.embed([TASKS[0]])[0], old_payload("team", TASKS[0]))])
+    store = open_store(load_settings(data_dir=data_dir), 384)
+    marker = np.eye(1, 384, dtype=np.float32)[0]
+    store.upsert("recalls", [Point(SCHEMA_POINT, marker, {"schema_version": SCHEMA_VERSION + 1})])
+    store.close()
+
+    done = subprocess.run(
+        [sys.executable, "-m", "memrl_mcp.cli", "--data-dir", str(data_dir)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert f"schema version {SCHEMA_VERSION + 1}, written by a newer memrl-mcp" in done.stderr
+    assert "Upgrade memrl-mcp" in done.stderr
+    assert old_fields_left(data_dir) == (1, SCHEMA_VERSION + 1)  # not migrated, not downgraded
+
+
+@pytest.mark.anyio
+async def test_the_schema_point_is_no_recall(client: Client) -> None:
+    message = await refused(client, "report_outcome", recall_id=SCHEMA_POINT, reward=1.0)
+    assert "unknown recall" in message
