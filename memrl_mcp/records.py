@@ -67,12 +67,16 @@ def memory_payload(memory: MemoryView) -> dict[str, Any]:
     return {**memory.model_dump(exclude={"id"}), "version": 0, "applied": []}
 
 
+OPTIONAL_FIELDS: dict[str, Any] = {"merges": 0, "metadata": {}, "history": [], "last_reward": None}
+"""Fields a stored memory may lack: written by later versions, or a null the engine does not keep."""
+
+
 def memory_view(memory_id: str, payload: Mapping[str, Any]) -> MemoryView:
-    return MemoryView.model_validate({"merges": 0, "metadata": {}, **payload, "id": memory_id})
+    return MemoryView.model_validate({**OPTIONAL_FIELDS, **payload, "id": memory_id})
 
 
 def memory_detail(memory_id: str, payload: Mapping[str, Any]) -> MemoryDetail:
-    return MemoryDetail.model_validate({"merges": 0, "metadata": {}, "history": [], **payload, "id": memory_id})
+    return MemoryDetail.model_validate({**OPTIONAL_FIELDS, **payload, "id": memory_id})
 
 
 def with_event(payload: Mapping[str, Any], event: QEvent, capacity: int) -> list[dict[str, Any]]:

@@ -31,6 +31,8 @@ async def test_lists_tools_with_schemas_and_hints(client: Client) -> None:
         "store_experience",
         "forget_experience",
         "memory_stats",
+        "list_memories",
+        "update_memory",
     }
     assert tools["memory_stats"].annotations.read_only_hint is True
     assert tools["search_experience"].annotations.read_only_hint is True
