@@ -17,7 +17,7 @@ LLB_ROOTFS ?= $(VENV)/llb-rootfs
 LLB_PACKAGES := python3,git,vim,curl,wget,zip,unzip,tree,zsh,passwd,procps
 SANDBOX_STAMP := $(VENV)/.llb-rootfs-shifted
 
-.PHONY: setup serve demo test bench llm alfworld sandbox mariadb docker
+.PHONY: setup serve demo test bench llm alfworld sandbox mariadb docker browser
 
 setup: $(STAMP)
 
@@ -77,6 +77,12 @@ docker: | $(STAMP)
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(DOCKER_PACKAGES); }
 	PYTHON=$(PY) docker/build.sh
 
+# The inspector's browser tests (tests/test_inspector*.py): Debian's chromium, driven by Playwright from the dev
+# extra with executable_path=/usr/bin/chromium (Playwright's own browser download is not used).
+browser: | $(STAMP)
+	@command -v chromium >/dev/null || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
+
 serve: setup
 	$(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
 
@@ -85,9 +91,9 @@ demo: setup
 	$(VENV)/bin/memrl-harness run controlled --mode none rag memrl --epochs 8 --runs runs/demo
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
-test: setup llm alfworld sandbox mariadb docker
-	$(VENV)/bin/ruff check memrl_mcp harness tests benchmarks
-	$(VENV)/bin/ruff format --check memrl_mcp harness tests benchmarks
+test: setup llm alfworld sandbox mariadb docker browser
+	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests benchmarks
+	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests benchmarks
 	$(PY) -m pytest -q
 
 bench: setup

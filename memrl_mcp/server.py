@@ -24,7 +24,7 @@ from pydantic import ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from memrl_mcp import __version__
+from memrl_mcp import __version__, inspector
 from memrl_mcp.access import Access
 from memrl_mcp.auth import TokenTable, access_of
 from memrl_mcp.errors import MemoryRequestError, MemrlError
@@ -384,4 +384,5 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
             return JSONResponse({"error": "bad_request", "error_description": str(error)}, 400)
         return Response(stats.model_dump_json(), media_type="application/json")
 
+    inspector.mount(server, service, tokens)  # the /ui page and its JSON API
     return server
