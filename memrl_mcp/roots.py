@@ -42,17 +42,24 @@ def project_namespace(uri: str) -> str:
 async def roots_namespace(ctx: Context[Any, Any]) -> str | None:
     """The namespace of the client's first root, asked once per connection (None: it offers no roots, cannot be
     asked on this transport, or did not answer in time). A client that changes its roots gets the new namespace
-    on its next connection."""
+    on its next connection.
+
+    The answer is kept in the SDK's per-connection state (``Connection.state``, reached through the session's
+    private ``_connection``: the session object itself is new at every request)."""
     session = ctx.session
-    state = _connection_state(session)
+    connection = getattr(session, "_connection", None)
+    state = getattr(connection, "state", None)
     if state is not None and STATE_KEY in state:
         return state[STATE_KEY]
     namespace = None
     capabilities = ctx.client_capabilities
-    if capabilities is not None and capabilities.roots is not None and session.can_send_request:
+    if capabilities is not None and capabilities.roots is not None:
         try:
             with anyio.fail_after(ROOTS_TIMEOUT_SECONDS):
-                result = await session.send_request(ListRootsRequest(), ListRootsResult)
+                if session.can_send_request:  # stdio, or a call answered over its own SSE stream
+                    result = await session.send_request(ListRootsRequest(), ListRootsResult)
+                else:  # a call answered with plain JSON: ask over the connection's standalone stream
+                    result = await connection.send_request(ListRootsRequest())
             if result.roots:
                 namespace = project_namespace(str(result.roots[0].uri))
         except Exception as error:  # any failure of the client's answer leaves the default as it was
@@ -60,9 +67,3 @@ async def roots_namespace(ctx: Context[Any, Any]) -> str | None:
     if state is not None:
         state[STATE_KEY] = namespace
     return namespace
-
-
-def _connection_state(session: Any) -> dict[str, Any] | None:
-    """The SDK's per-connection scratch state (``Connection.state``, persisting across the requests of one
-    connection); the request-scoped session object is new at every request."""
-    return getattr(getattr(session, "_connection", None), "state", None)
