@@ -202,8 +202,8 @@ class Settings(BaseSettings):
     log_format: Literal["json", "text"] = Field("json", description="Logs on stderr: JSON lines or plain text.")
     read_only: bool = Field(
         False,
-        description="Offer lookups only (search_experience, memory_stats, resources): a frozen memory, e.g. for a "
-        "transfer evaluation. Recovery of an interrupted report still runs when the store opens.",
+        description="Offer lookups only (search_experience, memory_stats, list_memories, resources): a frozen "
+        "memory, e.g. for a transfer evaluation. Recovery of an interrupted report still runs when the store opens.",
     )
 
     @model_validator(mode="after")
