@@ -53,17 +53,18 @@ async def roots_namespace(ctx: Context[Any, Any]) -> str | None:
         return state[STATE_KEY]
     namespace = None
     capabilities = ctx.client_capabilities
-    if capabilities is not None and capabilities.roots is not None:
+    offered = capabilities is not None and capabilities.roots is not None
+    # A call answered over its own stream (stdio, SSE) asks on it; one answered with plain JSON (this server's
+    # streamable HTTP) asks on the connection's standalone stream. The 2026-07-28 protocol has neither.
+    channel = session if session.can_send_request else connection
+    if offered and (channel is session or getattr(connection, "has_standalone_channel", False)):
         try:
             with anyio.fail_after(ROOTS_TIMEOUT_SECONDS):
-                if session.can_send_request:  # stdio, or a call answered over its own SSE stream
-                    result = await session.send_request(ListRootsRequest(), ListRootsResult)
-                else:  # a call answered with plain JSON: ask over the connection's standalone stream
-                    result = await connection.send_request(ListRootsRequest())
+                result = await channel.send_request(ListRootsRequest(), result_type=ListRootsResult)
             if result.roots:
                 namespace = project_namespace(str(result.roots[0].uri))
-        except Exception as error:  # any failure of the client's answer leaves the default as it was
-            log.warning("roots/list failed (%s): the default namespace is used", type(error).__name__)
+        except Exception as error:  # whatever the client answers (or not), the default stays as it was
+            log.debug("roots/list failed (%s): the default namespace is used", type(error).__name__)
     if state is not None:
         state[STATE_KEY] = namespace
     return namespace

@@ -17,6 +17,7 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.server import create_server
 from tests.conftest import call, make_service, refused
+from tests.test_benchmark_scripts import run
 from tests.test_http import ALICE, BOB, mcp_client, tokens_file
 from tests.test_transports import DEADLINE_S, http_server
 
@@ -77,6 +78,8 @@ async def test_pages_sort_and_filter(client: Client) -> None:
     by_update, _ = await every_page(client, limit=3)
     assert [m["id"] for m in by_update] == [s["id"] for s in reversed(stored)]  # newest first by default
 
+    by_visits, pages = await every_page(client, sort="visits", limit=5)  # one tie group: 0 visits each
+    assert pages == 3 and [m["id"] for m in by_visits] == sorted(ids, key=lambda i: uuid.UUID(i).int)
     first = await call(client, "list_memories", sort="visits", limit=2)
     assert first["total"] == len(qs) and first["namespace"] == "default" and len(first["memories"]) == 2
 
@@ -185,6 +188,12 @@ async def test_concurrent_edits_and_reports_lose_nothing(client: Client, service
     assert memory["q"] == pytest.approx(1 - 0.7 ** len(recalls))
     assert sorted(e["recall_id"] for e in memory["history"]) == sorted(recalls)
     assert memory["experience"] == f"edit {memory['metadata']['edit']}"
+
+
+def test_the_benchmark_runs_at_a_tiny_size() -> None:
+    """benchmarks/list_memories.py (the README's figures) checks its pages against a scan-and-sort baseline."""
+    printed = run("list_memories.py", "--sizes", "200", "--runs", "2")
+    assert "scan+sort" in printed and "qdrant-local" in printed
 
 
 async def test_list_is_a_lookup_and_update_a_write(embedder: Embedder, tmp_path: Path) -> None:

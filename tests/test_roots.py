@@ -83,6 +83,9 @@ async def test_clients_with_different_roots_keep_their_memories_apart(service: M
             assert [m["id"] for m in recalled["memories"]] == [expected["id"]]
             found = await call(client, "search_experience", task=TASK)
             assert [m["id"] for m in found["memories"]] == [expected["id"]]
+        # The 2026-07-28 protocol (this SDK's in-process default) has no server-to-client request: the default.
+        async with Client(create_server(service), list_roots_callback=offering(ALPHA)) as modern:
+            assert (await call(modern, "list_memories"))["namespace"] == "default"
         # An explicit namespace still wins.
         shared = await call(alpha, "store_experience", task=TASK, experience="nox", namespace="shared")
         assert shared["memory"]["namespace"] == "shared"
