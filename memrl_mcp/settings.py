@@ -162,7 +162,7 @@ class Settings(BaseSettings):
         ge=0,
         le=1000,
         description="Changes of Q each memory keeps (reward, Q before and after, time, recall); the oldest go first. "
-        "About 130 bytes each in the store.",
+        "About 160 characters each as JSON.",
     )
 
     # Input limits
