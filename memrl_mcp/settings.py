@@ -205,6 +205,10 @@ class Settings(BaseSettings):
         description="Offer lookups only (search_experience, memory_stats, list_memories, resources): a frozen "
         "memory, e.g. for a transfer evaluation. Recovery of an interrupted report still runs when the store opens.",
     )
+    ui_runs: list[Path] = Field(
+        default_factory=list,
+        description="Harness run folders, or folders of run folders, whose learning curves the /ui inspector draws.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
