@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio.to_thread
 import numpy as np
@@ -213,7 +214,8 @@ class BenchmarkCurves(BaseModel):
 
 
 class Curves(BaseModel):
-    runs: list[str] = Field(description="The run folders drawn (folder names).")
+    available: list[str] = Field(description="Every configured run folder (folder names).")
+    runs: list[str] = Field(description="The run folders drawn.")
     benchmarks: list[BenchmarkCurves]
     problems: list[str] = Field(description="Run folders that could not be read, and why.")
 
@@ -229,13 +231,16 @@ def run_folders(roots: list[Path]) -> list[Path]:
     return folders
 
 
-def curves(folders: list[Path]) -> Curves:
-    """Success per epoch and CSR per setting, grouped by benchmark, with the report's own loading and grouping
-    (a setting of several seeds is their mean with its standard deviation, over the seeds that finished)."""
+def curves(folders: list[Path], wanted: set[str]) -> Curves:
+    """Success per epoch and CSR per setting of the ``wanted`` folders (all when empty), grouped by benchmark,
+    with the report's own loading and grouping (a setting of several seeds is their mean with its standard
+    deviation, over the seeds that finished the epoch)."""
     from memrl_harness.report import load_run, settings_of  # the harness's loaders: only when curves are asked
 
     runs, problems = [], []
     for folder in folders:
+        if wanted and folder.name not in wanted:
+            continue
         try:
             runs.append(load_run(folder))
         except (OSError, ValueError) as error:  # ValueError: pydantic's, for a damaged run.json or episode
@@ -253,6 +258,7 @@ def curves(folders: list[Path]) -> Curves:
         curve = Curve(label=setting.label, seeds=len(setting.runs), success_rate=success, csr=csr)
         by_benchmark.setdefault(setting.config.benchmark, []).append(curve)
     return Curves(
+        available=[folder.name for folder in folders],
         runs=[run.path.name for run in runs],
         benchmarks=[BenchmarkCurves(benchmark=name, curves=group) for name, group in by_benchmark.items()],
         problems=problems,
@@ -308,6 +314,12 @@ class MemoryEdit(BaseModel):
     reset_q: bool = False
 
 
+class Forget(BaseModel):
+    """A forget's body: an empty JSON object (a body that no form or simple request can send)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class ListQuery(BaseModel):
     """The memory table's query string, as typed values (a bad one is named in the refusal)."""
 
@@ -357,7 +369,7 @@ def _same_origin(request: Request) -> bool:
     if fetch_site is not None and fetch_site not in SAME_SITE_FETCHES:
         return False
     origin = request.headers.get("origin")
-    return origin is None or origin == f"{request.url.scheme}://{request.headers.get('host', '')}"
+    return origin is None or urlsplit(origin).netloc == request.headers.get("host")
 
 
 async def _body(request: Request, model: type[BaseModel]) -> Any:
@@ -427,7 +439,7 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
         if service.settings.read_only:
             raise Refusal(403, "read_only", "this server is read-only (read_only: true)")
         if request.method == "DELETE":
-            await _body(request, BaseModel)  # a JSON body, so that no form or simple request can delete
+            await _body(request, Forget)
             return _json(await in_thread(lambda: service.forget(memory_id, access=access)))
         edit: MemoryEdit = await _body(request, MemoryEdit)
         updated: MemoryDetail = await in_thread(
@@ -446,10 +458,7 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
     async def learning_curves(request: Request, access: Access) -> Response:
         """Curves of the configured run folders (every caller sees the same: they hold no tenant's memories)."""
         wanted = set(request.query_params.getlist("run"))
-        folders = run_folders(list(service.settings.ui_runs))
-        chosen = [folder for folder in folders if not wanted or folder.name in wanted]
-        drawn = await in_thread(lambda: curves(chosen))
-        return _json({**drawn.model_dump(), "available": [folder.name for folder in folders]})
+        return _json(await in_thread(lambda: curves(run_folders(list(service.settings.ui_runs)), wanted)))
 
     def asset(name: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:
         content = resources.files("memrl_mcp").joinpath("ui", name).read_bytes()

@@ -129,14 +129,15 @@ function showLogin(message) {
   document.getElementById("token").focus();
 }
 
+function useToken(event) {
+  event.preventDefault();
+  const input = document.getElementById("token");
+  sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+  input.value = "";
+  start();
+}
+
 async function start() {
-  document.getElementById("login").addEventListener("submit", (event) => {
-    event.preventDefault();
-    const input = document.getElementById("token");
-    sessionStorage.setItem(TOKEN_KEY, input.value.trim());
-    input.value = "";
-    start();
-  });
   try {
     state.session = await api("/session");
   } catch (error) {
@@ -205,8 +206,8 @@ async function memoriesView(main) {
   const outcome = el("select", { name: "outcome", "aria-label": "outcome" },
     ["", "success", "failure"].map((value) => el("option", { value }, value || "any")));
   outcome.value = list.outcome;
-  const qMin = el("input", { name: "q_min", type: "number", step: "0.05", value: list.q_min, "aria-label": "Q min" });
-  const qMax = el("input", { name: "q_max", type: "number", step: "0.05", value: list.q_max, "aria-label": "Q max" });
+  const qMin = el("input", { name: "q_min", type: "number", step: "any", value: list.q_min, "aria-label": "Q min" });
+  const qMax = el("input", { name: "q_max", type: "number", step: "any", value: list.q_max, "aria-label": "Q max" });
   const text = el("input", { name: "text", type: "search", value: list.text, placeholder: "words in task or experience",
     size: 28, "aria-label": "text" });
   filters.append(
@@ -425,7 +426,7 @@ function previewView(main) {
     value: p.k1 });
   const k2 = el("input", { id: "preview-k2", type: "number", min: 1, max: 100, placeholder: String(settings.k2),
     value: p.k2 });
-  const delta = el("input", { id: "preview-delta", type: "number", step: "0.01", min: -1, max: 1,
+  const delta = el("input", { id: "preview-delta", type: "number", step: "any", min: -1, max: 1,
     placeholder: fmt(settings.delta, 2), value: p.delta });
   const lambda = el("input", { id: "preview-lambda", type: "range", min: 0, max: 1, step: 0.05, value: p.q_weight });
   const shown = el("output", { id: "preview-lambda-value" }, fmt(p.q_weight, 2));
@@ -584,4 +585,5 @@ function lineChart({ title, xLabel, yMin, yMax, series, integerX }) {
   return el("figure", { class: "figure" }, chart, series.length > 1 || series[0].label !== "Q" ? legend : null);
 }
 
+document.getElementById("login").addEventListener("submit", useToken);
 start();
