@@ -11,7 +11,6 @@ import functools
 from collections.abc import Callable
 from typing import Annotated, Any, ParamSpec, TypeVar
 
-import anyio.from_thread
 import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.auth.middleware.auth_context import get_access_token
@@ -42,7 +41,7 @@ from memrl_mcp.models import (
     StoreResult,
 )
 from memrl_mcp.observability import Metrics
-from memrl_mcp.roots import roots_namespace
+from memrl_mcp.roots import project_default
 from memrl_mcp.validation import (
     MAX_METADATA_DEPTH,
     MAX_METADATA_KEY_CHARS,
@@ -136,7 +135,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         caller = access_of(get_access_token())
         if ctx is None or caller.default is not None or not from_roots:
             return caller
-        project = anyio.from_thread.run(roots_namespace, ctx)
+        project = project_default(ctx)
         return caller if project is None else dataclasses.replace(caller, default=project)
 
     @instrumented
