@@ -354,7 +354,7 @@ def test_learning_curves_of_harness_runs(page: Watched, server: Seeded, tmp_path
     from memrl_harness.report import load_run
 
     memrl = load_run(server.runs / "controlled-memrl-seed0")
-    titles = charts.nth(1).locator("circle.point title").all_inner_texts()
+    titles = charts.nth(1).locator("circle.point title").all_text_contents()
     for epoch in memrl.summary.epochs:
         assert f"memrl: epoch {epoch.epoch}, {epoch.csr:.3f}" in titles
     shot(p, tmp_path, "curves")

@@ -264,7 +264,8 @@ async function memoriesView(main) {
 }
 
 function statCards(stats) {
-  const card = (value, label, id) => el("div", { class: "card", id }, el("b", {}, String(value)), el("span", {}, label));
+  const card = (value, label, id) =>
+    el("div", { class: "card", id }, el("b", {}, String(value)), el("span", {}, label));
   return el("div", { class: "cards", id: "stats" },
     card(stats.memories, "memories", "stat-memories"),
     card(stats.successes, "successes", "stat-successes"),
@@ -342,7 +343,8 @@ function qHistory(history, memory) {
   const settings = state.session.settings;
   const points = history.map((h, i) => ({ x: i + 1, y: h.q_after }));
   const chart = lineChart({
-    title: "Q after each change", xLabel: "change #", yMin: settings.reward_min, yMax: settings.reward_max,
+    title: "Q after each change", xLabel: "change #", integerX: true,
+    yMin: settings.reward_min, yMax: settings.reward_max,
     series: [{ label: "Q", points: [{ x: 0, y: history[0].q_before }, ...points] }],
   });
   const table = el("table", { id: "q-history" },
@@ -444,7 +446,8 @@ function previewView(main) {
   );
   let timer = null;
   async function run() {
-    Object.assign(p, { task: task.value, k1: k1.value, k2: k2.value, delta: delta.value, q_weight: Number(lambda.value) });
+    Object.assign(p, { task: task.value, k1: k1.value, k2: k2.value, delta: delta.value });
+    p.q_weight = Number(lambda.value);
     if (!p.task.trim()) return;
     const body = { task: p.task, namespace: state.namespace || null, q_weight: p.q_weight };
     if (p.k1 !== "") body.k1 = Number(p.k1);
@@ -479,7 +482,9 @@ function previewTable(preview) {
     notes.push(el("p", { class: "note" }, `A real recall explores with probability ε = ${preview.epsilon}: ` +
       "then it hands out k2 candidates drawn at random instead."));
   }
-  if (!preview.candidates.length) return el("div", {}, ...notes, el("p", { class: "note" }, "No memory is similar enough."));
+  if (!preview.candidates.length) {
+    return el("div", {}, ...notes, el("p", { class: "note" }, "No memory is similar enough."));
+  }
   const header = ["#sim", "task", "outcome", "Q", "similarity", "z(sim)", "z(Q)", "score", "#score", "chosen", "why"];
   const numeric = new Set(["Q", "similarity", "z(sim)", "z(Q)", "score", "#score", "#sim"]);
   const table = el("table", { id: "preview-candidates" },
@@ -504,7 +509,8 @@ function previewTable(preview) {
 
 async function curvesView(main) {
   const selected = state.runs;
-  const data = await api("/curves" + (selected ? "?" + selected.map((r) => "run=" + encodeURIComponent(r)).join("&") : ""));
+  const runs = selected ? "?" + selected.map((name) => "run=" + encodeURIComponent(name)).join("&") : "";
+  const data = await api("/curves" + runs);
   if (!data.available.length) {
     main.replaceChildren(el("h2", {}, "Learning curves"), el("p", { class: "note", id: "no-runs" },
       "No harness run folder is configured. Start the server with ui_runs set to run folders (or folders of " +
