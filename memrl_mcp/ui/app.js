@@ -12,6 +12,7 @@ const SVG_NS = "http://www.w3.org/2000/svg";
 const COLORS = ["#2757c7", "#d9822b", "#1d7f4e", "#b3372f", "#7b52ab", "#2b8a9e", "#8c6d1f", "#c2417b"];
 const DASHES = ["", "6 3", "2 3", "8 3 2 3"];
 const PAGE_SIZE = 25;
+const ANSWER_MS = 30000;  // a request still unanswered after this is shown as an error, not as a blank page
 // [field, heading, sortable (the fields the store orders by), numeric]
 const COLUMNS = [
   ["task", "task", false, false],
@@ -98,9 +99,16 @@ async function api(path, options = {}) {
     headers["Content-Type"] = "application/json";
     body = JSON.stringify(options.body);
   }
-  const response = await fetch(API + path, {
-    method: options.method || "GET", headers, body, credentials: "omit", cache: "no-store",
-  });
+  let response;
+  try {
+    response = await fetch(API + path, {
+      method: options.method || "GET", headers, body, credentials: "omit", cache: "no-store",
+      signal: AbortSignal.timeout(ANSWER_MS),
+    });
+  } catch (error) {
+    throw new Error(error.name === "TimeoutError"
+      ? `The server did not answer within ${ANSWER_MS / 1000} s (${path.split("?")[0]}).` : error.message);
+  }
   const data = await response.json().catch(() => ({}));
   if (response.status === 401) {
     showLogin(token ? "That token was refused." : "This server needs a bearer token.");
