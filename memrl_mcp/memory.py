@@ -16,6 +16,7 @@ import base64
 import binascii
 import itertools
 import json
+import math
 import random
 import threading
 import time
@@ -483,10 +484,11 @@ class MemoryService:
         base: Range = where.get(sort, Range())  # type: ignore[assignment]
 
         def at(value: float) -> dict[str | tuple[str, ...], Any]:
-            return {**where, sort: base & Range(gte=value, lte=value)}
+            return {**where, sort: base & Range(gte=value - _tie(value), lte=value + _tie(value))}
 
         def beyond(value: float) -> dict[str | tuple[str, ...], Any]:
-            return {**where, sort: base & (Range(lt=value) if descending else Range(gt=value))}
+            edge = Range(lt=value - _tie(value)) if descending else Range(gt=value + _tie(value))
+            return {**where, sort: base & edge}
 
         rows: list[tuple[str, dict[str, Any]]] = []
         rest = dict(where)
@@ -501,7 +503,7 @@ class MemoryService:
             if not batch:
                 break
             edge = float(batch[-1][1][sort])
-            whole = [row for row in batch if float(row[1][sort]) != edge]  # every group before the last is whole
+            whole = [row for row in batch if abs(float(row[1][sort]) - edge) > _tie(edge)]  # groups before the last
             sign = -1.0 if descending else 1.0
             rows += sorted(whole, key=lambda row: (sign * float(row[1][sort]), uuid.UUID(row[0]).int))
             group, _ = self._store.scroll_from("memories", at(edge), None, need - len(whole))
@@ -667,6 +669,13 @@ class MemoryService:
         if metadata is None:
             return {}
         return self.limits.metadata.check("metadata", dict(metadata) if isinstance(metadata, Mapping) else metadata)
+
+
+def _tie(value: float) -> float:
+    """How far apart two sort values may be and count as equal (a tie group). qdrant-edge reads some floats back
+    one ulp off the value its index holds (measured: 63 of 500 timestamps), so an exact match on a value read back
+    can miss its own point."""
+    return 4 * math.ulp(value)
 
 
 def _encode_cursor(sort: str, descending: bool, value: float, memory_id: str) -> str:
