@@ -20,7 +20,7 @@ SANDBOX_STAMP := $(VENV)/.llb-rootfs-shifted
 PEER_VENV ?= .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: setup serve demo test bench llm alfworld sandbox mariadb docker peer
+.PHONY: setup serve demo test bench llm alfworld sandbox mariadb docker peer browser
 
 setup: $(STAMP)
 
@@ -87,6 +87,12 @@ docker: | $(STAMP)
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(DOCKER_PACKAGES); }
 	PYTHON=$(PY) docker/build.sh
 
+# The inspector's browser tests (tests/test_inspector*.py): Debian's chromium, driven by Playwright from the dev
+# extra with executable_path=/usr/bin/chromium (Playwright's own browser download is not used).
+browser: | $(STAMP)
+	@command -v chromium >/dev/null || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
+
 serve: setup
 	$(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
 
@@ -95,7 +101,7 @@ demo: setup
 	$(VENV)/bin/memrl-harness run controlled --mode none rag memrl --epochs 8 --runs runs/demo
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
-test: setup llm alfworld sandbox mariadb docker peer
+test: setup llm alfworld sandbox mariadb docker peer browser
 	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests benchmarks
 	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests benchmarks
 	$(PY) -m pytest -q

@@ -12,11 +12,16 @@ without limit.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import itertools
+import json
+import math
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Self
@@ -32,13 +37,17 @@ from memrl_mcp.migrations import SCHEMA_POINT, migrate
 from memrl_mcp.models import (
     EffectiveSettings,
     ForgetResult,
+    MemoryDetail,
+    MemoryPage,
     MemoryView,
     Outcome,
+    QEvent,
     QSummary,
     RecalledMemory,
     RecallResult,
     ReportResult,
     SearchResult,
+    SortKey,
     Stats,
     StepAdviceResult,
     StepRecordView,
@@ -46,18 +55,29 @@ from memrl_mcp.models import (
     TrajectoryResult,
 )
 from memrl_mcp.optimistic import Ledger, NewMemory
-from memrl_mcp.records import ClaimedReport, RecallRecord, StepPayload, memory_payload, memory_view
+from memrl_mcp.records import (
+    ClaimedReport,
+    RecallRecord,
+    StepPayload,
+    memory_detail,
+    memory_payload,
+    memory_view,
+    with_event,
+)
 from memrl_mcp.settings import Settings
 from memrl_mcp.steps import StepMemory, StepRules, step_id
-from memrl_mcp.storage import Hit, Point, Store, new_id, open_store
+from memrl_mcp.storage import Hit, Point, Range, Store, Where, Words, new_id, open_store
 from memrl_mcp.validation import (
     COUNT,
     DELTA,
     EPISODE_ID,
     FINITE,
+    FLAG,
     NAMESPACE,
     POINT_ID,
     Q_WEIGHT,
+    SORT,
+    TEXT_QUERY,
     TIMESTAMP,
     K,
     Limits,
@@ -66,6 +86,7 @@ from memrl_mcp.validation import (
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
 EVICT_DOWN_TO = 0.9  # of max_pending_recalls: what an eviction leaves, so the next count is a tenth of it away
+DEFAULT_PAGE = 20  # memories a list_memories page returns when the caller names no limit (at most max_list_page)
 
 
 class MemoryService:
@@ -84,6 +105,7 @@ class MemoryService:
             settings.max_metadata_chars,
             (settings.reward_min, settings.reward_max),
             (settings.max_trajectory_steps, settings.max_observation_chars, settings.max_action_chars),
+            settings.max_list_page,
         )
         self._store = store
         self._ledger = Ledger(store)
@@ -104,7 +126,9 @@ class MemoryService:
             mean=profile.mean if settings.sim_mean is None else settings.sim_mean,
             std=profile.std if settings.sim_std is None else settings.sim_std,
         )
-        self._new_memory = NewMemory(settings.q_init_success, settings.q_init_failure, settings.max_metadata_chars)
+        self._new_memory = NewMemory(
+            settings.q_init_success, settings.q_init_failure, settings.max_metadata_chars, settings.q_history_size
+        )
         self.step_delta = self.delta if settings.step_delta is None else settings.step_delta
         self.steps = StepMemory(
             store,
@@ -427,7 +451,7 @@ class MemoryService:
                     if merged is not None:
                         return merged
                 if q is None:
-                    q = self.settings.q_init_success if outcome == "success" else self.settings.q_init_failure
+                    q = self._new_memory.q_init(outcome)
                 memory = MemoryView(
                     id=new_id(),
                     namespace=namespace,
@@ -467,11 +491,148 @@ class MemoryService:
             self._store.delete_where("steps", where)
             return ForgetResult(deleted=deleted, steps_deleted=steps_deleted)
 
-    def get(self, memory_id: str, *, access: Access) -> MemoryView:
+    def get(self, memory_id: str, *, access: Access) -> MemoryDetail:
+        """One memory with the history of its Q; another tenant's memory is as unknown as a missing one."""
         payload = self._store.get("memories", [memory_id]).get(memory_id) if _is_point_id(memory_id) else None
         if payload is None or not access.allows(payload["namespace"]):
             raise MemoryRequestError(f"memory_id: no memory {memory_id!r}")
-        return memory_view(memory_id, payload)
+        return memory_detail(memory_id, payload)
+
+    # -- list and correct -----------------------------------------------------------------------
+
+    def list_memories(
+        self,
+        namespace: str | None = None,
+        outcome: Outcome | None = None,
+        q_min: float | None = None,
+        q_max: float | None = None,
+        text: str | None = None,
+        sort: SortKey = "updated_at",
+        descending: bool = True,
+        limit: int | None = None,
+        cursor: str | None = None,
+        *,
+        access: Access,
+    ) -> MemoryPage:
+        """One page of a namespace's memories (default: the caller's), filtered and sorted.
+
+        ``text``: full text, every word of it a word of the task or the experience (any order, any case).
+        Pages are keyset-paged on (sort value, id): the engine orders by the indexed sort field (``order_by``),
+        and ties, which are common (every new memory has Q = Q_init and 0 visits), are read in id order, so a
+        page never repeats or skips a memory that did not change meanwhile; one whose sort value changed
+        between pages moves with it."""
+        namespace = self._namespace(namespace, access)
+        where: dict[str | tuple[str, ...], Any] = {"namespace": namespace}
+        if outcome is not None:
+            _check_outcome(outcome)
+            where["outcome"] = outcome
+        q_range = Range(
+            gte=None if q_min is None else self.limits.reward.check("q_min", q_min),
+            lte=None if q_max is None else self.limits.reward.check("q_max", q_max),
+        )
+        if q_range.gte is not None and q_range.lte is not None and q_range.gte > q_range.lte:
+            raise MemoryRequestError(f"q_min: {q_range.gte:g} exceeds q_max ({q_range.lte:g})")
+        if q_range != Range():
+            where["q"] = q_range
+        if text is not None:
+            where[("task", "experience")] = Words(TEXT_QUERY.check("text", text))
+        sort = SORT.check("sort", sort)
+        descending = FLAG.check("descending", descending)
+        limit = self.limits.page.check(
+            "limit", min(DEFAULT_PAGE, self.settings.max_list_page) if limit is None else limit
+        )
+        after = None if cursor is None else _decode_cursor(cursor, sort, descending)
+        with self._call():
+            rows = self._keyset_page(where, sort, descending, after, limit + 1)
+            total = self._store.count("memories", where)
+        page = [memory_view(memory_id, payload) for memory_id, payload in rows[:limit]]
+        more = len(rows) > limit
+        next_cursor = (
+            _encode_cursor(sort, descending, float(rows[limit - 1][1][sort]), rows[limit - 1][0]) if more else None
+        )
+        return MemoryPage(namespace=namespace, total=total, memories=page, next_cursor=next_cursor)
+
+    def _keyset_page(
+        self, where: Where, sort: str, descending: bool, after: tuple[float, str] | None, want: int
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Up to ``want`` memories after ``after`` in (sort value, id) order, the value descending or not, the
+        id always ascending (the engines' scroll order)."""
+        base: Range = where.get(sort, Range())  # type: ignore[assignment]
+
+        def at(value: float) -> dict[str | tuple[str, ...], Any]:
+            return {**where, sort: base & Range(gte=value - _tie(value), lte=value + _tie(value))}
+
+        def beyond(value: float) -> dict[str | tuple[str, ...], Any]:
+            edge = Range(lt=value - _tie(value)) if descending else Range(gt=value + _tie(value))
+            return {**where, sort: base & edge}
+
+        rows: list[tuple[str, dict[str, Any]]] = []
+        rest = dict(where)
+        if after is not None:  # the rest of the cursor's tie group, then what lies beyond it
+            value, last_id = after
+            group, _ = self._store.scroll_from("memories", at(value), last_id, want + 1)
+            rows += [row for row in group if row[0] != last_id][:want]
+            rest = beyond(value)
+        while len(rows) < want:
+            need = want - len(rows)
+            batch = self._store.ordered("memories", rest, sort, descending, need)
+            if not batch:
+                break
+            edge = float(batch[-1][1][sort])
+            whole = [row for row in batch if abs(float(row[1][sort]) - edge) > _tie(edge)]  # groups before the last
+            sign = -1.0 if descending else 1.0
+            rows += sorted(whole, key=lambda row: (sign * float(row[1][sort]), uuid.UUID(row[0]).int))
+            group, _ = self._store.scroll_from("memories", at(edge), None, need - len(whole))
+            rows += group
+            if len(group) == need - len(whole) or len(batch) < need:
+                break
+            rest = beyond(edge)
+        return rows[:want]
+
+    def update_memory(
+        self,
+        memory_id: str,
+        experience: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        reset_q: bool = False,
+        *,
+        access: Access,
+    ) -> MemoryDetail:
+        """Correct a memory: replace its experience and/or its metadata (the rules of store_experience). Q and
+        visits are learned, not edited: ``reset_q`` sets them back to Q_init and 0, recorded in the history.
+
+        The edit is one conditional write (:meth:`Ledger.update_once`): a report folding a reward into the same
+        memory at the same moment keeps its reward, and the edit keeps its text."""
+        if experience is not None:
+            experience = self.limits.experience.check("experience", experience)
+        meta = None if metadata is None else self._metadata(metadata)
+        reset = FLAG.check("reset_q", reset_q)
+        if experience is None and meta is None and not reset:
+            raise MemoryRequestError("give at least one of experience, metadata or reset_q=true: nothing to change")
+        with self._call():
+            self.get(memory_id, access=access)
+            now = self._clock()
+            new = self._new_memory
+
+            def edit(m: Mapping[str, Any]) -> dict[str, Any]:
+                update: dict[str, Any] = {"updated_at": now}
+                if experience is not None:
+                    update["experience"] = experience
+                if meta is not None:
+                    update["metadata"] = meta
+                if reset:
+                    q_init = new.q_init(m["outcome"])
+                    event = QEvent(
+                        at=now, event="reset", reward=None, q_before=float(m["q"]), q_after=q_init, recall_id=None
+                    )
+                    history = with_event(m, event, new.history_size)
+                    update |= {"q": q_init, "visits": 0, "last_reward": None, "history": history}
+                return update
+
+            written = self._ledger.update_once(memory_id, f"edit:{new_id()}", edit)
+        if written is None:
+            raise MemoryRequestError(f"memory_id: no memory {memory_id!r} (it was forgotten meanwhile)")
+        return memory_detail(memory_id, {**written.before, **(written.update or {})})
 
     def stats(self, namespace: str | None = None, *, access: Access) -> Stats:
         """Of one namespace, or of every namespace the caller may use."""
@@ -637,6 +798,36 @@ class MemoryService:
 def _plain(step: Any) -> Any:
     """A step as the rules check it: a dict (the tools hand over their parsed model, Python callers dicts)."""
     return step.model_dump() if isinstance(step, BaseModel) else step
+
+
+def _tie(value: float) -> float:
+    """How far apart two sort values may be and count as equal (a tie group). qdrant-edge reads some floats back
+    one ulp off the value its index holds (measured: 63 of 500 timestamps), so an exact match on a value read back
+    can miss its own point."""
+    return 4 * math.ulp(value)
+
+
+def _encode_cursor(sort: str, descending: bool, value: float, memory_id: str) -> str:
+    """An opaque cursor: where the page ended, in the order it was read (it grants nothing: every page is
+    filtered by the caller's access again)."""
+    raw = json.dumps([sort, descending, value, memory_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, sort: str, descending: bool) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        cursor_sort, cursor_descending, value, memory_id = json.loads(raw)
+        value = float(value)
+        uuid.UUID(memory_id)
+    except (binascii.Error, ValueError, TypeError, AttributeError):
+        raise MemoryRequestError("cursor: not a cursor list_memories returned") from None
+    if (cursor_sort, cursor_descending) != (sort, descending):
+        raise MemoryRequestError(
+            f"cursor: it continues a list sorted by {cursor_sort} (descending={cursor_descending}), not this "
+            "one: pass the same sort and descending as for the first page"
+        )
+    return value, memory_id
 
 
 def _check_outcome(outcome: str) -> None:

@@ -7,6 +7,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Outcome = Literal["success", "failure"]
+SortKey = Literal["q", "visits", "updated_at"]
+"""What list_memories sorts by: payload fields with a range index, so the engines order them (order_by)."""
 
 
 class MemoryView(BaseModel):
@@ -24,6 +26,32 @@ class MemoryView(BaseModel):
     created_at: float = Field(description="Unix time.")
     updated_at: float = Field(description="Unix time.")
     metadata: dict[str, Any]
+
+
+class QEvent(BaseModel):
+    """One change of a memory's Q: a reward folded in by a report, or a reset by update_memory."""
+
+    at: float = Field(description="Unix time.")
+    event: Literal["reward", "reset"]
+    reward: float | None = Field(description="The reward folded in (None for a reset).")
+    q_before: float
+    q_after: float
+    recall_id: str | None = Field(description="The recall whose report brought the reward (None for a reset).")
+
+
+class MemoryDetail(MemoryView):
+    """A memory with the history of its Q, oldest first (the last ``q_history_size`` changes)."""
+
+    history: list[QEvent]
+
+
+class MemoryPage(BaseModel):
+    """One page of list_memories; pass ``next_cursor`` back (same sort) for the next page."""
+
+    namespace: str
+    total: int = Field(description="Memories matching the filters, on every page.")
+    memories: list[MemoryView]
+    next_cursor: str | None = Field(description="None on the last page.")
 
 
 class RecalledMemory(MemoryView):

@@ -33,8 +33,8 @@ import numpy as np
 
 from memrl_mcp import algorithm
 from memrl_mcp.errors import MemoryRequestError, MemrlError
-from memrl_mcp.models import MemoryView, QChange, ReportResult, StoreResult
-from memrl_mcp.records import ClaimedReport, RecallRecord, memory_payload, memory_view, merged_metadata
+from memrl_mcp.models import MemoryView, QChange, QEvent, ReportResult, StoreResult
+from memrl_mcp.records import ClaimedReport, RecallRecord, memory_payload, memory_view, merged_metadata, with_event
 from memrl_mcp.storage import Point, Store, Table
 
 APPLIED_KEPT = 64  # operations a memory remembers having applied: more than any retry can race past
@@ -67,11 +67,16 @@ class Written:
 
 @dataclass(frozen=True)
 class NewMemory:
-    """How a reported experience becomes a memory: Q_init per outcome, and the metadata size limit of merges."""
+    """How a reported experience becomes a memory: Q_init per outcome, the metadata size limit of merges, and
+    how many Q changes a memory's history keeps."""
 
     q_init_success: float
     q_init_failure: float
     max_metadata_chars: int
+    history_size: int
+
+    def q_init(self, outcome: str) -> float:
+        return self.q_init_success if outcome == "success" else self.q_init_failure
 
 
 @dataclass(frozen=True)
@@ -173,18 +178,25 @@ class Ledger:
         report = recall.report
         assert report is not None, "only a claimed recall is redone"
         reward, now = report.reward, report.reported_at
+
+        def fold(m: Mapping[str, Any]) -> dict[str, Any]:
+            """Q <- Q + alpha (R - Q), with its record in the history: one write."""
+            q_before = float(m["q"])
+            q_after = algorithm.update_q(q_before, reward, alpha)
+            event = QEvent(
+                at=now, event="reward", reward=reward, q_before=q_before, q_after=q_after, recall_id=recall_id
+            )
+            return {
+                "q": q_after,
+                "visits": int(m["visits"]) + 1,
+                "last_reward": reward,
+                "updated_at": now,
+                "history": with_event(m, event, new.history_size),
+            }
+
         changes, missing = [], []
         for memory_id in recall.memory_ids:
-            written = self.update_once(
-                memory_id,
-                f"q:{recall_id}",
-                lambda m: {
-                    "q": algorithm.update_q(float(m["q"]), reward, alpha),
-                    "visits": int(m["visits"]) + 1,
-                    "last_reward": reward,
-                    "updated_at": now,
-                },
-            )
+            written = self.update_once(memory_id, f"q:{recall_id}", fold)
             if written is None:
                 missing.append(memory_id)
             elif written.update is not None:
@@ -222,7 +234,7 @@ class Ledger:
         vector = self._store.get_vector("recalls", recall_id)
         if vector is None:  # the recall was deleted mid-report: its namespace is being forgotten
             raise RecallGone(recall_id)
-        q = new.q_init_success if report.outcome == "success" else new.q_init_failure
+        q = new.q_init(report.outcome)
         memory = MemoryView(
             id=memory_id,
             namespace=recall.namespace,

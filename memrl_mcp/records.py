@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memrl_mcp.models import ActionView, MemoryView, Outcome, StepRecordView
+from memrl_mcp.models import ActionView, MemoryDetail, MemoryView, Outcome, QEvent, StepRecordView
 
 RecallStatus = Literal["pending", "applying", "reported"]
 """pending: issued, reportable; applying: claimed by a report, which may have been interrupted (the record is its
@@ -67,8 +67,23 @@ def memory_payload(memory: MemoryView) -> dict[str, Any]:
     return {**memory.model_dump(exclude={"id"}), "version": 0, "applied": []}
 
 
+OPTIONAL_FIELDS: dict[str, Any] = {"merges": 0, "metadata": {}, "history": [], "last_reward": None}
+"""Fields a stored memory may lack: written by later versions, or a null the engine does not keep."""
+
+
 def memory_view(memory_id: str, payload: Mapping[str, Any]) -> MemoryView:
-    return MemoryView.model_validate({"merges": 0, "metadata": {}, **payload, "id": memory_id})
+    return MemoryView.model_validate({**OPTIONAL_FIELDS, **payload, "id": memory_id})
+
+
+def memory_detail(memory_id: str, payload: Mapping[str, Any]) -> MemoryDetail:
+    return MemoryDetail.model_validate({**OPTIONAL_FIELDS, **payload, "id": memory_id})
+
+
+def with_event(payload: Mapping[str, Any], event: QEvent, capacity: int) -> list[dict[str, Any]]:
+    """The memory's Q history with ``event`` appended, the oldest dropped beyond ``capacity`` events. It is
+    written in the same conditional write as the Q it records, so neither exists without the other."""
+    history = [*payload.get("history", []), event.model_dump()]
+    return history[-capacity:] if capacity else []
 
 
 def merged_metadata(old: Mapping[str, Any], new: Mapping[str, Any], max_chars: int) -> dict[str, Any]:

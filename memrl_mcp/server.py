@@ -2,16 +2,20 @@
 HTTP routes operators use: ``/health``, ``/metrics`` (Prometheus) and ``/stats``.
 
 With a :class:`~memrl_mcp.auth.TokenTable`, the HTTP transports require a bearer token, and every tool,
-resource and ``/stats`` sees only the namespaces of the caller's token."""
+resource and ``/stats`` sees only the namespaces of the caller's token. A call that names no namespace uses the
+token's first one, else one derived from the client's project root (:mod:`memrl_mcp.roots`), else the
+``namespace`` setting."""
 
+import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
@@ -19,23 +23,27 @@ from pydantic import ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from memrl_mcp import __version__
+from memrl_mcp import __version__, inspector
 from memrl_mcp.access import Access
 from memrl_mcp.auth import TokenTable, access_of
 from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.models import (
     ForgetResult,
+    MemoryDetail,
+    MemoryPage,
     Outcome,
     RecallResult,
     ReportResult,
     SearchResult,
+    SortKey,
     Stats,
     StepAdviceResult,
     StoreResult,
     TrajectoryResult,
 )
 from memrl_mcp.observability import Metrics
+from memrl_mcp.roots import project_default
 from memrl_mcp.validation import (
     MAX_EPISODE_ID_CHARS,
     MAX_METADATA_DEPTH,
@@ -44,6 +52,7 @@ from memrl_mcp.validation import (
     NamespaceName,
     QWeight,
     Similarity,
+    TextQuery,
 )
 
 P = ParamSpec("P")
@@ -124,12 +133,21 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         ),
     ]
 
-    def access() -> Access:
-        return access_of(get_access_token())
+    from_roots = limits.namespace_from_roots and "namespace" not in limits.model_fields_set
+
+    def access(ctx: Context[Any, Any] | None = None) -> Access:
+        """The caller's namespaces (its token's); with ``ctx``, its default is the project root's when neither
+        the token nor the settings name one. Tools run in worker threads: the roots are asked on the loop."""
+        caller = access_of(get_access_token())
+        if ctx is None or caller.default is not None or not from_roots:
+            return caller
+        project = project_default(ctx)
+        return caller if project is None else dataclasses.replace(caller, default=project)
 
     @instrumented
     def recall_experience(
         task: Task,
+        ctx: Context[Any, Any],
         namespace: Namespace = None,
         k1: K1 = None,
         k2: K2 = None,
@@ -142,11 +160,12 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         re-ranks them by (1 - lambda) z(similarity) + lambda z(learned utility Q) and returns the top k2.
         Successful memories are examples to follow; failed ones are mistakes to avoid. No memory is a
         valid answer. Always report the episode's reward with the returned recall_id."""
-        return service.recall(task, namespace, k1, k2, q_weight, delta, access=access())
+        return service.recall(task, namespace, k1, k2, q_weight, delta, access=access(ctx))
 
     @instrumented
     def search_experience(
         task: Task,
+        ctx: Context[Any, Any],
         namespace: Namespace = None,
         k1: K1 = None,
         k2: K2 = None,
@@ -156,7 +175,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         """Look memories up like recall_experience, without a recall: nothing is logged and there is nothing to
         report, so no utility Q will learn from this use. For browsing, or a retrieval-only baseline; an agent
         that will learn the outcome should call recall_experience instead."""
-        return service.search(task, namespace, k1, k2, q_weight, delta, access=access())
+        return service.search(task, namespace, k1, k2, q_weight, delta, access=access(ctx))
 
     @instrumented
     def report_outcome(
@@ -246,6 +265,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
             rules.experience.type,
             Field(description=f"What to reuse or avoid (max {limits.max_experience_chars} characters)."),
         ],
+        ctx: Context[Any, Any],
         namespace: Namespace = None,
         outcome: Annotated[Outcome, Field(description="success (to follow) or failure (to avoid).")] = "success",
         q: Annotated[
@@ -256,7 +276,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         """Add a memory directly (seeding, imports). A near-duplicate task with the same outcome in the
         same namespace does not create a twin: the existing memory takes the new experience and keeps
         its learned Q."""
-        return service.store_experience(task, experience, namespace, outcome, q, metadata, access=access())
+        return service.store_experience(task, experience, namespace, outcome, q, metadata, access=access(ctx))
 
     @instrumented
     def forget_experience(
@@ -275,6 +295,53 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         """Counts, the distribution of learned utility Q, and recalls pending and reported."""
         return service.stats(namespace, access=access())
 
+    @instrumented
+    def list_memories(
+        ctx: Context[Any, Any],
+        namespace: Namespace = None,
+        outcome: Annotated[Outcome | None, Field(description="Only successes, or only failures.")] = None,
+        q_min: Annotated[rules.reward.type | None, Field(description="Only memories with Q >= q_min.")] = None,
+        q_max: Annotated[rules.reward.type | None, Field(description="Only memories with Q <= q_max.")] = None,
+        text: Annotated[
+            TextQuery | None,
+            Field(description="Only memories whose task or experience holds every word of this text (any case)."),
+        ] = None,
+        sort: Annotated[SortKey, Field(description="q (learned utility), visits, or updated_at.")] = "updated_at",
+        descending: Annotated[bool, Field(description="Highest first (default).")] = True,
+        limit: Annotated[
+            rules.page.type | None, Field(description=f"Memories per page (default 20, max {limits.max_list_page}).")
+        ] = None,
+        cursor: Annotated[
+            str | None, Field(max_length=512, description="next_cursor of the previous page (same sort).")
+        ] = None,
+    ) -> MemoryPage:
+        """List what the memory holds, a page at a time: each memory's task, experience, outcome, learned
+        utility Q, visits, last reward and merges. To read one memory's Q history, read the resource
+        memrl://memories/{id}."""
+        return service.list_memories(
+            namespace, outcome, q_min, q_max, text, sort, descending, limit, cursor, access=access(ctx)
+        )
+
+    @instrumented
+    def update_memory(
+        memory_id: Annotated[str, Field(max_length=36, description="The memory to correct.")],
+        experience: Annotated[
+            rules.experience.type | None,
+            Field(description=f"Its new experience text (max {limits.max_experience_chars} characters)."),
+        ] = None,
+        metadata: Metadata = None,
+        reset_q: Annotated[
+            bool,
+            Field(
+                description="Forget what was learned: Q back to Q_init and visits to 0 (kept in its history). "
+                "Q and visits are otherwise learned from rewards, never set."
+            ),
+        ] = False,
+    ) -> MemoryDetail:
+        """Correct a memory: replace its experience and/or its metadata (the same limits as store_experience).
+        Its task, outcome, Q and visits stay, unless reset_q forgets what was learned."""
+        return service.update_memory(memory_id, experience, metadata, reset_q, access=access())
+
     writes = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     tools = [
@@ -289,6 +356,8 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
             ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
         ),
         strict_tool(memory_stats, reads),
+        strict_tool(list_memories, reads),
+        strict_tool(update_memory, writes.model_copy(update={"destructive_hint": True})),
     ]
     if limits.read_only:  # a frozen memory: the tools that would change it are not offered at all
         tools = [tool for tool in tools if tool.annotations is not None and tool.annotations.read_only_hint]
@@ -328,7 +397,11 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
     def effective_settings() -> str:
         return service.effective_settings().model_dump_json()
 
-    @server.resource("memrl://memories/{memory_id}", mime_type="application/json", description="One memory.")
+    @server.resource(
+        "memrl://memories/{memory_id}",
+        mime_type="application/json",
+        description="One memory, with the history of its Q (each reward folded in, and resets).",
+    )
     def memory(memory_id: str) -> str:
         try:
             return service.get(memory_id, access=access()).model_dump_json()
@@ -373,4 +446,5 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
             return JSONResponse({"error": "bad_request", "error_description": str(error)}, 400)
         return Response(stats.model_dump_json(), media_type="application/json")
 
+    inspector.mount(server, service, tokens)  # the /ui page and its JSON API
     return server

@@ -215,12 +215,30 @@ class Settings(BaseSettings):
     max_observation_chars: int = Field(8000, ge=1, description="Longest accepted observation text.")
     max_action_chars: int = Field(1000, ge=1, description="Longest accepted action text.")
     max_trajectory_steps: int = Field(200, ge=1, le=10_000, description="Most steps in one reported trajectory.")
+    q_history_size: int = Field(
+        50,
+        ge=0,
+        le=1000,
+        description="Changes of Q each memory keeps (reward, Q before and after, time, recall); the oldest go first. "
+        "About 160 characters each as JSON.",
+    )
 
     # Input limits
     max_task_chars: int = Field(4000, ge=1, description="Longest accepted task text.")
     max_experience_chars: int = Field(20000, ge=1, description="Longest accepted experience text.")
     max_metadata_chars: int = Field(4000, ge=2, description="Longest accepted metadata, as JSON.")
-    namespace: NamespaceName = Field("default", description="Default namespace.")
+    namespace: NamespaceName = Field(
+        "default",
+        description="Default namespace of a call that names none and whose token names none. Left unset, a client "
+        "that offers MCP roots gets one derived from its project root instead (namespace_from_roots).",
+    )
+    namespace_from_roots: bool = Field(
+        True,
+        description="When the client offers MCP roots and neither the call, the token nor the namespace setting "
+        "names a namespace, use one derived from the first root (<folder name>-<hash of its URI>), so one server "
+        "shared by several projects keeps their memories apart.",
+    )
+    max_list_page: int = Field(100, ge=1, le=1000, description="Most memories one list_memories page returns.")
 
     # Serving over HTTP
     tokens: list[TokenGrant] = Field(
@@ -247,8 +265,12 @@ class Settings(BaseSettings):
     )
     read_only: bool = Field(
         False,
-        description="Offer lookups only (search_experience, memory_stats, resources): a frozen memory, e.g. for a "
-        "transfer evaluation. Recovery of an interrupted report still runs when the store opens.",
+        description="Offer lookups only (search_experience, memory_stats, list_memories, resources): a frozen "
+        "memory, e.g. for a transfer evaluation. Recovery of an interrupted report still runs when the store opens.",
+    )
+    ui_runs: list[Path] = Field(
+        default_factory=list,
+        description="Harness run folders, or folders of run folders, whose learning curves the /ui inspector draws.",
     )
 
     @model_validator(mode="after")

@@ -36,7 +36,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,14 +48,59 @@ from memrl_mcp.errors import MemrlError
 from memrl_mcp.settings import Settings
 
 Table = Literal["memories", "recalls", "steps", "episodes"]
-Where = Mapping[str, str | int | Sequence[str] | None]
-"""Conditions on payload fields, all of which must hold: an exact value, a list of accepted values, or None: the
-field is absent (what a schema migration looks for)."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric field within bounds (each optional, inclusive ``gte``/``lte`` or strict ``gt``/``lt``)."""
+
+    gte: float | None = None
+    gt: float | None = None
+    lte: float | None = None
+    lt: float | None = None
+
+    def __and__(self, other: Range) -> Range:
+        """Values within both ranges."""
+        return Range(
+            gte=_tighter(max, self.gte, other.gte),
+            gt=_tighter(max, self.gt, other.gt),
+            lte=_tighter(min, self.lte, other.lte),
+            lt=_tighter(min, self.lt, other.lt),
+        )
+
+
+def _tighter(pick: Callable[[float, float], float], a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else pick(a, b)
+
+
+@dataclass(frozen=True)
+class Words:
+    """Full-text match: every word of ``text`` is a word of the field, in any order, case-insensitive (Qdrant's
+    default word tokenizer, with a text index or without one, in every engine)."""
+
+    text: str
+
+
+Condition = str | int | Sequence[str] | Range | Words | None
+Where = Mapping[str | tuple[str, ...], Condition]
+"""Conditions on payload fields, all of which must hold: an exact value, a list of accepted values, a
+:class:`Range`, :class:`Words`, or None: the field is absent (what a schema migration looks for). A tuple of fields
+as the key: the condition holds on any one of them."""
 TABLES: tuple[Table, ...] = ("memories", "recalls", "steps", "episodes")
 EXPIRY = "expires_at"  # float: when a recall may be purged
-IndexKind = Literal["keyword", "float"]
+IndexKind = Literal["keyword", "float", "integer", "text"]
 INDEXES: dict[Table, dict[str, IndexKind]] = {
-    "memories": {"namespace": "keyword", "outcome": "keyword"},
+    # q, visits and updated_at: the sort keys of list_memories (order_by needs a range index); task and
+    # experience: its full-text filter.
+    "memories": {
+        "namespace": "keyword",
+        "outcome": "keyword",
+        "q": "float",
+        "visits": "integer",
+        "updated_at": "float",
+        "task": "text",
+        "experience": "text",
+    },
     "recalls": {"namespace": "keyword", "status": "keyword", EXPIRY: "float"},
     "steps": {"namespace": "keyword"},
     "episodes": {"namespace": "keyword", "status": "keyword"},
@@ -73,8 +118,10 @@ def is_dot(table: Table) -> bool:
     return table in ("steps", "episodes")
 
 
+LARGE_FIELDS = ("history", "applied")
+"""Payload fields a search never needs (the Q history, the optimistic bookkeeping: up to 64 operation ids, converted
+per hit): left out of its results."""
 SCROLL_PAGE = 1000
-SEARCH_OMITS = ("applied",)  # a search's hits never need the applied-operation list: up to 64 ids, converted per hit
 MB = 1 << 20
 
 
@@ -178,7 +225,23 @@ class Store(Protocol):
         where: Where,
         table: Table = "memories",
         with_vectors: bool = False,
-    ) -> list[Hit]: ...
+    ) -> list[Hit]:
+        """The nearest points of ``table``, their payloads without :data:`LARGE_FIELDS`."""
+        ...
+
+    def scroll_from(
+        self, table: Table, where: Where, offset: str | None, limit: int
+    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        """Up to ``limit`` points in id order from ``offset`` (included), payloads without :data:`LARGE_FIELDS`;
+        and the id the next page starts at (None: no more)."""
+        ...
+
+    def ordered(
+        self, table: Table, where: Where, key: str, descending: bool, limit: int
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """The first ``limit`` points by the value of ``key`` (an indexed number), payloads without
+        :data:`LARGE_FIELDS`; the order of equal values is the engine's, unspecified."""
+        ...
 
     def scroll(
         self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
@@ -251,7 +314,12 @@ class EdgeStore:
                 ) from None
             raise
         indexed = set(shard.info().payload_schema)
-        schemas = {"keyword": edge.PayloadSchemaType.Keyword, "float": edge.PayloadSchemaType.Float}
+        schemas = {
+            "keyword": edge.PayloadSchemaType.Keyword,
+            "float": edge.PayloadSchemaType.Float,
+            "integer": edge.PayloadSchemaType.Integer,
+            "text": edge.PayloadSchemaType.Text,
+        }
         for key, kind in INDEXES[table].items():
             if key not in indexed:
                 shard.update(edge.UpdateOperation.create_field_index(key, schemas[kind]))
@@ -259,13 +327,29 @@ class EdgeStore:
 
     def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
         edge = self._edge
-        must: list[Any] = [
-            edge.IsEmptyCondition(key) if value is None else edge.FieldCondition(key, match=_edge_match(edge, value))
-            for key, value in (where or {}).items()
-        ]
+        must: list[Any] = []
+        for key, value in (where or {}).items():
+            if isinstance(key, tuple):
+                must.append(edge.Filter(should=[self._condition(field, value) for field in key]))
+            else:
+                must.append(self._condition(key, value))
         if point_id is not None:
             must.append(edge.HasIdCondition({point_id}))
         return edge.Filter(must=must) if must else None
+
+    def _condition(self, key: str, value: Condition) -> Any:
+        edge = self._edge
+        if value is None:
+            return edge.IsEmptyCondition(key)
+        if isinstance(value, Range):
+            return edge.FieldCondition(
+                key, range=edge.RangeFloat(gte=value.gte, gt=value.gt, lte=value.lte, lt=value.lt)
+            )
+        if isinstance(value, Words):
+            return edge.FieldCondition(key, match=edge.MatchText(value.text))
+        if isinstance(value, list | tuple | set | frozenset):
+            return edge.FieldCondition(key, match=edge.MatchAny(list(value)))
+        return edge.FieldCondition(key, match=edge.MatchValue(value))
 
     def _apply(self, table: Table, operation: Any, room: float | None = 1.0) -> None:
         """Apply one update; ``room``: the share of the free-space margin it needs (None: a delete, always let
@@ -325,7 +409,7 @@ class EdgeStore:
             query=edge.Query.Nearest(vector.astype(np.float32).tolist()),
             filter=self._filter(where),
             score_threshold=min_similarity,
-            with_payload=edge.PayloadSelector.Exclude(list(SEARCH_OMITS)),
+            with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
             with_vector=with_vectors,
             params=edge.SearchParams(exact=True),
         )
@@ -348,6 +432,31 @@ class EdgeStore:
             yield from ((str(r.id), np.asarray(r.vector, dtype=np.float32), dict(r.payload or {})) for r in records)
             if offset is None:
                 return
+
+    def scroll_from(
+        self, table: Table, where: Where, offset: str | None, limit: int
+    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        request = self._edge.ScrollRequest(
+            offset=offset,
+            limit=limit,
+            filter=self._filter(where),
+            with_payload=self._edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
+        )
+        records, next_offset = self._shards[table].scroll(request)
+        return [(str(r.id), dict(r.payload or {})) for r in records], None if next_offset is None else str(next_offset)
+
+    def ordered(
+        self, table: Table, where: Where, key: str, descending: bool, limit: int
+    ) -> list[tuple[str, dict[str, Any]]]:
+        edge = self._edge
+        request = edge.ScrollRequest(
+            limit=limit,
+            filter=self._filter(where),
+            with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
+            order_by=edge.OrderBy(key, edge.Direction.Desc if descending else edge.Direction.Asc),
+        )
+        records, _ = self._shards[table].scroll(request)
+        return [(str(r.id), dict(r.payload or {})) for r in records]
 
     def scroll(
         self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
@@ -378,10 +487,6 @@ def _array(vector: Any) -> np.ndarray | None:
     return None if vector is None else np.asarray(vector, dtype=np.float32)
 
 
-def _edge_match(edge: Any, value: str | int | Sequence[str]) -> Any:
-    return edge.MatchAny(list(value)) if isinstance(value, list | tuple | set | frozenset) else edge.MatchValue(value)
-
-
 class QdrantClientStore:
     """qdrant-client: a Qdrant server (``url``) or qdrant-client's local mode (``path``)."""
 
@@ -406,6 +511,7 @@ class QdrantClientStore:
         # read-back then sees the write it follows (README, "Replicas on one Qdrant server").
         self._write: dict[str, Any] = {"wait": True, "ordering": models.WriteOrdering.STRONG}
         self._read: dict[str, Any] = {"consistency": models.ReadConsistencyType.MAJORITY}
+        self._without_large_fields = models.PayloadSelectorExclude(exclude=list(LARGE_FIELDS))
         # A Qdrant server applies each update atomically; local mode is Python over numpy: one call at a time.
         self._atomic: AbstractContextManager[Any] = threading.Lock() if url is None else nullcontext()
         if url is not None:
@@ -442,7 +548,12 @@ class QdrantClientStore:
         if self._client_is_local:
             return
         indexed = set(self._client.get_collection(name).payload_schema)
-        schemas = {"keyword": models.PayloadSchemaType.KEYWORD, "float": models.PayloadSchemaType.FLOAT}
+        schemas = {
+            "keyword": models.PayloadSchemaType.KEYWORD,
+            "float": models.PayloadSchemaType.FLOAT,
+            "integer": models.PayloadSchemaType.INTEGER,
+            "text": models.PayloadSchemaType.TEXT,
+        }
         for key, kind in INDEXES[table].items():
             if key not in indexed:
                 self._client.create_payload_index(name, key, field_schema=schemas[kind], **self._write)
@@ -453,20 +564,29 @@ class QdrantClientStore:
 
     def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
         models = self._models
-        must: list[Any] = [
-            models.IsEmptyCondition(is_empty=models.PayloadField(key=key))
-            if value is None
-            else models.FieldCondition(
-                key=key,
-                match=models.MatchAny(any=list(value))
-                if isinstance(value, list | tuple | set | frozenset)
-                else models.MatchValue(value=value),
-            )
-            for key, value in (where or {}).items()
-        ]
+        must: list[Any] = []
+        for key, value in (where or {}).items():
+            if isinstance(key, tuple):
+                must.append(models.Filter(should=[self._condition(field, value) for field in key]))
+            else:
+                must.append(self._condition(key, value))
         if point_id is not None:
             must.append(models.HasIdCondition(has_id=[point_id]))
         return models.Filter(must=must) if must else None
+
+    def _condition(self, key: str, value: Condition) -> Any:
+        models = self._models
+        if value is None:
+            return models.IsEmptyCondition(is_empty=models.PayloadField(key=key))
+        if isinstance(value, Range):
+            return models.FieldCondition(
+                key=key, range=models.Range(gte=value.gte, gt=value.gt, lte=value.lte, lt=value.lt)
+            )
+        if isinstance(value, Words):
+            return models.FieldCondition(key=key, match=models.MatchText(text=value.text))
+        if isinstance(value, list | tuple | set | frozenset):
+            return models.FieldCondition(key=key, match=models.MatchAny(any=list(value)))
+        return models.FieldCondition(key=key, match=models.MatchValue(value=value))
 
     def upsert(self, table: Table, points: Sequence[Point]) -> None:
         batch = [
@@ -546,7 +666,7 @@ class QdrantClientStore:
                 query_filter=self._filter(where),
                 score_threshold=min_similarity,
                 limit=limit,
-                with_payload=self._models.PayloadSelectorExclude(exclude=list(SEARCH_OMITS)),
+                with_payload=self._without_large_fields,
                 with_vectors=with_vectors,
                 **self._read,
             )
@@ -570,6 +690,36 @@ class QdrantClientStore:
             yield from ((str(r.id), np.asarray(r.vector, dtype=np.float32), dict(r.payload or {})) for r in records)
             if offset is None:
                 return
+
+    def scroll_from(
+        self, table: Table, where: Where, offset: str | None, limit: int
+    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        with self._atomic:
+            records, next_offset = self._client.scroll(
+                self._names[table],
+                scroll_filter=self._filter(where),
+                limit=limit,
+                offset=offset,
+                with_payload=self._without_large_fields,
+                **self._read,
+            )
+        return [(str(r.id), dict(r.payload or {})) for r in records], None if next_offset is None else str(next_offset)
+
+    def ordered(
+        self, table: Table, where: Where, key: str, descending: bool, limit: int
+    ) -> list[tuple[str, dict[str, Any]]]:
+        models = self._models
+        direction = models.Direction.DESC if descending else models.Direction.ASC
+        with self._atomic:
+            records, _ = self._client.scroll(
+                self._names[table],
+                scroll_filter=self._filter(where),
+                limit=limit,
+                order_by=models.OrderBy(key=key, direction=direction),
+                with_payload=self._without_large_fields,
+                **self._read,
+            )
+        return [(str(r.id), dict(r.payload or {})) for r in records]
 
     def scroll(
         self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None

@@ -29,10 +29,12 @@ from typing import Annotated, Any, Generic, TypeVar
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
 from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.models import SortKey
 
 T = TypeVar("T")
 
 MAX_K = 100
+MAX_TEXT_QUERY_CHARS = 200
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 MAX_METADATA_DEPTH = 8
 """Containers (objects and lists) nested in metadata, the top object included. Metadata are labels (a
@@ -88,6 +90,13 @@ def visible(text: str) -> str:
 
 def text_rule(max_chars: int) -> Rule[str]:
     return Rule(Annotated[str, Field(min_length=1, max_length=max_chars), AfterValidator(visible)])
+
+
+def has_word(text: str) -> str:
+    """A full-text query matches words (letters and digits): one without any would match nothing."""
+    if not any(char.isalnum() for char in text):
+        raise ValueError("must contain a word (letters or digits): the text filter matches whole words")
+    return text
 
 
 # -- metadata -------------------------------------------------------------------------------------
@@ -175,6 +184,7 @@ CandidateCount = Annotated[int, Field(ge=1, le=MAX_K)]
 QWeight = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Similarity = Annotated[float, Field(ge=-1.0, le=1.0, allow_inf_nan=False)]
 NamespaceName = Annotated[str, Field(pattern=NAMESPACE_PATTERN)]
+TextQuery = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_QUERY_CHARS), AfterValidator(has_word)]
 
 K = Rule[int](CandidateCount)
 Q_WEIGHT = Rule[float](QWeight)
@@ -210,6 +220,9 @@ def trajectory_rule(
         reward=(reward.type, Field(description="The reward right after the action (0 for most steps).")),
     )
     return Rule(Annotated[list[step], Field(min_length=1, max_length=max_steps)])  # type: ignore[valid-type]
+TEXT_QUERY = Rule[str](TextQuery)
+FLAG = Rule[bool](bool)
+SORT = Rule[str](SortKey)
 
 
 class Limits:
@@ -222,6 +235,7 @@ class Limits:
         max_metadata_chars: int,
         reward: tuple[float, float],
         trajectory: tuple[int, int, int],
+        max_page: int,
     ) -> None:
         self.task = text_rule(max_task_chars)
         self.experience = text_rule(max_experience_chars)
@@ -231,3 +245,4 @@ class Limits:
         self.observation = text_rule(max_observation_chars)
         self.action = text_rule(max_action_chars)
         self.steps = trajectory_rule(max_steps, max_observation_chars, max_action_chars, self.reward)
+        self.page = Rule[int](Annotated[int, Field(ge=1, le=max_page)])

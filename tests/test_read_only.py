@@ -22,7 +22,7 @@ async def test_a_read_only_server_offers_no_tool_that_writes(embedder: Embedder,
     try:
         async with Client(create_server(reader)) as client:
             names = {tool.name for tool in (await client.list_tools()).tools}
-            assert names == {"search_experience", "memory_stats", "recall_step_advice"}
+            assert names == {"search_experience", "memory_stats", "recall_step_advice", "list_memories"}
             for tool, arguments in {
                 "recall_experience": {"task": "water the plants"},  # it would log a recall
                 "store_experience": {"task": "a new task", "experience": "a new lesson"},

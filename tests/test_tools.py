@@ -33,6 +33,8 @@ async def test_lists_tools_with_schemas_and_hints(client: Client) -> None:
         "memory_stats",
         "recall_step_advice",
         "report_trajectory",
+        "list_memories",
+        "update_memory",
     }
     assert tools["memory_stats"].annotations.read_only_hint is True
     assert tools["search_experience"].annotations.read_only_hint is True

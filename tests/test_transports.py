@@ -30,6 +30,8 @@ TOOLS = {
     "store_experience",
     "forget_experience",
     "memory_stats",
+    "list_memories",
+    "update_memory",
 }
 TASK = "Sort a CSV file by its second column and write the result to a new file"
 EXPERIENCE = "1. Read with csv.reader. 2. sorted(rows, key=lambda r: r[1]). 3. Write with csv.writer."

@@ -1,0 +1,82 @@
+"""Per-project memory without configuration: a default namespace derived from the client's MCP roots.
+
+A client that offers roots (Claude Code, VS Code and others list the project folder they were opened in) gets,
+when neither the call, its token nor the ``namespace`` setting names a namespace, one derived from its first root:
+a readable slug of the folder name and a short hash of the full URI (``memrl-mcp-3fa9c2d1``), so one server
+attached to several projects keeps their memories apart, and two folders of the same name do not meet.
+
+This only ever picks the *default*: the namespaces a token may use are unchanged, and the derived one is checked
+against them like any other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import unicodedata
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import anyio
+from mcp.server.mcpserver import Context
+from mcp.types import ListRootsRequest, ListRootsResult
+
+log = logging.getLogger(__name__)
+
+ROOTS_TIMEOUT_SECONDS = 5.0  # a client that never answers roots/list must not hold every call up
+SLUG_CHARS = 40
+HASH_CHARS = 8
+STATE_KEY = "memrl_project_namespace"
+
+
+def project_namespace(uri: str) -> str:
+    """``<slug of the root's last path component>-<first 8 hex digits of SHA-256(uri)>``: valid for
+    :data:`~memrl_mcp.validation.NAMESPACE_PATTERN` (at most 49 characters of ``[A-Za-z0-9_.-]``)."""
+    path = unquote(urlparse(uri).path).rstrip("/")
+    name = unicodedata.normalize("NFKD", path.rsplit("/", 1)[-1]).encode("ascii", "ignore").decode()
+    slug = re.sub(r"[^A-Za-z0-9_.]+", "-", name).strip("-.")[:SLUG_CHARS].strip("-.") or "project"
+    return f"{slug}-{hashlib.sha256(uri.encode()).hexdigest()[:HASH_CHARS]}"
+
+
+def project_default(ctx: Context[Any, Any]) -> str | None:
+    """:func:`roots_namespace`, from a tool's worker thread: the event loop is asked only the first time a
+    connection that offers roots calls (a hop to the loop waits for it, and a busy loop makes that slow)."""
+    capabilities = ctx.client_capabilities
+    if capabilities is None or capabilities.roots is None:
+        return None
+    state = getattr(getattr(ctx.session, "_connection", None), "state", None)
+    if state is not None and STATE_KEY in state:
+        return state[STATE_KEY]
+    return anyio.from_thread.run(roots_namespace, ctx)
+
+
+async def roots_namespace(ctx: Context[Any, Any]) -> str | None:
+    """The namespace of the client's first root, asked once per connection (None: it offers no roots, cannot be
+    asked on this transport, or did not answer in time). A client that changes its roots gets the new namespace
+    on its next connection.
+
+    The answer is kept in the SDK's per-connection state (``Connection.state``, reached through the session's
+    private ``_connection``: the session object itself is new at every request)."""
+    session = ctx.session
+    connection = getattr(session, "_connection", None)
+    state = getattr(connection, "state", None)
+    if state is not None and STATE_KEY in state:
+        return state[STATE_KEY]
+    namespace = None
+    capabilities = ctx.client_capabilities
+    offered = capabilities is not None and capabilities.roots is not None
+    # A call answered over its own stream (stdio, SSE) asks on it; one answered with plain JSON (this server's
+    # streamable HTTP) asks on the connection's standalone stream. The 2026-07-28 protocol has neither.
+    channel = session if session.can_send_request else connection
+    if offered and (channel is session or getattr(connection, "has_standalone_channel", False)):
+        try:
+            with anyio.fail_after(ROOTS_TIMEOUT_SECONDS):
+                result = await channel.send_request(ListRootsRequest(), result_type=ListRootsResult)
+            if result.roots:
+                namespace = project_namespace(str(result.roots[0].uri))
+        except Exception as error:  # whatever the client answers (or not), the default stays as it was
+            log.debug("roots/list failed (%s): the default namespace is used", type(error).__name__)
+    if state is not None:
+        state[STATE_KEY] = namespace
+    return namespace

@@ -1,0 +1,329 @@
+"""The inspector's JSON API (/ui/api) through the real server process: tenants, tokens, cross-site requests,
+headers; and "why this memory?" against algorithm.py's own numbers.
+
+The browser tests (tests/test_inspector_browser.py) reuse this module's seeded servers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from memrl_mcp import algorithm
+from memrl_mcp.access import EVERYTHING
+from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.inspector import CONTENT_SECURITY_POLICY, PreviewRequest, preview
+from memrl_mcp.memory import MemoryService
+from tests.conftest import call
+from tests.test_http import mcp_client
+from tests.test_transports import HttpServer, http_server
+
+ALICE, BOB = "alice-inspector-0123456789", "bob-inspector-abcdefghijkl"
+ROOT = Path(__file__).resolve().parent.parent
+VERBS = ("Sort", "Compress", "Rename", "Count the lines of", "Back up", "Encrypt")
+OBJECTS = ("the CSV export", "the nginx log folder", "the holiday photo album", "the invoice PDFs", "a git branch")
+CLOSEST = "Sort a CSV file by its second column"
+FARTHER = "Sort the rows of a CSV table by one of its columns and save it"
+UNRELATED = "Sort a Python list of numbers in place"
+HOSTILE_TASKS = (
+    "<script>window.__pwned = 'script'</script> fix the build",
+    "<img src=x onerror=\"window.__pwned = 'img'\"> resize images",
+)
+HOSTILE_EXPERIENCE = "<a href=\"javascript:window.__pwned='link'\">click here</a> then javascript:window.__pwned='t'"
+HOSTILE_METADATA = {"html": "<svg onload=\"window.__pwned='svg'\">", "url": "javascript:window.__pwned='meta'"}
+SECRET = "Bob's payroll deployment checklist"
+
+
+@dataclass
+class Seeded:
+    """A running server and what was stored in it."""
+
+    server: HttpServer
+    base: str
+    ids: dict[str, str]  # task -> memory id
+    runs: Path | None
+
+
+def base_url(server: HttpServer) -> str:
+    return server.url.rsplit("/", 1)[0]
+
+
+def write_tokens(path: Path) -> Path:
+    grants = [
+        {"name": "alice", "token": ALICE, "namespaces": ["alice", "preview", "hostile"]},
+        {"name": "bob", "token_sha256": hashlib.sha256(BOB.encode()).hexdigest(), "namespaces": ["bob"]},
+    ]
+    path.write_text(yaml.safe_dump({"tokens": grants}))
+    return path
+
+
+def harness_runs(folder: Path) -> Path:
+    """Real run folders of the LLM-free controlled benchmark, as `memrl-harness run` writes them (~10 s)."""
+    command = [sys.executable, "-m", "memrl_harness.cli", "run", "controlled", "--mode", "none", "memrl"]
+    command += ["--epochs", "3", "--tasks", "10", "--runs", str(folder)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return folder
+
+
+async def seed(server: HttpServer, token: str | None) -> dict[str, str]:
+    """30 memories to page through, Q learned by recall/report, a preview scene, hostile texts, bob's secret."""
+    ids: dict[str, str] = {}
+    async with mcp_client(server, token) as client:
+
+        async def store(task: str, namespace: str, **extra: object) -> None:
+            stored = await call(client, "store_experience", task=task, namespace=namespace, **extra)
+            assert not stored["merged"], task
+            ids[task] = stored["id"]
+
+        for i, (verb, thing) in enumerate((v, o) for v in VERBS for o in OBJECTS):
+            outcome = "failure" if i % 3 == 0 else "success"
+            await store(f"{verb} {thing}", "alice", experience=f"Steps for {verb.lower()} {thing}.", outcome=outcome)
+        for reward in (1.0, 1.0, -1.0, 1.0):  # Q history: four rewards on the memories "sort the CSV export" recalls
+            recall = await call(client, "recall_experience", task="Sort the CSV export", namespace="alice")
+            await call(client, "report_outcome", recall_id=recall["recall_id"], reward=reward)
+        await store(CLOSEST, "preview", experience="csv.reader, sorted by row[1], csv.writer", q=-0.8)
+        await store(FARTHER, "preview", experience="pandas: read_csv, sort_values, to_csv", q=0.9)
+        await store(UNRELATED, "preview", experience="list.sort()", q=0.0)
+        for task in HOSTILE_TASKS:
+            await store(task, "hostile", experience=HOSTILE_EXPERIENCE, metadata=HOSTILE_METADATA)
+    if token is not None:
+        async with mcp_client(server, BOB) as bob:
+            stored = await call(bob, "store_experience", task=SECRET, experience="secret steps", namespace="bob")
+            ids[SECRET] = stored["id"]
+    return ids
+
+
+@contextmanager
+def seeded_server(tmp: Path, *, tokens: bool, runs: Path | None = None) -> Iterator[Seeded]:
+    variables = {"MEMRL_TOKENS_FILE": str(write_tokens(tmp / "tokens.yaml"))} if tokens else {}
+    if runs is not None:
+        variables["MEMRL_UI_RUNS"] = json.dumps([str(runs)])
+    with http_server(tmp / "data", tmp, **variables) as server:
+        with ThreadPoolExecutor(1) as thread:  # an event loop of its own (Playwright's sync API runs one here)
+            ids = thread.submit(anyio.run, seed, server, ALICE if tokens else None).result()
+        yield Seeded(server, base_url(server), ids, runs)
+
+
+@pytest.fixture(scope="module")
+def with_tokens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    with seeded_server(tmp_path_factory.mktemp("tokens"), tokens=True) as seeded:
+        yield seeded
+
+
+@pytest.fixture(scope="module")
+def without_tokens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    with seeded_server(tmp_path_factory.mktemp("open"), tokens=False) as seeded:
+        yield seeded
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+JSON_WRITE = {"Content-Type": "application/json"}
+
+
+def test_every_api_route_needs_a_valid_token(with_tokens: Seeded) -> None:
+    memory = with_tokens.ids["Sort the CSV export"]
+    routes = [
+        ("GET", "/ui/api/session", None),
+        ("GET", "/ui/api/stats", None),
+        ("GET", "/ui/api/memories?namespace=alice", None),
+        ("GET", f"/ui/api/memories/{memory}", None),
+        ("PATCH", f"/ui/api/memories/{memory}", {"experience": "overwritten"}),
+        ("DELETE", f"/ui/api/memories/{memory}", {}),
+        ("POST", "/ui/api/preview", {"task": "Sort the CSV export"}),
+        ("GET", "/ui/api/curves", None),
+    ]
+    with httpx.Client(base_url=with_tokens.base, timeout=10) as http:
+        for headers in ({}, auth("not-a-token-at-all-123"), {"Authorization": f"Basic {ALICE}"}):
+            for method, path, body in routes:
+                response = http.request(method, path, json=body, headers={**JSON_WRITE, **headers})
+                assert response.status_code == 401, (method, path, headers)
+                assert response.headers["www-authenticate"].startswith("Bearer")
+                assert "bearer token is required" in response.json()["error_description"]
+        # Nothing changed: the memory is there, with its experience.
+        kept = http.get(f"/ui/api/memories/{memory}", headers=auth(ALICE)).json()
+        assert kept["experience"] == "Steps for sort the CSV export."
+        # The page itself holds no data: it loads without a token, and asks for one.
+        page = http.get("/ui")
+        assert page.status_code == 200 and '<form id="login"' in page.text
+
+
+def test_a_token_sees_and_changes_only_its_own_namespaces(with_tokens: Seeded) -> None:
+    alice_memory, secret = with_tokens.ids["Sort the CSV export"], with_tokens.ids[SECRET]
+    with httpx.Client(base_url=with_tokens.base, timeout=10) as http:
+        session = http.get("/ui/api/session", headers=auth(BOB)).json()
+        assert (session["namespaces"], session["every_namespace"], session["tokens"]) == (["bob"], False, True)
+        page = http.get("/ui/api/memories", headers=auth(BOB)).json()
+        assert [m["task"] for m in page["memories"]] == [SECRET]
+        denied = http.get("/ui/api/memories?namespace=alice", headers=auth(BOB))
+        assert denied.status_code == 400
+        assert "not one of the namespaces this token may use" in denied.json()["error_description"]
+        assert http.get("/ui/api/stats?namespace=alice", headers=auth(BOB)).status_code == 400
+        preview_alice = http.post("/ui/api/preview", json={"task": "Sort", "namespace": "alice"}, headers=auth(BOB))
+        assert preview_alice.status_code == 400
+        # Another tenant's memory is exactly as unknown as one that does not exist, for reading and changing.
+        for method, body in (("GET", None), ("PATCH", {"experience": "bob was here"}), ("DELETE", {})):
+            response = http.request(
+                method, f"/ui/api/memories/{alice_memory}", json=body, headers={**JSON_WRITE, **auth(BOB)}
+            )
+            assert response.status_code == 400
+            assert response.json()["error_description"] == f"memory_id: no memory {alice_memory!r}"
+        assert http.get(f"/ui/api/memories/{alice_memory}", headers=auth(ALICE)).json()["experience"] == (
+            "Steps for sort the CSV export."
+        )
+        alice_sees = http.get("/ui/api/memories?namespace=alice&limit=100", headers=auth(ALICE)).json()
+        assert secret not in {m["id"] for m in alice_sees["memories"]}
+        assert alice_sees["total"] == len(VERBS) * len(OBJECTS)
+
+
+def test_every_answer_carries_the_security_headers(with_tokens: Seeded) -> None:
+    with httpx.Client(base_url=with_tokens.base, timeout=10) as http:
+        for path in ("/ui", "/ui/", "/ui/app.js", "/ui/app.css", "/ui/api/session", "/ui/api/stats"):
+            response = http.get(path, headers=auth(ALICE))
+            assert response.status_code == 200, path
+            assert response.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+            assert "script-src 'self'" in CONTENT_SECURITY_POLICY and "unsafe-inline" not in CONTENT_SECURITY_POLICY
+            assert "frame-ancestors 'none'" in CONTENT_SECURITY_POLICY
+            assert response.headers["x-content-type-options"] == "nosniff"
+            assert response.headers["x-frame-options"] == "DENY"
+            assert "set-cookie" not in response.headers
+        assert http.get("/ui/app.js").headers["content-type"].startswith("text/javascript")
+        assert http.get("/ui/../ui/secrets.txt").status_code == 404
+        assert http.get("/ui/index.htm").status_code == 404
+    script = (ROOT / "memrl_mcp" / "ui" / "app.js").read_text()
+    assert not re.search(r"\.(inner|outer)HTML\b|insertAdjacentHTML|document\.write|\beval\(", script)
+    assert "<script>" not in (ROOT / "memrl_mcp" / "ui" / "index.html").read_text()  # no inline script
+
+
+def test_a_server_without_tokens_answers_loopback_names_only(without_tokens: Seeded) -> None:
+    memory = without_tokens.ids["Sort the CSV export"]
+    with httpx.Client(base_url=without_tokens.base, timeout=10) as http:
+        session = http.get("/ui/api/session").json()  # no token needed on a loopback-only server
+        assert session["tokens"] is False and session["every_namespace"] is True
+        assert {"alice", "preview", "hostile"} <= set(session["namespaces"])
+        for host in ("localhost:1", "[::1]:1"):
+            assert http.get("/ui/api/session", headers={"Host": host}).status_code == 200
+        # DNS rebinding: a page whose name now resolves to 127.0.0.1 still sends its own name.
+        for path in ("/ui", "/ui/api/session", f"/ui/api/memories/{memory}"):
+            assert http.get(path, headers={"Host": "evil.example.com"}).status_code == 421
+
+
+def test_no_cross_site_request_changes_anything(without_tokens: Seeded) -> None:
+    """What another site's page could send to a loopback server without tokens: forms (POST, urlencoded or
+    multipart or text/plain), and writes that say they come from elsewhere. None changes the memory."""
+    memory = without_tokens.ids["Compress the CSV export"]
+    path = f"/ui/api/memories/{memory}"
+    evil = {"Origin": "http://evil.example.com"}
+    with httpx.Client(base_url=without_tokens.base, timeout=10) as http:
+        before = http.get(path).json()
+        assert http.post(path, data={"experience": "pwned"}).status_code == 405  # a form can only GET or POST
+        text_form = http.post(path, content=b'{"experience": "pwned"}', headers={"Content-Type": "text/plain"})
+        assert text_form.status_code == 405
+        for content_type in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"):
+            for method in ("PATCH", "DELETE"):
+                response = http.request(
+                    method, path, content=b'{"experience": "pwned"}', headers={"Content-Type": content_type}
+                )
+                assert response.status_code == 415, (method, content_type)
+        for method, body in (("PATCH", {"experience": "pwned"}), ("DELETE", {})):
+            assert http.request(method, path, json=body, headers=evil).status_code == 403
+            cross = {"Sec-Fetch-Site": "cross-site"}
+            assert http.request(method, path, json=body, headers=cross).status_code == 403
+            assert http.request(method, path, json=body, headers={"Sec-Fetch-Site": "same-site"}).status_code == 403
+        assert http.get(path).json() == before
+        # The same request from the page itself (its own origin) is accepted.
+        mine = {"Origin": without_tokens.base, "Sec-Fetch-Site": "same-origin"}
+        edited = http.patch(path, json={"metadata": {"checked": True}}, headers=mine)
+        assert edited.status_code == 200 and edited.json()["metadata"] == {"checked": True}
+
+
+def test_bad_requests_are_named(with_tokens: Seeded) -> None:
+    memory = with_tokens.ids["Back up the CSV export"]
+    with httpx.Client(base_url=with_tokens.base, timeout=10, headers=auth(ALICE)) as http:
+        for query, named in (
+            ("limit=ten", "limit"),
+            ("sort=task", "sort"),
+            ("outcome=maybe", "outcome"),
+            ("q_min=2", "q_min"),
+            ("unknown=1", "unknown"),
+        ):
+            response = http.get(f"/ui/api/memories?namespace=alice&{query}")
+            assert response.status_code == 400, query
+            assert response.json()["error_description"].startswith(named), response.json()
+        for body, named in (
+            ({"experience": 5}, "experience"),
+            ({"metadata": []}, "metadata"),
+            ({"experience": "x" * 20001}, "experience"),
+            ({"q": 1.0}, "q"),
+            ({}, "give at least one"),
+        ):
+            response = http.patch(f"/ui/api/memories/{memory}", json=body)
+            assert response.status_code == 400, body
+            assert response.json()["error_description"].startswith(named), response.json()
+        for body, named in (({"task": "x", "k1": 2, "k2": 3}, "k2"), ({"task": "x", "q_weight": 2.0}, "q_weight")):
+            response = http.post("/ui/api/preview", json=body)
+            assert response.status_code == 400 and response.json()["error_description"].startswith(named)
+        big = http.patch(f"/ui/api/memories/{memory}", content=b" " * (2 << 20), headers=JSON_WRITE)
+        assert big.status_code == 413
+        assert http.get(f"/ui/api/memories/{memory}").json()["experience"] == "Steps for back up the CSV export."
+
+
+def test_preview_gives_algorithms_numbers_and_logs_no_recall(service: MemoryService) -> None:
+    for task, q in ((CLOSEST, -0.8), (FARTHER, 0.9), (UNRELATED, 0.0)):
+        service.store_experience(task, "steps", q=q, access=EVERYTHING)
+    before = service.stats(access=EVERYTHING)
+    for q_weight in (0.0, 0.5, 1.0):
+        shown = preview(service, PreviewRequest(task=CLOSEST, k1=5, k2=1, q_weight=q_weight), access=EVERYTHING)
+        pool = [algorithm.Candidate(c.similarity, c.q) for c in shown.candidates]
+        assert [c.similarity for c in shown.candidates] == sorted((c.similarity for c in pool), reverse=True)
+        scores = algorithm.phase_b_scores(pool, q_weight, service.scale)
+        assert [c.score for c in shown.candidates] == pytest.approx(list(scores))
+        sims = np.array([c.similarity for c in pool])
+        assert [c.z_similarity for c in shown.candidates] == pytest.approx(
+            list(algorithm.z_similarity(sims, service.scale))
+        )
+        assert [c.z_q for c in shown.candidates] == pytest.approx(
+            list(algorithm.z_scores(np.array([c.q for c in pool])))
+        )
+        # The chosen one is the one a real search (and so a recall) hands out with the same constants.
+        searched = service.search(CLOSEST, k1=5, k2=1, q_weight=q_weight, access=EVERYTHING)
+        assert [c.id for c in shown.candidates if c.chosen] == [m.id for m in searched.memories]
+    closest_wins = preview(service, PreviewRequest(task=CLOSEST, k2=1, q_weight=0.0), access=EVERYTHING)
+    utility_wins = preview(service, PreviewRequest(task=CLOSEST, k2=1, q_weight=1.0), access=EVERYTHING)
+    assert [c.task for c in closest_wins.candidates if c.chosen] == [CLOSEST]
+    assert [c.task for c in utility_wins.candidates if c.chosen] == [FARTHER]
+    farther = next(c for c in utility_wins.candidates if c.task == FARTHER)
+    assert farther.reason.startswith("chosen for its utility")
+    closest = next(c for c in utility_wins.candidates if c.task == CLOSEST)
+    assert closest.reason.startswith("displaced by higher utility")
+    assert service.stats(access=EVERYTHING) == before  # no recall logged, no Q moved
+    with pytest.raises(MemoryRequestError, match=r"^k2: 3 exceeds k1"):
+        preview(service, PreviewRequest(task=CLOSEST, k1=2, k2=3), access=EVERYTHING)
+
+
+def test_the_pages_files_ship_as_package_data() -> None:
+    """pyproject's package-data globs pick up every file the page serves (a wheel without them serves a 500)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["memrl_mcp"]
+    shipped = {path.relative_to(ROOT / "memrl_mcp") for pattern in globs for path in (ROOT / "memrl_mcp").glob(pattern)}
+    assert {Path("ui/index.html"), Path("ui/app.js"), Path("ui/app.css")} <= shipped
+    dev = config["project"]["optional-dependencies"]["dev"]
+    assert any(requirement.startswith("playwright") for requirement in dev)
