@@ -220,6 +220,8 @@ def trajectory_rule(
         reward=(reward.type, Field(description="The reward right after the action (0 for most steps).")),
     )
     return Rule(Annotated[list[step], Field(min_length=1, max_length=max_steps)])  # type: ignore[valid-type]
+
+
 TEXT_QUERY = Rule[str](TextQuery)
 FLAG = Rule[bool](bool)
 SORT = Rule[str](SortKey)
