@@ -30,6 +30,8 @@ TOOLS = {
     "store_experience",
     "forget_experience",
     "memory_stats",
+    "recall_step_advice",
+    "report_trajectory",
     "list_memories",
     "update_memory",
 }
