@@ -15,6 +15,7 @@ from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.server import create_server
 from tests.conftest import call, make_service, refused
+from tests.test_transports import TOOLS
 
 pytestmark = pytest.mark.anyio
 
@@ -24,18 +25,7 @@ MUG_PROCEDURE = "1. take the mug from the counter 2. rinse it in the sink 3. put
 
 async def test_lists_tools_with_schemas_and_hints(client: Client) -> None:
     tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert set(tools) == {
-        "recall_experience",
-        "search_experience",
-        "report_outcome",
-        "store_experience",
-        "forget_experience",
-        "memory_stats",
-        "recall_step_advice",
-        "report_trajectory",
-        "list_memories",
-        "update_memory",
-    }
+    assert set(tools) == TOOLS
     assert tools["memory_stats"].annotations.read_only_hint is True
     assert tools["search_experience"].annotations.read_only_hint is True
     assert tools["forget_experience"].annotations.destructive_hint is True
