@@ -17,17 +17,16 @@ So an import is resumable: if it dies mid-write, run it again.
 from __future__ import annotations
 
 import json
-import os
 import reprlib
-import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from pydantic import ValidationError
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
+from memrl_mcp.files import write_atomically
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.models import MemoryView
 from memrl_mcp.settings import Settings
@@ -73,28 +72,6 @@ def write_memories(memories: Iterable[MemoryView], stream: BinaryIO) -> Counter[
         stream.write(line.encode() + b"\n")
         counts[memory.namespace] += 1
     return counts
-
-
-def write_atomically(path: Path, write: Callable[[BinaryIO], T]) -> T:
-    """Write through a synced temporary file renamed over ``path``, so ``path`` is either untouched or complete.
-    The file is readable by its owner only: memories may hold secrets."""
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            result = write(stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-    except BaseException:
-        os.unlink(temporary)
-        raise
-    os.replace(temporary, path)
-    if os.name == "posix":  # make the rename itself durable
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-    return result
 
 
 # -- import -------------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ from memrl_mcp.models import (
     ForgetResult,
     MemoryView,
     Outcome,
-    QSummary,
     RecalledMemory,
     RecallResult,
     ReportResult,
@@ -43,6 +42,7 @@ from memrl_mcp.optimistic import Ledger, NewMemory
 from memrl_mcp.records import ClaimedReport, RecallRecord, memory_payload, memory_view
 from memrl_mcp.settings import Settings
 from memrl_mcp.storage import Hit, Point, Store, new_id, open_store
+from memrl_mcp.tally import q_summary
 from memrl_mcp.validation import COUNT, DELTA, NAMESPACE, POINT_ID, Q_WEIGHT, TIMESTAMP, K, Limits
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
@@ -397,33 +397,22 @@ class MemoryService:
         return memory_view(memory_id, payload)
 
     def stats(self, namespace: str | None = None, *, access: Access) -> Stats:
-        """Of one namespace, or of every namespace the caller may use."""
+        """Of one namespace, or of every namespace the caller may use: from the store's counts
+        (:mod:`memrl_mcp.tally`), not by reading every memory."""
         where: dict[str, Any] = {}
         if namespace is not None:
             where["namespace"] = self._namespace(namespace, access)
         elif access.namespaces is not None:
             where["namespace"] = sorted(access.namespaces)
-        payloads = [payload for _, payload in self._store.scroll("memories", where, ("q", "visits", "outcome"))]
-        qs = np.array([float(p["q"]) for p in payloads])
-        summary = None
-        if qs.size:
-            p25, median, p75 = np.percentile(qs, [25, 50, 75])
-            summary = QSummary(
-                min=float(qs.min()),
-                p25=float(p25),
-                median=float(median),
-                p75=float(p75),
-                max=float(qs.max()),
-                mean=float(qs.mean()),
-            )
-        successes = sum(1 for p in payloads if p["outcome"] == "success")
+        chosen = where.get("namespace")
+        counts = self._store.tally(None if chosen is None else [chosen] if isinstance(chosen, str) else chosen)
         return Stats(
             namespace=namespace,
-            memories=len(payloads),
-            successes=successes,
-            failures=len(payloads) - successes,
-            q=summary,
-            visits=sum(int(p["visits"]) for p in payloads),
+            memories=counts.memories,
+            successes=counts.successes,
+            failures=counts.failures,
+            q=q_summary(counts),
+            visits=counts.visits,
             recalls_pending=self._store.count("recalls", {**where, "status": "pending"}),
             recalls_reported=self._store.count("recalls", {**where, "status": "reported"}),
         )
