@@ -87,6 +87,8 @@ def preload(args: argparse.Namespace, pairs: list[tuple[str, str]], base: np.nda
         rng = np.random.default_rng(args.seed)
         prng = random.Random(args.seed)
         now = time.time()
+        # One payload per text, varied per copy in the fields that vary (building each from scratch: 2 ms).
+        templates = [B.memory_payload(prng, namespace, text, now) for namespace, text in pairs]
         start = time.perf_counter()
         for first in range(have, args.size, BATCH):
             which = np.arange(first, min(first + BATCH, args.size)) % len(pairs)
@@ -96,8 +98,12 @@ def preload(args: argparse.Namespace, pairs: list[tuple[str, str]], base: np.nda
             vectors = np.where(copies[:, None], B.unit(base[which] + noise * spread), base[which])
             points = []
             for j, vector in zip(which, vectors, strict=True):
-                namespace, text = pairs[j]
-                payload = B.memory_payload(prng, namespace, text, now)
+                visits = prng.randint(0, 20)
+                payload = templates[j] | {
+                    "outcome": "success" if prng.random() < 0.7 else "failure",
+                    "q": round(prng.uniform(-1.0, 1.0), 4) if visits else 0.0,
+                    "visits": visits,
+                }
                 points.append(Point(str(uuid.UUID(int=prng.getrandbits(128), version=4)), vector, payload))
             store.upsert("memories", points)
             if (first // BATCH) % 50 == 0:

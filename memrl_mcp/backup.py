@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import reprlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -77,51 +77,67 @@ def write_memories(memories: Iterable[MemoryView], stream: BinaryIO) -> Counter[
 # -- import -------------------------------------------------------------------------------------
 
 
-def import_memories(settings: Settings, path: Path) -> str:
-    """Check every line of ``path``, then restore them all; returns a summary. Idempotent by id."""
-    numbered = read_memories(path)  # before opening the store: a malformed file creates nothing
+def import_memories(settings: Settings, path: Path, progress: Callable[[int, int], None] | None = None) -> str:
+    """Check every line of ``path``, then restore them all; returns a summary. Idempotent by id.
+
+    The file is read three times instead of held in memory (a million memories would take gigabytes as objects):
+    parsed before the store is opened (a malformed file creates nothing), checked against the limits, written in
+    batches. ``progress(done, total)`` is called after each batch."""
+    total = len(check_lines(path))  # before opening the store
     service = MemoryService.open(settings)
     try:
         problems = []
-        for number, memory in numbered:
+        for number, memory in memories_in(path):
             try:
                 service.check_memory(memory)
             except MemoryRequestError as error:
                 problems.append(f"line {number}: {error}")
         _refuse(path, problems)
-        memories = [memory for _, memory in numbered]
-        service.restore(memories)
+        counts: Counter[str] = Counter()
+
+        def restored(done: int) -> None:
+            if progress is not None:
+                progress(done, total)
+
+        service.restore_stream((memory for _, memory in memories_in(path)), restored, counts)
     finally:
         service.close()
-    return f"imported {_tally(Counter(m.namespace for m in memories))} into {settings.qdrant_url or settings.data_dir}"
+    return f"imported {_tally(counts)} into {settings.qdrant_url or settings.data_dir}"
 
 
-def read_memories(path: Path) -> list[tuple[int, MemoryView]]:
-    """Parse every line into a memory with its line number; refuse the file if any line is malformed."""
-    numbered: list[tuple[int, MemoryView]] = []
+def check_lines(path: Path) -> dict[str, int]:
+    """Parse every line; refuse the file if any is malformed or repeats an id. Returns each id's line number."""
     problems: list[str] = []
     first_line: dict[str, int] = {}
+    for number, memory in memories_in(path, problems):
+        if memory.id in first_line:
+            problems.append(f"line {number}: id: {memory.id} is already on line {first_line[memory.id]}")
+            continue
+        first_line[memory.id] = number
+    _refuse(path, problems)
+    return first_line
+
+
+def memories_in(path: Path, problems: list[str] | None = None) -> Iterator[tuple[int, MemoryView]]:
+    """Each memory of the file with its line number, blank lines skipped; a malformed line is added to
+    ``problems`` (None: the file was checked already)."""
     with path.open("rb") as stream:
         for number, raw in enumerate(stream, start=1):
             try:
                 text = raw.decode()
             except UnicodeDecodeError as error:
-                problems.append(f"line {number}: not UTF-8 ({error.reason} at byte {error.start})")
+                if problems is not None:
+                    problems.append(f"line {number}: not UTF-8 ({error.reason} at byte {error.start})")
                 continue
             if not text.strip():
                 continue
             try:
                 memory = parse_memory(text)
             except BackupError as error:
-                problems.append(f"line {number}: {error}")
+                if problems is not None:
+                    problems.append(f"line {number}: {error}")
                 continue
-            if memory.id in first_line:
-                problems.append(f"line {number}: id: {memory.id} is already on line {first_line[memory.id]}")
-                continue
-            first_line[memory.id] = number
-            numbered.append((number, memory))
-    _refuse(path, problems)
-    return numbered
+            yield number, memory
 
 
 def parse_memory(text: str) -> MemoryView:

@@ -16,7 +16,8 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Self
 
@@ -47,6 +48,7 @@ from memrl_mcp.validation import COUNT, DELTA, NAMESPACE, POINT_ID, Q_WEIGHT, TI
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
+RESTORE_BATCH = 256  # memories embedded and written together by an import
 EVICT_DOWN_TO = 0.9  # of max_pending_recalls: what an eviction leaves, so the next count is a tenth of it away
 
 
@@ -466,21 +468,40 @@ class MemoryService:
         TIMESTAMP.check("updated_at", memory.updated_at)
         self._metadata(memory.metadata)
 
-    def restore(self, memories: Sequence[MemoryView], batch: int = 64) -> int:
+    def restore(self, memories: Sequence[MemoryView]) -> int:
         """Write memories exactly as given (same id, Q, visits, timestamps), re-embedding their tasks.
         A memory whose id is already stored is replaced. Every memory is checked before any is written."""
         for memory in memories:
             self.check_memory(memory)
+        return self.restore_stream(memories)
+
+    def restore_stream(
+        self,
+        memories: Iterable[MemoryView],
+        progress: Callable[[int], None] | None = None,
+        counts: Counter[str] | None = None,
+        batch: int = RESTORE_BATCH,
+    ) -> int:
+        """:meth:`restore` for memories checked already, read as they come (an import of millions): embedded and
+        written ``batch`` at a time; ``progress(done)`` after each batch, ``counts`` per namespace."""
+        done = 0
+        stream = iter(memories)
         with self._call():
-            for start in range(0, len(memories), batch):
-                chunk = sorted(memories[start : start + batch], key=lambda m: m.namespace)
+            while chunk := list(itertools.islice(stream, batch)):
                 points = []
-                for namespace, group in itertools.groupby(chunk, key=lambda m: m.namespace):
+                for namespace, group in itertools.groupby(
+                    sorted(chunk, key=lambda m: m.namespace), lambda m: m.namespace
+                ):
                     same = list(group)
                     vectors = self._embed_tasks([m.task for m in same], namespace)
                     points += [Point(m.id, v, memory_payload(m)) for m, v in zip(same, vectors, strict=True)]
+                    if counts is not None:
+                        counts[namespace] += len(same)
                 self._store.upsert("memories", points)
-        return len(memories)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done)
+        return done
 
     # -- validation -----------------------------------------------------------------------------
 

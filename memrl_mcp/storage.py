@@ -322,7 +322,8 @@ class EdgeStore:
             if new is not None:
                 self._swap(new)
         except Exception:
-            log.exception("building the memories' HNSW index failed; searches stay exact until the next open")
+            if not self._closing:  # else: the child was killed by close()
+                log.exception("building the memories' HNSW index failed; searches stay exact until the next open")
             shutil.rmtree(target, ignore_errors=True)
             self._index_min = 0  # no retry in this process
         finally:
@@ -333,29 +334,29 @@ class EdgeStore:
 
     def _build_shard(self, target: Path) -> _Live | None:
         """Stream every memory to the child, wait for its index; None if the store closed meanwhile."""
-        params = IndexParams(
-            self._dim, FULL_SCAN_KB, tuple(k for k, v in INDEXES["memories"].items() if v == "keyword")
-        )
+        keywords = tuple(key for key, kind in INDEXES["memories"].items() if kind == "keyword")
+        params = IndexParams(self._dim, FULL_SCAN_KB, keywords)
         self._room.check()
-        errors = tempfile.TemporaryFile()  # not a pipe: nobody reads it until the child is done
-        child = subprocess.Popen(
-            [sys.executable, "-m", "memrl_mcp.edge_index", str(target), params.to_json()],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=errors,
-        )
-        self._child = child
-        assert child.stdin is not None
-        with child.stdin, self._reading("memories") as shard:
-            offset = None
-            while not self._closing:
-                request = self._edge.ScrollRequest(offset=offset, limit=BUILD_PAGE, with_payload=True, with_vector=True)
-                records, offset = shard.scroll(request)
-                pickle.dump([(str(r.id), r.vector, r.payload) for r in records], child.stdin)
-                if offset is None:
-                    pickle.dump(None, child.stdin)
-                    break
-        with errors:
+        with tempfile.TemporaryFile() as errors:  # not a pipe: nobody reads it until the child is done
+            child = subprocess.Popen(
+                [sys.executable, "-m", "memrl_mcp.edge_index", str(target), params.to_json()],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+            )
+            self._child = child
+            assert child.stdin is not None
+            with child.stdin, self._reading("memories") as shard:
+                offset = None
+                while not self._closing:
+                    request = self._edge.ScrollRequest(
+                        offset=offset, limit=BUILD_PAGE, with_payload=True, with_vector=True
+                    )
+                    records, offset = shard.scroll(request)
+                    pickle.dump([(str(r.id), r.vector, r.payload) for r in records], child.stdin)
+                    if offset is None:
+                        pickle.dump(None, child.stdin)
+                        break
             child.wait()
             if self._closing:
                 shutil.rmtree(target, ignore_errors=True)
@@ -562,8 +563,11 @@ class EdgeStore:
             for live in self._live.values():
                 live.shard.flush()
                 live.shard.close()
-            saved = json.dumps({"generation": generation, "namespaces": self._tally.to_dict()})
-            write_atomically(self._path / TALLY, lambda stream: stream.write(saved.encode()))
+            saved = json.dumps({"generation": generation, "namespaces": self._tally.to_dict()}).encode()
+            try:
+                write_atomically(self._path / TALLY, lambda stream: stream.write(saved))
+            except OSError as error:  # a full disk: the next open counts the memories again
+                log.warning("could not save the memories' counts (%s); the next open recounts them", error)
 
 
 @dataclass
