@@ -32,12 +32,13 @@ class Counts:
     q_steps: Counter[int] = field(default_factory=Counter)
 
     def add(self, payload: Mapping[str, Any], sign: int) -> None:
-        if payload["outcome"] == "success":
+        """Count (sign 1) or uncount (-1) a memory; a field a damaged or hand-made point lacks counts as zero."""
+        if payload.get("outcome") == "success":
             self.successes += sign
         else:
             self.failures += sign
-        self.visits += sign * int(payload["visits"])
-        step = round(float(payload["q"]) / Q_STEP)
+        self.visits += sign * int(payload.get("visits", 0))
+        step = round(float(payload.get("q", 0.0)) / Q_STEP)
         self.q_steps[step] += sign
         if not self.q_steps[step]:
             del self.q_steps[step]

@@ -24,6 +24,11 @@ def run(script: str, *args: str, timeout: float = 600) -> str:
         ("latency.py", ("--sizes", "300", "--queries", "15"), "MCP stdio"),
         ("backends.py", ("--sizes", "300", "--queries", "10", "--budget", "5"), "qdrant-edge"),
         ("load.py", ("--clients", "2", "--seconds", "3", "--seed-memories", "50"), "LOST UPDATES 0"),
+        (
+            "scale.py",
+            ("--size", "2500", "--queries", "10", "--runs", "2", "--ef", "32", "--pause", "0", "--import-size", "300"),
+            "recall@5 mean",
+        ),
     ],
 )
 def test_the_benchmark_runs_at_a_tiny_size(script: str, args: tuple[str, ...], printed: str) -> None:
