@@ -70,7 +70,10 @@ CURRENT = "memories.current"  # names the memories' generation folder in use
 TALLY = "memories.tally.json"  # the counts of memory_stats, saved at a clean close
 REBUILD_SHARE = 0.05  # rebuild once the memories outside the index reach this share of the indexed ones
 FULL_SCAN_KB = 10_000  # Qdrant's default: a filter matching fewer vectors than this (6,500 at 384-d) is scanned
-BUILD_PAGE = 256  # memories streamed to the builder per page: each page holds the GIL ~5 ms
+# Memories streamed to the builder per page. A page holds the GIL while it is read and pickled (~25 ms for 1024 on
+# an idle core), and the stream gets the GIL between two searches: at 1M unindexed memories, where an exact search
+# holds it for 90-230 ms, pages of 256 streamed 60,000 memories in 8 minutes (benchmarks/scale.py).
+BUILD_PAGE = 1024
 FINAL_REPLAY = 64  # logged writes few enough to replay with writers held back
 CHECK_EVERY = 1000  # memories writes between two checks of whether a build is due
 
@@ -512,9 +515,15 @@ class EdgeStore:
         self._apply_recalls(edge.UpdateOperation.delete_points_by_filter(expired), None)
 
     def search(
-        self, vector: np.ndarray, limit: int, min_similarity: float, where: Where, exact: bool = False
+        self,
+        vector: np.ndarray,
+        limit: int,
+        min_similarity: float,
+        where: Where,
+        exact: bool = False,
+        hnsw_ef: int | None = None,
     ) -> list[Hit]:
-        """``exact``: score every candidate, ignoring the index (a benchmark's baseline)."""
+        """``exact``: score every candidate, ignoring the index; ``hnsw_ef``: instead of the store's (benchmarks)."""
         edge = self._edge
         request = edge.QueryRequest(
             limit=limit,
@@ -522,7 +531,7 @@ class EdgeStore:
             filter=self._filter(where),
             score_threshold=min_similarity,
             with_payload=True,
-            params=edge.SearchParams(exact=exact, hnsw_ef=self._hnsw_ef),
+            params=edge.SearchParams(exact=exact, hnsw_ef=hnsw_ef or self._hnsw_ef),
         )
         with self._reading("memories") as shard:
             points = shard.query(request)
