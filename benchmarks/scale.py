@@ -8,6 +8,7 @@ texts, in their benchmark's namespace: the hardest case for an index, each query
 near-copies of it.
 
 Phases, each printed as it ends:
+0. exact filtered search at growing sizes against the query embedding (where a store should get an index);
 1. preload (skipped when ``--store`` already holds the memories; one big store is reused across runs);
 2. an index build in the background while this process keeps searching and writing: latency percentiles of
    searches (filtered, top-5) and conditional writes before and during the build;
@@ -117,6 +118,50 @@ def preload(args: argparse.Namespace, pairs: list[tuple[str, str]], base: np.nda
 def queries(args: argparse.Namespace, pairs: list[tuple[str, str]], base: np.ndarray) -> list[tuple[str, np.ndarray]]:
     chosen = random.Random(args.seed).sample(range(len(pairs)), min(args.queries, len(pairs)))
     return [(pairs[i][0], base[i]) for i in chosen]
+
+
+# ---------------------------------------------------------------- phase 0: where exact search stops being cheap
+
+
+def exact_cost(args: argparse.Namespace) -> None:
+    """Exact filtered top-5 at growing sizes against one query embedding, alternating: the size at which a store
+    gets an index (settings.index_min_memories)."""
+    embedder = MiniLMEmbedder()
+    rng, prng = np.random.default_rng(args.seed), random.Random(args.seed)
+    rows = []
+    with tempfile.TemporaryDirectory() as root:
+        store = EdgeStore(Path(root), B.DIM)
+        try:
+            stored = 0
+            for size in args.exact_sizes:
+                while stored < size:
+                    vectors, _ = B.clustered_vectors(min(BATCH, size - stored), rng, clusters=50)
+                    store.upsert(
+                        "memories",
+                        [
+                            Point(
+                                str(uuid.UUID(int=prng.getrandbits(128))), v, {**TINY, "namespace": B.NAMESPACES[i % 4]}
+                            )
+                            for i, v in enumerate(vectors)
+                        ],
+                    )
+                    stored += len(vectors)
+                search_ms, embed_ms = [], []
+                for i in range(args.queries):
+                    start = time.perf_counter()
+                    embedder.embed([f"put a clean mug in the coffee machine, take {i}"])
+                    embed_ms.append((time.perf_counter() - start) * 1000)
+                    query = B.unit(rng.standard_normal((1, B.DIM)))[0]
+                    start = time.perf_counter()
+                    store.search(query, K, -1.0, {"namespace": B.NAMESPACES[0]}, exact=True)
+                    search_ms.append((time.perf_counter() - start) * 1000)
+                rows.append((size, B.p50(search_ms), B.p50(embed_ms), B.p50(search_ms) / B.p50(embed_ms)))
+        finally:
+            store.close()
+    print(B.table(("memories", "exact p50 ms", "embedding p50 ms", "exact/embedding"), rows))
+
+
+TINY = {"outcome": "success", "q": 0.0, "visits": 0}
 
 
 # ---------------------------------------------------------------- phases 2 and 3: build, then HNSW vs exact
@@ -307,7 +352,8 @@ def main() -> None:
     parser.add_argument("--ef", type=int, nargs="+", default=[32, 64, 128, 256])
     parser.add_argument("--pause", type=float, default=0.01, help="Seconds between two searches during the build.")
     parser.add_argument("--import-size", type=int, default=20_000)
-    parser.add_argument("--phases", default="12345", help="Which phases to run (digits).")
+    parser.add_argument("--exact-sizes", type=int, nargs="+", default=[5000, 10_000, 20_000, 50_000])
+    parser.add_argument("--phases", default="012345", help="Which phases to run (digits).")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -323,6 +369,8 @@ def main() -> None:
     pairs, base, source = corpus(embedder, args.seed)
     print(f"texts: {source}")
     qs = queries(args, pairs, base)
+    if "0" in args.phases:
+        exact_cost(args)
     if "1" in args.phases:
         preload(args, pairs, base)
     if "2" in args.phases:

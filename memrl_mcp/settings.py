@@ -95,11 +95,12 @@ class Settings(BaseSettings):
         description="Free disk space (MB) under the embedded store below which writes are refused (0: no check).",
     )
     index_min_memories: int = Field(
-        20_000,
+        10_000,
         ge=0,
         le=1 << 40,
         description="qdrant-edge: memories searched exactly before an HNSW index is built for them, in the "
-        "background (0: always exact). Measured in benchmarks/scale.py.",
+        "background (0: always exact). An exact filtered search of 10,000 costs ~5% of the query's embedding, "
+        "of 20,000 ~22%, of 50,000 ~74% (measured side by side).",
     )
     hnsw_ef: int = Field(
         128,

@@ -68,7 +68,9 @@ log = logging.getLogger(__name__)
 # The embedded engine's HNSW index (EdgeStore)
 CURRENT = "memories.current"  # names the memories' generation folder in use
 TALLY = "memories.tally.json"  # the counts of memory_stats, saved at a clean close
-REBUILD_SHARE = 0.05  # rebuild once the memories outside the index reach this share of the indexed ones
+# Rebuild once the memories outside the index (new ones: payload updates stay in it) reach this share of the indexed
+# ones: at 1M, 20,000 searched exactly, ~3 ms (benchmarks/scale.py, settings.index_min_memories).
+REBUILD_SHARE = 0.02
 FULL_SCAN_KB = 10_000  # Qdrant's default: a filter matching fewer vectors than this (6,500 at 384-d) is scanned
 # Memories streamed to the builder per page. A page holds the GIL while it is read and pickled (~25 ms for 1024 on
 # an idle core), and the stream gets the GIL between two searches: at 1M unindexed memories, where an exact search
