@@ -225,6 +225,7 @@ class EdgeStore:
         self._child: subprocess.Popen[bytes] | None = None
         self._closing = False
         self._writes_to_check = 0
+        self.last_build: BuildTimes | None = None
         current = self._current_generation()
         self._live: dict[Table, _Live] = {
             "recalls": _Live(self._open(path / "recalls", dim, "recalls")),
@@ -322,10 +323,12 @@ class EdgeStore:
 
     def _build(self) -> None:
         target = self._path / f"memories-{time.time_ns()}"
+        times = BuildTimes()
         try:
-            new = self._build_shard(target)
-            if new is not None:
-                self._swap(new)
+            new = self._build_shard(target, times)
+            if new is not None and self._swap(new, times):
+                self.last_build = times
+                log.info("memories' HNSW index in use: %s", times)
         except Exception:
             if not self._closing:  # else: the child was killed by close()
                 log.exception("building the memories' HNSW index failed; searches stay exact until the next open")
@@ -337,8 +340,9 @@ class EdgeStore:
                 self._builder = None
                 self._child = None
 
-    def _build_shard(self, target: Path) -> _Live | None:
+    def _build_shard(self, target: Path, times: BuildTimes) -> _Live | None:
         """Stream every memory to the child, wait for its index; None if the store closed meanwhile."""
+        start = time.perf_counter()
         keywords = tuple(key for key, kind in INDEXES["memories"].items() if kind == "keyword")
         params = IndexParams(self._dim, FULL_SCAN_KB, keywords)
         self._room.check()
@@ -359,10 +363,13 @@ class EdgeStore:
                     )
                     records, offset = shard.scroll(request)
                     pickle.dump([(str(r.id), r.vector, r.payload) for r in records], child.stdin)
+                    times.memories += len(records)
                     if offset is None:
                         pickle.dump(None, child.stdin)
                         break
+            times.stream_s = time.perf_counter() - start
             child.wait()
+            times.index_s = time.perf_counter() - start - times.stream_s
             if self._closing:
                 shutil.rmtree(target, ignore_errors=True)
                 return None
@@ -370,26 +377,33 @@ class EdgeStore:
                 errors.seek(0)
                 detail = errors.read().decode(errors="replace")[-2000:]
                 raise RuntimeError(f"the index build exited with status {child.returncode}: {detail}")
-        return _Live(self._edge.EdgeShard.load(str(target)), target.name)
+        start = time.perf_counter()
+        new = _Live(self._edge.EdgeShard.load(str(target)), target.name)
+        times.load_s = time.perf_counter() - start
+        return new
 
-    def _swap(self, new: _Live) -> None:
+    def _swap(self, new: _Live, times: BuildTimes) -> bool:
         """Replay the writes logged during the build on ``new``, in rounds until one is short enough to finish
-        with writers held back, then make ``new`` current (on disk first) and retire the old shard."""
+        with writers held back, then make ``new`` current (on disk first) and retire the old shard. False if the
+        store closed meanwhile."""
         while True:
             with self._writing:
                 assert self._log is not None
                 replay, self._log = self._log, []
+                times.replayed += len(replay)
                 if len(replay) <= FINAL_REPLAY or self._closing:
+                    held = time.perf_counter()
                     for operation in replay:
                         new.shard.update(operation)
                     if self._closing:
                         new.shard.close()
                         shutil.rmtree(self._path / new.name, ignore_errors=True)
-                        return
+                        return False
                     new.shard.flush()
                     write_atomically(self._path / CURRENT, lambda stream: stream.write(new.name.encode()))
                     with self._generations:
                         old, self._live["memories"] = self._live["memories"], new
+                    times.held_s = time.perf_counter() - held
                     break
             for operation in replay:
                 new.shard.update(operation)
@@ -397,6 +411,7 @@ class EdgeStore:
             self._generations.wait_for(lambda: old.readers == 0)
         old.shard.close()
         shutil.rmtree(self._path / old.name, ignore_errors=True)
+        return True
 
     # -- the counts of memory_stats ----------------------------------------------------------------
 
@@ -579,6 +594,20 @@ class EdgeStore:
                 write_atomically(self._path / TALLY, lambda stream: stream.write(saved))
             except OSError as error:  # a full disk: the next open counts the memories again
                 log.warning("could not save the memories' counts (%s); the next open recounts them", error)
+
+
+@dataclass
+class BuildTimes:
+    """Where an index build's time went: streaming the memories to the child (the server's share, interleaved
+    with its requests), the child's indexing after that, opening the new shard (holds the GIL), and the last
+    replay round with writers held back."""
+
+    memories: int = 0
+    stream_s: float = 0.0
+    index_s: float = 0.0
+    load_s: float = 0.0
+    replayed: int = 0
+    held_s: float = 0.0
 
 
 @dataclass
