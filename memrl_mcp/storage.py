@@ -72,9 +72,9 @@ TALLY = "memories.tally.json"  # the counts of memory_stats, saved at a clean cl
 # ones: at 1M, 20,000 searched exactly, ~3 ms (benchmarks/scale.py, settings.index_min_memories).
 REBUILD_SHARE = 0.02
 FULL_SCAN_KB = 10_000  # Qdrant's default: a filter matching fewer vectors than this (6,500 at 384-d) is scanned
-# Memories streamed to the builder per page. A page holds the GIL while it is read and pickled (~25 ms for 1024 on
-# an idle core), and the stream gets the GIL between two searches: at 1M unindexed memories, where an exact search
-# holds it for 90-230 ms, pages of 256 streamed 60,000 memories in 8 minutes (benchmarks/scale.py).
+# Memories streamed to the builder per page. A page holds the GIL while it is read and pickled (1,000 points with
+# vectors: ~15 ms to read), and the stream gets the GIL between two searches: at 1M unindexed memories, where an
+# exact search holds it for 90-270 ms, a stream in pages of 256 crawled (the child had grown by 113 MB after 8 min).
 BUILD_PAGE = 1024
 FINAL_REPLAY = 64  # logged writes few enough to replay with writers held back
 CHECK_EVERY = 1000  # memories writes between two checks of whether a build is due
