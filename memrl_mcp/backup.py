@@ -22,25 +22,23 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import reprlib
-import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO
 
 from pydantic import ValidationError
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.files import write_atomically
+from memrl_mcp.memory import RESTORE_BATCH, MemoryService
 from memrl_mcp.models import MemoryView, StepRecordView
 from memrl_mcp.settings import Settings
 
 Record = MemoryView | StepRecordView
 KINDS: dict[str, type[MemoryView] | type[StepRecordView]] = {"memory": MemoryView, "step": StepRecordView}
 SHOWN_PROBLEMS = 20  # lines listed when an import is refused
-T = TypeVar("T")
 
 
 class BackupError(MemrlError, ValueError):
@@ -87,38 +85,20 @@ def write_records(records: Iterable[Record], stream: BinaryIO) -> tuple[Counter[
     return memories, steps
 
 
-def write_atomically(path: Path, write: Callable[[BinaryIO], T]) -> T:
-    """Write through a synced temporary file renamed over ``path``, so ``path`` is either untouched or complete.
-    The file is readable by its owner only: memories may hold secrets."""
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            result = write(stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-    except BaseException:
-        os.unlink(temporary)
-        raise
-    os.replace(temporary, path)
-    if os.name == "posix":  # make the rename itself durable
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-    return result
-
-
 # -- import -------------------------------------------------------------------------------------
 
 
-def import_memories(settings: Settings, path: Path) -> str:
-    """Check every line of ``path``, then restore them all; returns a summary. Idempotent by id."""
-    numbered = read_records(path)  # before opening the store: a malformed file creates nothing
+def import_memories(settings: Settings, path: Path, progress: Callable[[int, int], None] | None = None) -> str:
+    """Check every line of ``path``, then restore them all; returns a summary. Idempotent by id.
+
+    The file is read three times instead of held in memory (a million memories would take gigabytes as objects):
+    parsed before the store is opened (a malformed file creates nothing), checked against the limits, written in
+    batches. ``progress(done, total)`` is called after each batch."""
+    total = check_lines(path)  # before opening the store
     service = MemoryService.open(settings)
     try:
         problems = []
-        for number, record in numbered:
+        for number, record in records_in(path):
             try:
                 if isinstance(record, StepRecordView):
                     service.check_step(record)
@@ -127,43 +107,58 @@ def import_memories(settings: Settings, path: Path) -> str:
             except MemoryRequestError as error:
                 problems.append(f"line {number}: {error}")
         _refuse(path, problems)
-        memories = [record for _, record in numbered if isinstance(record, MemoryView)]
-        steps = [record for _, record in numbered if isinstance(record, StepRecordView)]
-        service.restore(memories)
-        service.restore_steps(steps)
+        memories: Counter[str] = Counter()
+        steps: Counter[str] = Counter()
+        records = (record for _, record in records_in(path))
+        done = 0
+        while batch := list(itertools.islice(records, RESTORE_BATCH)):
+            memory_batch = [record for record in batch if isinstance(record, MemoryView)]
+            step_batch = [record for record in batch if isinstance(record, StepRecordView)]
+            service.restore(memory_batch)
+            service.restore_steps(step_batch)
+            memories.update(m.namespace for m in memory_batch)
+            steps.update(s.namespace for s in step_batch)
+            done += len(batch)
+            if progress is not None:
+                progress(done, total)
     finally:
         service.close()
-    counts = Counter(m.namespace for m in memories), Counter(s.namespace for s in steps)
-    return f"imported {_tally(*counts)} into {settings.qdrant_url or settings.data_dir}"
+    return f"imported {_tally(memories, steps)} into {settings.qdrant_url or settings.data_dir}"
 
 
-def read_records(path: Path) -> list[tuple[int, Record]]:
-    """Parse every line into a memory or a step record with its line number; refuse the file if any line is
-    malformed."""
-    numbered: list[tuple[int, Record]] = []
+def check_lines(path: Path) -> int:
+    """Parse every line; refuse the file if any is malformed or repeats an id. Returns the number of records."""
     problems: list[str] = []
     first_line: dict[str, int] = {}
+    for number, record in records_in(path, problems):
+        if record.id in first_line:
+            problems.append(f"line {number}: id: {record.id} is already on line {first_line[record.id]}")
+            continue
+        first_line[record.id] = number
+    _refuse(path, problems)
+    return len(first_line)
+
+
+def records_in(path: Path, problems: list[str] | None = None) -> Iterator[tuple[int, Record]]:
+    """Each memory or step record of the file with its line number, blank lines skipped; a malformed line is
+    added to ``problems`` (None: the file was checked already)."""
     with path.open("rb") as stream:
         for number, raw in enumerate(stream, start=1):
             try:
                 text = raw.decode()
             except UnicodeDecodeError as error:
-                problems.append(f"line {number}: not UTF-8 ({error.reason} at byte {error.start})")
+                if problems is not None:
+                    problems.append(f"line {number}: not UTF-8 ({error.reason} at byte {error.start})")
                 continue
             if not text.strip():
                 continue
             try:
                 record = parse_record(text)
             except BackupError as error:
-                problems.append(f"line {number}: {error}")
+                if problems is not None:
+                    problems.append(f"line {number}: {error}")
                 continue
-            if record.id in first_line:
-                problems.append(f"line {number}: id: {record.id} is already on line {first_line[record.id]}")
-                continue
-            first_line[record.id] = number
-            numbered.append((number, record))
-    _refuse(path, problems)
-    return numbered
+            yield number, record
 
 
 def parse_record(text: str) -> Record:

@@ -7,8 +7,10 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from types import FrameType
+from typing import TextIO
 
 from memrl_mcp import __version__, backup
 from memrl_mcp.errors import MemrlError
@@ -129,12 +131,39 @@ def run_backup(args: argparse.Namespace) -> int:
         if args.command == "export":
             summary = backup.export_memories(settings, args.out, args.namespace, sys.stdout.buffer)
         else:
-            summary = backup.import_memories(settings, args.file)
+            summary = backup.import_memories(settings, args.file, Progress(f"memrl-mcp {args.command}", sys.stderr))
     except (SettingsError, StoreLockedError, DiskFullError, SchemaTooNewError, backup.BackupError, OSError) as error:
         print(f"memrl-mcp {args.command}: {error}", file=sys.stderr)
         return 2
     print(f"memrl-mcp {args.command}: {summary}", file=sys.stderr)
     return 0
+
+
+class Progress:
+    """``done/total`` on stderr as an import goes: rewritten in place on a terminal (at most twice a second), a
+    line every ``LOG_EVERY`` seconds into a log. Hand-written instead of tqdm: the server's install stays lean."""
+
+    LOG_EVERY = 10.0
+
+    def __init__(self, label: str, stream: TextIO) -> None:
+        self._label = label
+        self._stream = stream
+        self._terminal = stream.isatty()
+        self._started = time.monotonic()
+        self._shown_at = -float("inf")
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self._shown_at < (0.5 if self._terminal else self.LOG_EVERY):
+            return
+        self._shown_at = now
+        elapsed = now - self._started
+        rate = done / elapsed if elapsed > 0 else 0.0
+        left = f", {(total - done) / rate:.0f} s left" if rate and done < total else ""
+        line = f"{self._label}: {done}/{total} memories ({rate:.1f}/s{left})"
+        end = "\n" if done >= total or not self._terminal else ""
+        self._stream.write(("\r" if self._terminal else "") + line + end)
+        self._stream.flush()
 
 
 def run_calibrate(args: argparse.Namespace) -> int:

@@ -42,7 +42,6 @@ from memrl_mcp.models import (
     MemoryView,
     Outcome,
     QEvent,
-    QSummary,
     RecalledMemory,
     RecallResult,
     ReportResult,
@@ -67,6 +66,7 @@ from memrl_mcp.records import (
 from memrl_mcp.settings import Settings
 from memrl_mcp.steps import StepMemory, StepRules, step_id
 from memrl_mcp.storage import Hit, Point, Range, Store, Where, Words, new_id, open_store
+from memrl_mcp.tally import q_summary
 from memrl_mcp.validation import (
     COUNT,
     DELTA,
@@ -85,6 +85,7 @@ from memrl_mcp.validation import (
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
+RESTORE_BATCH = 256  # memories or step records an import embeds and writes together
 EVICT_DOWN_TO = 0.9  # of max_pending_recalls: what an eviction leaves, so the next count is a tenth of it away
 DEFAULT_PAGE = 20  # memories a list_memories page returns when the caller names no limit (at most max_list_page)
 
@@ -635,33 +636,22 @@ class MemoryService:
         return memory_detail(memory_id, {**written.before, **(written.update or {})})
 
     def stats(self, namespace: str | None = None, *, access: Access) -> Stats:
-        """Of one namespace, or of every namespace the caller may use."""
+        """Of one namespace, or of every namespace the caller may use: from the store's counts
+        (:mod:`memrl_mcp.tally`), not by reading every memory."""
         where: dict[str, Any] = {}
         if namespace is not None:
             where["namespace"] = self._namespace(namespace, access)
         elif access.namespaces is not None:
             where["namespace"] = sorted(access.namespaces)
-        payloads = [payload for _, payload in self._store.scroll("memories", where, ("q", "visits", "outcome"))]
-        qs = np.array([float(p["q"]) for p in payloads])
-        summary = None
-        if qs.size:
-            p25, median, p75 = np.percentile(qs, [25, 50, 75])
-            summary = QSummary(
-                min=float(qs.min()),
-                p25=float(p25),
-                median=float(median),
-                p75=float(p75),
-                max=float(qs.max()),
-                mean=float(qs.mean()),
-            )
-        successes = sum(1 for p in payloads if p["outcome"] == "success")
+        chosen = where.get("namespace")
+        counts = self._store.tally(None if chosen is None else [chosen] if isinstance(chosen, str) else chosen)
         return Stats(
             namespace=namespace,
-            memories=len(payloads),
-            successes=successes,
-            failures=len(payloads) - successes,
-            q=summary,
-            visits=sum(int(p["visits"]) for p in payloads),
+            memories=counts.memories,
+            successes=counts.successes,
+            failures=counts.failures,
+            q=q_summary(counts),
+            visits=counts.visits,
             recalls_pending=self._store.count("recalls", {**where, "status": "pending"}),
             recalls_reported=self._store.count("recalls", {**where, "status": "reported"}),
             steps=self._store.count("steps", where),
@@ -728,7 +718,7 @@ class MemoryService:
         TIMESTAMP.check("updated_at", memory.updated_at)
         self._metadata(memory.metadata)
 
-    def restore(self, memories: Sequence[MemoryView], batch: int = 64) -> int:
+    def restore(self, memories: Sequence[MemoryView], batch: int = RESTORE_BATCH) -> int:
         """Write memories exactly as given (same id, Q, visits, timestamps), re-embedding their tasks.
         A memory whose id is already stored is replaced. Every memory is checked before any is written."""
         for memory in memories:

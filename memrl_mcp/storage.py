@@ -33,19 +33,30 @@ qdrant-client's local mode is plain Python, so this adapter makes each of its ca
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from memrl_mcp.edge_index import IndexParams, payload_schema
 from memrl_mcp.errors import MemrlError
+from memrl_mcp.files import sync_folder, write_atomically
 from memrl_mcp.settings import Settings
+from memrl_mcp.tally import FIELDS as TALLY_FIELDS
+from memrl_mcp.tally import Counts, Tally
 
 Table = Literal["memories", "recalls", "steps", "episodes"]
 
@@ -123,6 +134,21 @@ LARGE_FIELDS = ("history", "applied")
 per hit): left out of its results."""
 SCROLL_PAGE = 1000
 MB = 1 << 20
+log = logging.getLogger(__name__)
+
+# The embedded engine's HNSW index (EdgeStore)
+CURRENT = "memories.current"  # names the memories' generation folder in use
+TALLY = "memories.tally.json"  # the counts of memory_stats, saved at a clean close
+# Rebuild once the memories outside the index (new ones: payload updates stay in it) reach this share of the indexed
+# ones: at 1M, 20,000 searched exactly, ~3 ms (benchmarks/scale.py, settings.index_min_memories).
+REBUILD_SHARE = 0.02
+FULL_SCAN_KB = 10_000  # Qdrant's default: a filter matching fewer vectors than this (6,500 at 384-d) is scanned
+# Memories streamed to the builder per page. A page holds the GIL while it is read and pickled (1,000 points with
+# vectors: ~15 ms to read), and the stream gets the GIL between two searches: at 1M unindexed memories, where an
+# exact search holds it for 90-270 ms, a stream in pages of 256 crawled (the child had grown by 113 MB after 8 min).
+BUILD_PAGE = 1024
+FINAL_REPLAY = 64  # logged writes few enough to replay with writers held back
+CHECK_EVERY = 1000  # memories writes between two checks of whether a build is due
 
 
 class StoreLockedError(MemrlError):
@@ -257,24 +283,74 @@ class Store(Protocol):
 
     def count(self, table: Table, where: Where | None = None) -> int: ...
 
+    def tally(self, namespaces: Sequence[str] | None = None) -> Counts:
+        """The memories' counts for ``memory_stats``, of ``namespaces`` (None: all)."""
+        ...
+
     def close(self) -> None: ...
 
 
 class EdgeStore:
-    """Embedded Qdrant (qdrant-edge): one shard folder per table under ``path``; exact search.
+    """Embedded Qdrant (qdrant-edge): one shard folder per table under ``path``.
+
+    Memories are searched exactly until ``index_min`` of them are not in an HNSW index; then an index is built in a
+    child process (:mod:`memrl_mcp.edge_index`) while this one keeps serving, and swapped in: the new shard is a
+    generation folder ``memories-<n>`` named by the file ``memories.current`` (replaced atomically, so a crash
+    leaves either the old complete generation or the new one; stray folders are removed at the next open). While
+    the child builds, every write to the memories is logged, and replayed on the new shard before the swap: the
+    stream the child indexed was read while writes went on, but each logged write is an upsert, a delete, or a
+    write conditional on a ``version`` it advances, so replaying it on a state that already has it changes nothing.
+    Readers hold the shard they started with until they finish; the old one is closed after the last.
+
+    Points written after a build land in an appendable segment of the new shard, searched exactly; the index is
+    rebuilt when that part reaches ``max(index_min, REBUILD_SHARE x the indexed ones)``: each rebuild reads every
+    memory, so spacing rebuilds in proportion to the store keeps their cost per write constant.
+
+    The counts of ``memory_stats`` are kept up to date write by write (:class:`Tally`: the writes are this
+    process's alone, the store being locked), saved at close and read back at open; a store not closed cleanly is
+    counted again at open.
 
     The recalls table keeps its vectors and payload in memory-mapped files (``Memory.Cold``): a pending recall
     is read once, when it is reported, so its bytes need not stay resident (a restarted server holding 50,000
-    pending recalls: 164 MB resident instead of 272, benchmarks/recall_rss.py). Memories are searched on every
-    recall and keep the engine's defaults: memory-mapped, a filtered search of 100,000 took 66 ms median, not 16.5."""
+    pending recalls: 164 MB resident instead of 272, benchmarks/recall_rss.py)."""
 
-    def __init__(self, path: Path, dim: int, room: DiskRoom | None = None) -> None:
+    def __init__(
+        self, path: Path, dim: int, room: DiskRoom | None = None, index_min: int = 0, hnsw_ef: int = 128
+    ) -> None:
         import qdrant_edge as edge
 
         self._edge = edge
         path.mkdir(parents=True, exist_ok=True)
+        self._path = path
+        self._dim = dim
         self._room = room or DiskRoom(path, 0)
-        self._shards = {table: self._open(path / table, dim, table) for table in TABLES}
+        self._index_min = index_min
+        self._hnsw_ef = hnsw_ef
+        self._generations = threading.Condition()  # guards the shards in use and their readers
+        self._writing = threading.Lock()  # one memories write at a time: the tally and the replay log follow it
+        self._log: list[Any] | None = None  # memories writes since a build started streaming
+        self._builder: threading.Thread | None = None
+        self._child: subprocess.Popen[bytes] | None = None
+        self._closing = False
+        self._writes_to_check = 0
+        self.last_build: BuildTimes | None = None
+        current = self._current_generation()
+        self._live: dict[Table, _Live] = {
+            table: _Live(self._open(path / name, dim, table), name)
+            for table in TABLES
+            for name in [current if table == "memories" else table]
+        }
+        for stray in path.glob("memories*"):  # a build or a retired generation a crash left behind
+            if stray.is_dir() and stray.name != current:
+                shutil.rmtree(stray)
+        self._tally = self._read_tally()
+        self._maybe_build()
+
+    # -- generations ------------------------------------------------------------------------------
+
+    def _current_generation(self) -> str:
+        pointer = self._path / CURRENT
+        return pointer.read_text().strip() if pointer.exists() else "memories"
 
     def _config(self, dim: int, table: Table) -> Any:
         edge = self._edge
@@ -314,16 +390,192 @@ class EdgeStore:
                 ) from None
             raise
         indexed = set(shard.info().payload_schema)
-        schemas = {
-            "keyword": edge.PayloadSchemaType.Keyword,
-            "float": edge.PayloadSchemaType.Float,
-            "integer": edge.PayloadSchemaType.Integer,
-            "text": edge.PayloadSchemaType.Text,
-        }
         for key, kind in INDEXES[table].items():
             if key not in indexed:
-                shard.update(edge.UpdateOperation.create_field_index(key, schemas[kind]))
+                shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, kind)))
         return shard
+
+    @contextmanager
+    def _reading(self, table: Table) -> Iterator[Any]:
+        """The table's shard in use now, kept open until the block ends (an index swap waits for it)."""
+        with self._generations:
+            live = self._live[table]
+            live.readers += 1
+        try:
+            yield live.shard
+        finally:
+            with self._generations:
+                live.readers -= 1
+                self._generations.notify_all()
+
+    def index_status(self) -> tuple[int, int]:
+        """(memories, of which in an HNSW index)."""
+        with self._reading("memories") as shard:
+            info = shard.info()
+        return int(info.points_count), int(info.indexed_vectors_count)
+
+    def _maybe_build(self) -> None:
+        """Start a build when the memories searched exactly have outgrown the bound (see the class)."""
+        if self._index_min <= 0 or self._builder is not None or self._closing:
+            return
+        points, indexed = self.index_status()
+        if points - indexed >= max(self._index_min, REBUILD_SHARE * indexed):
+            self.build_index()
+
+    def build_index(self, wait: bool = False) -> None:
+        """Build an HNSW index of the memories in the background (now, whatever their number); ``wait``: return
+        once it is in use (tests, benchmarks)."""
+        with self._writing:
+            if self._builder is None:
+                self._log = []
+                self._builder = threading.Thread(target=self._build, name="memrl-index-build", daemon=True)
+                self._builder.start()
+            builder = self._builder
+        if wait:
+            builder.join()
+
+    def _build(self) -> None:
+        target = self._path / f"memories-{time.time_ns()}"
+        times = BuildTimes()
+        try:
+            new = self._build_shard(target, times)
+            if new is not None and self._swap(new, times):
+                self.last_build = times
+                log.info("memories' HNSW index in use: %s", times)
+        except Exception:
+            if not self._closing:  # else: the child was killed by close()
+                log.exception("building the memories' HNSW index failed; searches stay exact until the next open")
+            shutil.rmtree(target, ignore_errors=True)
+            self._index_min = 0  # no retry in this process
+        finally:
+            with self._writing:
+                self._log = None
+                self._builder = None
+                self._child = None
+
+    def _build_shard(self, target: Path, times: BuildTimes) -> _Live | None:
+        """Stream every memory to the child, wait for its index; None if the store closed meanwhile."""
+        start = time.perf_counter()
+        params = IndexParams(self._dim, FULL_SCAN_KB, tuple(INDEXES["memories"].items()))
+        self._room.check()
+        with tempfile.TemporaryFile() as errors:  # not a pipe: nobody reads it until the child is done
+            child = subprocess.Popen(
+                [sys.executable, "-m", "memrl_mcp.edge_index", str(target), params.to_json()],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+            )
+            self._child = child
+            assert child.stdin is not None
+            with child.stdin, self._reading("memories") as shard:
+                offset = None
+                while not self._closing:
+                    request = self._edge.ScrollRequest(
+                        offset=offset, limit=BUILD_PAGE, with_payload=True, with_vector=True
+                    )
+                    records, offset = shard.scroll(request)
+                    pickle.dump([(str(r.id), r.vector, r.payload) for r in records], child.stdin)
+                    times.memories += len(records)
+                    if offset is None:
+                        pickle.dump(None, child.stdin)
+                        break
+            times.stream_s = time.perf_counter() - start
+            child.wait()
+            times.index_s = time.perf_counter() - start - times.stream_s
+            if self._closing:
+                shutil.rmtree(target, ignore_errors=True)
+                return None
+            if child.returncode != 0:
+                errors.seek(0)
+                detail = errors.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"the index build exited with status {child.returncode}: {detail}")
+        start = time.perf_counter()
+        new = _Live(self._edge.EdgeShard.load(str(target)), target.name)
+        times.load_s = time.perf_counter() - start
+        return new
+
+    def _swap(self, new: _Live, times: BuildTimes) -> bool:
+        """Replay the writes logged during the build on ``new``, in rounds until one is short enough to finish
+        with writers held back, then make ``new`` current (on disk first) and retire the old shard. False if the
+        store closed meanwhile."""
+        while True:
+            with self._writing:
+                assert self._log is not None
+                replay, self._log = self._log, []
+                times.replayed += len(replay)
+                if len(replay) <= FINAL_REPLAY or self._closing:
+                    held = time.perf_counter()
+                    for operation in replay:
+                        new.shard.update(operation)
+                    if self._closing:
+                        new.shard.close()
+                        shutil.rmtree(self._path / new.name, ignore_errors=True)
+                        return False
+                    new.shard.flush()
+                    write_atomically(self._path / CURRENT, lambda stream: stream.write(new.name.encode()))
+                    with self._generations:
+                        old, self._live["memories"] = self._live["memories"], new
+                    times.held_s = time.perf_counter() - held
+                    break
+            for operation in replay:
+                new.shard.update(operation)
+        with self._generations:
+            self._generations.wait_for(lambda: old.readers == 0)
+        old.shard.close()
+        shutil.rmtree(self._path / old.name, ignore_errors=True)
+        return True
+
+    # -- the counts of memory_stats ----------------------------------------------------------------
+
+    def _read_tally(self) -> Tally:
+        """The counts saved at the last clean close (the file is removed at once: a crash must not find it), else a
+        full count."""
+        saved = self._path / TALLY
+        if saved.exists():
+            text = saved.read_text()
+            saved.unlink()
+            sync_folder(self._path)
+            saved_tally = json.loads(text)
+            if saved_tally.get("generation") == self._live["memories"].name:
+                return Tally.from_dict(saved_tally["namespaces"])
+        return Tally.of(payload for _, payload in self.scroll("memories", fields=TALLY_FIELDS))
+
+    def tally(self, namespaces: Sequence[str] | None = None) -> Counts:
+        with self._writing:
+            return self._tally.total(namespaces)
+
+    def _fields(self, shard: Any, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        selector = self._edge.PayloadSelector.Include(list(TALLY_FIELDS))
+        return {str(r.id): dict(r.payload or {}) for r in shard.retrieve(list(ids), selector, False)} if ids else {}
+
+    def _write_memories(
+        self,
+        operation: Any,
+        ids: Sequence[str] | None,
+        room: float | None,
+        new: Mapping[str, Mapping[str, Any]] | None = None,
+        where: Where | None = None,
+    ) -> None:
+        """Apply a write to the memories: count its effect (on ``ids``, or on the points matching ``where``, read
+        under the lock that orders the writes), log it for a build in flight, and start a build when one is due."""
+        with self._writing, self._reading("memories") as shard:
+            if room is not None:
+                self._room.check(room)
+            if ids is None:
+                ids = [point_id for point_id, _ in self.scroll("memories", where, ())]
+            old = self._fields(shard, ids)
+            shard.update(operation)
+            after = new if new is not None else self._fields(shard, ids)
+            for point_id in set(old) | set(after):
+                self._tally.apply(old.get(point_id), after.get(point_id))
+            if self._log is not None:
+                self._log.append(operation)
+            self._writes_to_check -= 1
+        if self._writes_to_check <= 0:
+            self._writes_to_check = CHECK_EVERY
+            self._maybe_build()
+
+    # -- the Store primitives ------------------------------------------------------------------------
 
     def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
         edge = self._edge
@@ -352,47 +604,66 @@ class EdgeStore:
         return edge.FieldCondition(key, match=edge.MatchValue(value))
 
     def _apply(self, table: Table, operation: Any, room: float | None = 1.0) -> None:
-        """Apply one update; ``room``: the share of the free-space margin it needs (None: a delete, always let
-        through since it frees room)."""
+        """Apply one update to a table other than the memories; ``room``: the share of the free-space margin it
+        needs (None: a delete, always let through since it frees room)."""
         if room is not None:
             self._room.check(room)
-        self._shards[table].update(operation)
+        with self._reading(table) as shard:
+            shard.update(operation)
+
+    def _write(self, table: Table, operation: Any, ids: Sequence[str] | None, room: float | None = 1.0) -> None:
+        if table == "memories":
+            self._write_memories(operation, ids, room)
+        else:
+            self._apply(table, operation, room)
 
     def upsert(self, table: Table, points: Sequence[Point]) -> None:
         batch = [self._edge.Point(p.id, p.vector.astype(np.float32).tolist(), p.payload) for p in points]
-        self._apply(table, self._edge.UpdateOperation.upsert_points(batch), RECALL_SHARE if table == "recalls" else 1.0)
+        operation = self._edge.UpdateOperation.upsert_points(batch)
+        if table == "memories":
+            self._write_memories(operation, [p.id for p in points], 1.0, {p.id: p.payload for p in points})
+        else:
+            self._apply(table, operation, RECALL_SHARE if table == "recalls" else 1.0)
 
     def insert(self, table: Table, point: Point) -> None:
         batch = [self._edge.Point(point.id, point.vector.astype(np.float32).tolist(), point.payload)]
-        self._apply(
-            table, self._edge.UpdateOperation.upsert_points(batch, update_mode=self._edge.UpdateMode.InsertOnly)
-        )
+        operation = self._edge.UpdateOperation.upsert_points(batch, update_mode=self._edge.UpdateMode.InsertOnly)
+        self._write(table, operation, [point.id])
 
     def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        records = self._shards[table].retrieve(list(ids), True, False) if ids else []
+        if not ids:
+            return {}
+        with self._reading(table) as shard:
+            records = shard.retrieve(list(ids), True, False)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
-        records = self._shards[table].retrieve([point_id], False, True)
+        with self._reading(table) as shard:
+            records = shard.retrieve([point_id], False, True)
         return np.asarray(records[0].vector, dtype=np.float32) if records else None
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
-        self._apply(table, self._edge.UpdateOperation.set_payload([point_id], payload))
+        self._write(table, self._edge.UpdateOperation.set_payload([point_id], payload), [point_id])
 
     def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
-        self._apply(table, self._edge.UpdateOperation.set_payload_by_filter(self._filter(where, point_id), payload))
+        operation = self._edge.UpdateOperation.set_payload_by_filter(self._filter(where, point_id), payload)
+        self._write(table, operation, [point_id])
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:
-            self._apply(table, self._edge.UpdateOperation.delete_points(list(ids)), room=None)
+            self._write(table, self._edge.UpdateOperation.delete_points(list(ids)), ids, room=None)
 
     def delete_where(self, table: Table, where: Where) -> None:
-        self._apply(table, self._edge.UpdateOperation.delete_points_by_filter(self._filter(where)), room=None)
+        operation = self._edge.UpdateOperation.delete_points_by_filter(self._filter(where))
+        if table == "memories":
+            self._write_memories(operation, None, None, where=where)
+        else:
+            self._apply(table, operation, None)
 
     def purge_recalls(self, expired_before: float) -> None:
         edge = self._edge
         expired = edge.Filter(must=[edge.FieldCondition(EXPIRY, range=edge.RangeFloat(lt=expired_before))])
-        self._apply("recalls", edge.UpdateOperation.delete_points_by_filter(expired), room=None)
+        self._apply("recalls", edge.UpdateOperation.delete_points_by_filter(expired), None)
 
     def search(
         self,
@@ -402,7 +673,11 @@ class EdgeStore:
         where: Where,
         table: Table = "memories",
         with_vectors: bool = False,
+        *,
+        exact: bool = False,
+        hnsw_ef: int | None = None,
     ) -> list[Hit]:
+        """``exact``: score every candidate, ignoring an index; ``hnsw_ef``: instead of the store's (benchmarks)."""
         edge = self._edge
         request = edge.QueryRequest(
             limit=limit,
@@ -411,27 +686,29 @@ class EdgeStore:
             score_threshold=min_similarity,
             with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
             with_vector=with_vectors,
-            params=edge.SearchParams(exact=True),
+            params=edge.SearchParams(exact=exact, hnsw_ef=hnsw_ef or self._hnsw_ef),
         )
-        points = self._shards[table].query(request)
+        with self._reading(table) as shard:
+            points = shard.query(request)
         return [Hit(str(p.id), float(p.score), dict(p.payload or {}), _array(p.vector)) for p in points]
 
     def vectors(
         self, table: Table, where: Where, fields: Sequence[str]
     ) -> Iterator[tuple[str, np.ndarray, dict[str, Any]]]:
         offset = None
-        while True:
-            request = self._edge.ScrollRequest(
-                offset=offset,
-                limit=SCROLL_PAGE,
-                filter=self._filter(where),
-                with_payload=self._edge.PayloadSelector.Include(list(fields)),
-                with_vector=True,
-            )
-            records, offset = self._shards[table].scroll(request)
-            yield from ((str(r.id), np.asarray(r.vector, dtype=np.float32), dict(r.payload or {})) for r in records)
-            if offset is None:
-                return
+        with self._reading(table) as shard:
+            while True:
+                request = self._edge.ScrollRequest(
+                    offset=offset,
+                    limit=SCROLL_PAGE,
+                    filter=self._filter(where),
+                    with_payload=self._edge.PayloadSelector.Include(list(fields)),
+                    with_vector=True,
+                )
+                records, offset = shard.scroll(request)
+                yield from ((str(r.id), np.asarray(r.vector, dtype=np.float32), dict(r.payload or {})) for r in records)
+                if offset is None:
+                    return
 
     def scroll_from(
         self, table: Table, where: Where, offset: str | None, limit: int
@@ -442,7 +719,8 @@ class EdgeStore:
             filter=self._filter(where),
             with_payload=self._edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
         )
-        records, next_offset = self._shards[table].scroll(request)
+        with self._reading(table) as shard:
+            records, next_offset = shard.scroll(request)
         return [(str(r.id), dict(r.payload or {})) for r in records], None if next_offset is None else str(next_offset)
 
     def ordered(
@@ -455,7 +733,8 @@ class EdgeStore:
             with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
             order_by=edge.OrderBy(key, edge.Direction.Desc if descending else edge.Direction.Asc),
         )
-        records, _ = self._shards[table].scroll(request)
+        with self._reading(table) as shard:
+            records, _ = shard.scroll(request)
         return [(str(r.id), dict(r.payload or {})) for r in records]
 
     def scroll(
@@ -463,24 +742,64 @@ class EdgeStore:
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         payload = True if fields is None else self._edge.PayloadSelector.Include(list(fields))
         offset = None
-        while True:
-            request = self._edge.ScrollRequest(
-                offset=offset, limit=SCROLL_PAGE, filter=self._filter(where), with_payload=payload
-            )
-            records, offset = self._shards[table].scroll(request)
-            yield from ((str(r.id), dict(r.payload or {})) for r in records)
-            if offset is None:
-                return
+        with self._reading(table) as shard:
+            while True:
+                request = self._edge.ScrollRequest(
+                    offset=offset, limit=SCROLL_PAGE, filter=self._filter(where), with_payload=payload
+                )
+                records, offset = shard.scroll(request)
+                yield from ((str(r.id), dict(r.payload or {})) for r in records)
+                if offset is None:
+                    return
 
     def count(self, table: Table, where: Where | None = None) -> int:
         request = self._edge.CountRequest(exact=True, filter=self._filter(where))
-        return int(self._shards[table].count(request))
+        with self._reading(table) as shard:
+            return int(shard.count(request))
 
     def close(self) -> None:
-        for shard in self._shards.values():
-            shard.flush()
-            shard.close()
-        self._shards = {}
+        """Stop a build in flight (its child is killed, its folder removed), then flush, close and save the
+        counts."""
+        with self._writing:
+            self._closing = True
+            builder, child = self._builder, self._child
+        if child is not None:
+            child.kill()
+        if builder is not None:
+            builder.join()
+        with self._writing:
+            generation = self._live["memories"].name
+            for live in self._live.values():
+                live.shard.flush()
+                live.shard.close()
+            saved = json.dumps({"generation": generation, "namespaces": self._tally.to_dict()}).encode()
+            try:
+                write_atomically(self._path / TALLY, lambda stream: stream.write(saved))
+            except OSError as error:  # a full disk: the next open counts the memories again
+                log.warning("could not save the memories' counts (%s); the next open recounts them", error)
+
+
+@dataclass
+class BuildTimes:
+    """Where an index build's time went: streaming the memories to the child (the server's share, interleaved
+    with its requests), the child's indexing after that, opening the new shard (holds the GIL), and the last
+    replay round with writers held back."""
+
+    memories: int = 0
+    stream_s: float = 0.0
+    index_s: float = 0.0
+    load_s: float = 0.0
+    replayed: int = 0
+    held_s: float = 0.0
+
+
+@dataclass
+class _Live:
+    """A table's open shard, its generation folder's name and the readers inside it."""
+
+    shard: Any
+    name: str = ""
+    readers: int = 0
 
 
 def _array(vector: Any) -> np.ndarray | None:
@@ -745,6 +1064,11 @@ class QdrantClientStore:
         with self._atomic:
             return int(self._client.count(self._names[table], count_filter=self._filter(where), exact=True).count)
 
+    def tally(self, namespaces: Sequence[str] | None = None) -> Counts:
+        """Counted by reading the memories: replicas share the collection, so no process sees every write."""
+        where = None if namespaces is None else {"namespace": list(namespaces)}
+        return Tally.of(payload for _, payload in self.scroll("memories", where, TALLY_FIELDS)).total()
+
     def close(self) -> None:
         with self._atomic:
             self._client.close()
@@ -759,7 +1083,8 @@ def open_store(settings: Settings, dim: int) -> Store:
     if settings.embedded_engine == "qdrant-local":
         path = folder / "qdrant-local"
         return QdrantClientStore(dim, settings.collection, path=path, room=DiskRoom(path, settings.min_free_disk_mb))
-    return EdgeStore(folder / "edge", dim, DiskRoom(folder / "edge", settings.min_free_disk_mb))
+    room = DiskRoom(folder / "edge", settings.min_free_disk_mb)
+    return EdgeStore(folder / "edge", dim, room, settings.index_min_memories, settings.hnsw_ef)
 
 
 def new_id() -> str:

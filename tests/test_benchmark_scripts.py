@@ -26,6 +26,25 @@ def run(script: str, *args: str, timeout: float = 600) -> str:
         ("backends.py", ("--sizes", "300", "--queries", "10", "--budget", "5"), "qdrant-edge"),
         ("load.py", ("--clients", "2", "--seconds", "3", "--seed-memories", "50"), "LOST UPDATES 0"),
         ("embedders.py", ("--rounds", "1", "--queries", "5", "--texts", "40"), "fp32 (FastEmbed's all-MiniLM-L6-v2)"),
+        (
+            "scale.py",
+            (
+                "--size",
+                "2500",
+                "--queries",
+                "10",
+                "--ef",
+                "32",
+                "--pause",
+                "0",
+                "--import-size",
+                "300",
+                "--exact-sizes",
+                "500",
+                "1000",
+            ),
+            "recall@5 mean",
+        ),
     ],
 )
 def test_the_benchmark_runs_at_a_tiny_size(script: str, args: tuple[str, ...], printed: str) -> None:

@@ -1,0 +1,404 @@
+"""A million memories in the embedded engine: HNSW against exact search, recalls during an index build, start-up,
+resident memory, ``memory_stats`` and import throughput (a benchmark; issue 16 items 1 and 2).
+
+The store holds the benchmarks' real task texts (ALFWorld goals, LLB instructions, BigCodeBench prompts, embedded
+with the shipped MiniLM) and perturbed copies of them up to ``--size`` (replicated vectors: each copy is its text's
+vector plus Gaussian noise, cosine 0.75-0.95 to it; payloads as the service writes them). Queries are the real
+texts, in their benchmark's namespace: the hardest case for an index, each query's neighbours being hundreds of
+near-copies of it.
+
+Phases, each printed as it ends:
+0. exact filtered search at growing sizes against the query embedding (where a store should get an index);
+1. preload (skipped when ``--store`` already holds the memories; one big store is reused across runs);
+2. an index build in the background while this process keeps searching and writing: latency percentiles of
+   searches (filtered, top-5) and conditional writes before and during the build;
+3. recall@5 of HNSW against exact search on the same store, per ``ef``, with latency medians and the ratio;
+4. in a fresh process: open time (store and service, model included), ``memory_stats`` time, in-process recall
+   latency (embedding + search + logging the recall) against the query embedding alone, resident memory;
+5. import throughput: ``memrl-mcp import`` of ``--import-size`` memories against embedding the same tasks alone.
+
+    .venv/bin/python benchmarks/scale.py --size 1000000 --store /tmp/memrl-scale-1m
+    .venv/bin/python benchmarks/scale.py --size 3000 --queries 20 --import-size 200     # a tiny run (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import _bench as B
+from latency import corpus
+
+from memrl_mcp.access import EVERYTHING
+from memrl_mcp.embeddings import MiniLMEmbedder
+from memrl_mcp.memory import MemoryService
+from memrl_mcp.settings import load_settings
+from memrl_mcp.storage import EdgeStore, Point
+
+BATCH = 1000
+K = 5
+
+
+def rss_mb() -> dict[str, float]:
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+            fields[name] = int(value.split()[0]) / 1024
+    return fields
+
+
+def summary(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"p50 {B.p50(values):.2f}  p95 {B.pct(values, 95):.2f}  p99 {B.pct(values, 99):.2f}  max {max(values):.1f}"
+
+
+# ---------------------------------------------------------------- store
+
+
+def store_dir(args: argparse.Namespace) -> Path:
+    return Path(args.store) / "memrl" / "edge"
+
+
+def preload(args: argparse.Namespace, pairs: list[tuple[str, str]], base: np.ndarray) -> None:
+    """Write ``--size`` memories in batches (the real texts first, then their perturbed copies); no index."""
+    folder = store_dir(args)
+    store = EdgeStore(folder, B.DIM)
+    try:
+        have = store.index_status()[0]
+        if have >= args.size:
+            print(f"preload: {have} memories already in {folder}")
+            return
+        rng = np.random.default_rng(args.seed)
+        prng = random.Random(args.seed)
+        now = time.time()
+        # One payload per text, varied per copy in the fields that vary (building each from scratch: 2 ms).
+        templates = [B.memory_payload(prng, namespace, text, now) for namespace, text in pairs]
+        start = time.perf_counter()
+        for first in range(have, args.size, BATCH):
+            which = np.arange(first, min(first + BATCH, args.size)) % len(pairs)
+            noise = rng.standard_normal((len(which), B.DIM)).astype(np.float32)
+            spread = rng.uniform(0.3, 0.8, (len(which), 1)).astype(np.float32) / np.sqrt(B.DIM)
+            copies = first + np.arange(len(which)) >= len(pairs)
+            vectors = np.where(copies[:, None], B.unit(base[which] + noise * spread), base[which])
+            points = []
+            for j, vector in zip(which, vectors, strict=True):
+                visits = prng.randint(0, 20)
+                payload = templates[j] | {
+                    "outcome": "success" if prng.random() < 0.7 else "failure",
+                    "q": round(prng.uniform(-1.0, 1.0), 4) if visits else 0.0,
+                    "visits": visits,
+                }
+                points.append(Point(str(uuid.UUID(int=prng.getrandbits(128), version=4)), vector, payload))
+            store.upsert("memories", points)
+            if (first // BATCH) % 50 == 0:
+                done = first + len(which)
+                print(f"  preload {done}/{args.size} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+        print(f"preload: {args.size - have} memories in {time.perf_counter() - start:.0f} s")
+    finally:
+        store.close()
+
+
+def queries(args: argparse.Namespace, pairs: list[tuple[str, str]], base: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    chosen = random.Random(args.seed).sample(range(len(pairs)), min(args.queries, len(pairs)))
+    return [(pairs[i][0], base[i]) for i in chosen]
+
+
+# ---------------------------------------------------------------- phase 0: where exact search stops being cheap
+
+
+def exact_cost(args: argparse.Namespace) -> None:
+    """Exact filtered top-5 at growing sizes against one query embedding, alternating: the size at which a store
+    gets an index (settings.index_min_memories)."""
+    embedder = MiniLMEmbedder()
+    rng, prng = np.random.default_rng(args.seed), random.Random(args.seed)
+    rows = []
+    with tempfile.TemporaryDirectory() as root:
+        store = EdgeStore(Path(root), B.DIM)
+        try:
+            stored = 0
+            for size in args.exact_sizes:
+                while stored < size:
+                    vectors, _ = B.clustered_vectors(min(BATCH, size - stored), rng, clusters=50)
+                    store.upsert(
+                        "memories",
+                        [
+                            Point(
+                                str(uuid.UUID(int=prng.getrandbits(128))), v, {**TINY, "namespace": B.NAMESPACES[i % 4]}
+                            )
+                            for i, v in enumerate(vectors)
+                        ],
+                    )
+                    stored += len(vectors)
+                search_ms, embed_ms = [], []
+                for i in range(args.queries):
+                    start = time.perf_counter()
+                    embedder.embed([f"put a clean mug in the coffee machine, take {i}"])
+                    embed_ms.append((time.perf_counter() - start) * 1000)
+                    query = B.unit(rng.standard_normal((1, B.DIM)))[0]
+                    start = time.perf_counter()
+                    store.search(query, K, -1.0, {"namespace": B.NAMESPACES[0]}, exact=True)
+                    search_ms.append((time.perf_counter() - start) * 1000)
+                rows.append((size, B.p50(search_ms), B.p50(embed_ms), B.p50(search_ms) / B.p50(embed_ms)))
+        finally:
+            store.close()
+    print(B.table(("memories", "exact p50 ms", "embedding p50 ms", "exact/embedding"), rows))
+
+
+TINY = {"outcome": "success", "q": 0.0, "visits": 0}
+
+
+# ---------------------------------------------------------------- phases 2 and 3: build, then HNSW vs exact
+
+
+def during_build(args: argparse.Namespace, qs: list[tuple[str, np.ndarray]]) -> None:
+    store = EdgeStore(store_dir(args), B.DIM, hnsw_ef=args.ef[0])
+    try:
+        ids = [point_id for (point_id, _), _ in zip(store.scroll("memories", fields=()), range(200), strict=False)]
+
+        def write(i: int) -> None:  # a report's kind of write: conditional on the version it advances
+            point_id = ids[i % len(ids)]
+            version = int(store.get("memories", [point_id])[point_id].get("version", 0))
+            store.set_payload_if("memories", point_id, {"version": version + 1}, {"version": version})
+
+        def measure(until: threading.Event | None, rounds: int) -> tuple[list[float], list[float]]:
+            searches, writes = [], []
+            i = 0
+            while (until is not None and not until.is_set()) or (until is None and i < rounds):
+                namespace, vector = qs[i % len(qs)]
+                start = time.perf_counter()
+                store.search(vector, K, -1.0, {"namespace": namespace})
+                searches.append((time.perf_counter() - start) * 1000)
+                start = time.perf_counter()
+                write(i)
+                writes.append((time.perf_counter() - start) * 1000)
+                i += 1
+                time.sleep(args.pause)
+            return searches, writes
+
+        searches, writes = measure(None, len(qs))
+        print(f"before the build ({store.index_status()[0]} memories, exact): search {summary(searches)} ms")
+        print(f"                                               write  {summary(writes)} ms")
+        done = threading.Event()
+        start = time.perf_counter()
+        builder = threading.Thread(target=lambda: (store.build_index(wait=True), done.set()))
+        builder.start()
+        searches, writes = measure(done, 0)
+        builder.join()
+        build_s = time.perf_counter() - start
+        print(f"during the build ({build_s:.0f} s, {len(searches)} searches): search {summary(searches)} ms")
+        print(f"                                               write  {summary(writes)} ms")
+        points, indexed = store.index_status()
+        print(f"after the build: {indexed} of {points} memories indexed; {store.last_build}")
+    finally:
+        store.close()
+
+
+def hnsw_vs_exact(args: argparse.Namespace, qs: list[tuple[str, np.ndarray]]) -> None:
+    """Per query: exact search, then HNSW at each ef, alternating (same load); recall@5 from the first pass."""
+    store = EdgeStore(store_dir(args), B.DIM)
+    recall: dict[int, list[float]] = {ef: [] for ef in args.ef}
+    hnsw_ms: dict[int, list[float]] = {ef: [] for ef in args.ef}
+    exact_ms: list[float] = []
+    try:
+        for run in range(args.runs):
+            for namespace, vector in qs:
+                start = time.perf_counter()
+                exact = store.search(vector, K, -1.0, {"namespace": namespace}, exact=True)
+                if run:  # the first pass warms the caches; its times are not counted
+                    exact_ms.append((time.perf_counter() - start) * 1000)
+                for ef in args.ef:
+                    start = time.perf_counter()
+                    found = store.search(vector, K, -1.0, {"namespace": namespace}, hnsw_ef=ef)
+                    if run:
+                        hnsw_ms[ef].append((time.perf_counter() - start) * 1000)
+                    else:
+                        recall[ef].append(len({h.id for h in found} & {h.id for h in exact}) / max(len(exact), 1))
+    finally:
+        store.close()
+    exact_p50 = B.p50(exact_ms)
+    rows = []
+    for ef in args.ef:
+        hnsw_p50 = B.p50(hnsw_ms[ef])
+        rows.append((ef, statistics.fmean(recall[ef]), min(recall[ef]), hnsw_p50, exact_p50, exact_p50 / hnsw_p50))
+    headers = ("ef", f"recall@{K} mean", "min", "HNSW p50 ms", "exact p50 ms", "exact/HNSW")
+    print(B.table(headers, rows))
+
+
+# ---------------------------------------------------------------- phase 4: a fresh process
+
+
+def fresh_process(args: argparse.Namespace) -> dict[str, Any]:
+    """Run :func:`serve_child` in a new interpreter: start-up and RSS as a restarted server sees them."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            "--store",
+            args.store,
+            "--size",
+            str(args.size),
+            "--queries",
+            str(args.queries),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def serve_child(args: argparse.Namespace) -> None:
+    start = time.perf_counter()
+    settings = load_settings(data_dir=args.store, embedded_engine="edge")
+    service = MemoryService.open(settings)
+    open_s = time.perf_counter() - start
+    opened = rss_mb()
+    stats_ms = B.timed_ms(lambda: service.stats(access=EVERYTHING), 5)
+    texts = B.real_task_texts(B.shared_data_dir()) or {"default": ["open the drawer and take the key"]}
+    pairs = [(ns, t) for ns, group in texts.items() for t in group]
+    chosen = random.Random(1).sample(pairs, min(args.queries, len(pairs)))
+    embedder = service.embedder
+    recall_ms, embed_ms = [], []
+    for namespace, task in chosen:
+        start = time.perf_counter()
+        embedder.embed([task + " "])  # a text the cache has not seen: the embedding a recall pays
+        embed_ms.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        service.recall(task + " ", namespace, access=EVERYTHING)
+        recall_ms.append((time.perf_counter() - start) * 1000)
+    result = {
+        "open_s": open_s,
+        "stats_ms": B.p50(stats_ms),
+        "stats_ms_first": stats_ms[0],
+        "recall_ms": B.p50(recall_ms),
+        "embed_ms": B.p50(embed_ms),
+        "rss_open": opened,
+        "rss_after": rss_mb(),
+        "memories": service.count(),
+    }
+    service.close()
+    print(json.dumps(result))
+
+
+# ---------------------------------------------------------------- phase 5: import
+
+
+def import_throughput(args: argparse.Namespace, pairs: list[tuple[str, str]]) -> None:
+    rng = random.Random(args.seed)
+    now = time.time()
+    with tempfile.TemporaryDirectory() as root:
+        export = Path(root) / "export.jsonl"
+        tasks = []
+        with export.open("w") as out:
+            for i in range(args.import_size):
+                namespace, text = pairs[i % len(pairs)]
+                task = f"{text} #{i}"  # distinct tasks: the embedder's cache must not help
+                tasks.append(task)
+                payload = B.memory_payload(rng, namespace, task, now)
+                memory = {key: payload[key] for key in ("namespace", "task", "experience", "outcome", "q", "visits")}
+                memory |= {
+                    key: payload[key] for key in ("last_reward", "merges", "created_at", "updated_at", "metadata")
+                }
+                out.write(json.dumps({"id": str(uuid.UUID(int=rng.getrandbits(128), version=4)), **memory}) + "\n")
+        embedder = MiniLMEmbedder()
+        start = time.perf_counter()
+        for first in range(0, len(tasks), 64):
+            embedder.embed(tasks[first : first + 64])
+        embed_s = time.perf_counter() - start
+        env = {**os.environ, "MEMRL_DATA_DIR": str(Path(root) / "data")}
+        start = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "memrl_mcp.cli", "import", str(export)], env=env, capture_output=True, text=True
+        )
+        import_s = time.perf_counter() - start
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-3000:])
+    n = args.import_size
+    own = re.findall(r"memories \(([0-9.]+)/s", done.stderr)  # the import's progress line: its rate after start-up
+    print(
+        f"import of {n} memories: {import_s:.1f} s ({n / import_s:.1f}/s with the process start, "
+        f"{own[-1] if own else '?'}/s by its progress line); embedding the same tasks alone: {embed_s:.1f} s "
+        f"({n / embed_s:.1f}/s); import/embedding {import_s / embed_s:.2f}x"
+    )
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=1_000_000)
+    parser.add_argument("--store", default=None, help="Folder of the store (kept and reused; default: temporary).")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=2, help="Passes over the queries (the first warms up).")
+    parser.add_argument("--ef", type=int, nargs="+", default=[32, 64, 128, 256])
+    parser.add_argument("--pause", type=float, default=0.01, help="Seconds between two searches during the build.")
+    parser.add_argument("--import-size", type=int, default=20_000)
+    parser.add_argument("--exact-sizes", type=int, nargs="+", default=[5000, 10_000, 20_000, 50_000])
+    parser.add_argument("--phases", default="012345", help="Which phases to run (digits).")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        serve_child(args)
+        return
+    temporary = None
+    if args.store is None:
+        temporary = tempfile.TemporaryDirectory()
+        args.store = temporary.name
+    print(f"benchmarks/scale.py: {args.size} memories, {args.queries} queries; {B.machine()}")
+    embedder = MiniLMEmbedder()
+    pairs, base, source = corpus(embedder, args.seed)
+    print(f"texts: {source}")
+    qs = queries(args, pairs, base)
+    if "0" in args.phases:
+        exact_cost(args)
+    if "1" in args.phases:
+        preload(args, pairs, base)
+    if "2" in args.phases:
+        during_build(args, qs)
+    if "3" in args.phases:
+        hnsw_vs_exact(args, qs)
+    if "4" in args.phases:
+        child = fresh_process(args)
+        print(
+            f"fresh process: open {child['open_s']:.2f} s (store + service + model), {child['memories']} memories; "
+            f"memory_stats p50 {child['stats_ms']:.1f} ms (first {child['stats_ms_first']:.1f}); recall p50 "
+            f"{child['recall_ms']:.1f} ms vs query embedding {child['embed_ms']:.1f} ms "
+            f"({child['recall_ms'] / child['embed_ms']:.2f}x)"
+        )
+        for moment in ("rss_open", "rss_after"):
+            fields = child[moment]
+            print(
+                f"  RSS {moment[4:]}: {fields['VmRSS']:.0f} MB (anon {fields['RssAnon']:.0f}, "
+                f"file {fields['RssFile']:.0f}), peak {fields['VmHWM']:.0f} MB"
+            )
+    if "5" in args.phases:
+        import_throughput(args, pairs)
+    if temporary is not None:
+        temporary.cleanup()
+
+
+if __name__ == "__main__":
+    main()
