@@ -15,7 +15,9 @@ Phases, each printed as it ends:
 3. recall@5 of HNSW against exact search on the same store, per ``ef``, with latency medians and the ratio;
 4. in a fresh process: open time (store and service, model included), ``memory_stats`` time, in-process recall
    latency (embedding + search + logging the recall) against the query embedding alone, resident memory;
-5. import throughput: ``memrl-mcp import`` of ``--import-size`` memories against embedding the same tasks alone.
+5. import throughput: ``memrl-mcp import`` of ``--import-size`` memories against embedding the same tasks alone;
+6. over MCP stdio (a spawned ``memrl-mcp`` on the store): ``recall_experience`` against the query embedding plus a
+   round trip (``memory_stats``, whose own work is the counts' few ms at most), alternating query by query.
 
     .venv/bin/python benchmarks/scale.py --size 1000000 --store /tmp/memrl-scale-1m
     .venv/bin/python benchmarks/scale.py --size 3000 --queries 20 --import-size 200     # a tiny run (tests)
@@ -24,6 +26,7 @@ Phases, each printed as it ends:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mcp import Client, StdioServerParameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -116,9 +120,13 @@ def preload(args: argparse.Namespace, pairs: list[tuple[str, str]], base: np.nda
         store.close()
 
 
+def chosen(args: argparse.Namespace, pairs: list[tuple[str, str]]) -> list[int]:
+    """The queries: real task texts, by their index in ``pairs``."""
+    return random.Random(args.seed).sample(range(len(pairs)), min(args.queries, len(pairs)))
+
+
 def queries(args: argparse.Namespace, pairs: list[tuple[str, str]], base: np.ndarray) -> list[tuple[str, np.ndarray]]:
-    chosen = random.Random(args.seed).sample(range(len(pairs)), min(args.queries, len(pairs)))
-    return [(pairs[i][0], base[i]) for i in chosen]
+    return [(pairs[i][0], base[i]) for i in chosen(args, pairs)]
 
 
 # ---------------------------------------------------------------- phase 0: where exact search stops being cheap
@@ -343,6 +351,43 @@ def import_throughput(args: argparse.Namespace, pairs: list[tuple[str, str]]) ->
     )
 
 
+# ---------------------------------------------------------------- phase 6: over MCP stdio
+
+
+async def over_stdio(args: argparse.Namespace, qs: list[tuple[str, str]]) -> None:
+    """recall_experience through a spawned server against (query embedding in this process + a round trip)."""
+    embedder = MiniLMEmbedder()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")}
+    server = StdioServerParameters(
+        command=sys.executable, args=["-m", "memrl_mcp.cli", "--data-dir", args.store], env=env
+    )
+    recall_ms, embed_ms, trip_ms = [], [], []
+    async with Client(server) as client:
+        for i, (namespace, task) in enumerate(qs):
+            text = f"{task} "  # not in the embedder's cache, here or in the server
+            start = time.perf_counter()
+            embedder.embed([text])
+            embed = (time.perf_counter() - start) * 1000
+            start = time.perf_counter()
+            await client.call_tool("memory_stats", {"namespace": namespace})
+            trip = (time.perf_counter() - start) * 1000
+            start = time.perf_counter()
+            result = await client.call_tool("recall_experience", {"task": text, "namespace": namespace})
+            recall = (time.perf_counter() - start) * 1000
+            if result.is_error:
+                raise RuntimeError(f"recall_experience failed: {result.content}")
+            if i >= 5:  # warm-up
+                recall_ms.append(recall)
+                embed_ms.append(embed)
+                trip_ms.append(trip)
+    base = B.p50(embed_ms) + B.p50(trip_ms)
+    print(
+        f"over MCP stdio ({len(recall_ms)} queries): recall p50 {B.p50(recall_ms):.1f} ms (p95 "
+        f"{B.pct(recall_ms, 95):.1f}); query embedding p50 {B.p50(embed_ms):.1f} ms + round trip (memory_stats) p50 "
+        f"{B.p50(trip_ms):.1f} ms = {base:.1f} ms; recall / (embedding + round trip) {B.p50(recall_ms) / base:.2f}x"
+    )
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -356,7 +401,7 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=0.01, help="Seconds between two searches during the build.")
     parser.add_argument("--import-size", type=int, default=20_000)
     parser.add_argument("--exact-sizes", type=int, nargs="+", default=[5000, 10_000, 20_000, 50_000])
-    parser.add_argument("--phases", default="012345", help="Which phases to run (digits).")
+    parser.add_argument("--phases", default="0123456", help="Which phases to run (digits).")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -369,7 +414,7 @@ def main() -> None:
         args.store = temporary.name
     print(f"benchmarks/scale.py: {args.size} memories, {args.queries} queries; {B.machine()}")
     embedder = MiniLMEmbedder()
-    pairs, base, source = corpus(embedder, args.seed)
+    pairs, base, source = corpus(embedder, args.seed, B.shared_data_dir())
     print(f"texts: {source}")
     qs = queries(args, pairs, base)
     if "0" in args.phases:
@@ -381,21 +426,25 @@ def main() -> None:
     if "3" in args.phases:
         hnsw_vs_exact(args, qs)
     if "4" in args.phases:
-        child = fresh_process(args)
-        print(
-            f"fresh process: open {child['open_s']:.2f} s (store + service + model), {child['memories']} memories; "
-            f"memory_stats p50 {child['stats_ms']:.1f} ms (first {child['stats_ms_first']:.1f}); recall p50 "
-            f"{child['recall_ms']:.1f} ms vs query embedding {child['embed_ms']:.1f} ms "
-            f"({child['recall_ms'] / child['embed_ms']:.2f}x)"
-        )
-        for moment in ("rss_open", "rss_after"):
-            fields = child[moment]
+        # Twice: the first open of a store filled outside the service also checks its schema (once, then recorded).
+        for which in ("first open", "second open"):
+            child = fresh_process(args)
             print(
-                f"  RSS {moment[4:]}: {fields['VmRSS']:.0f} MB (anon {fields['RssAnon']:.0f}, "
-                f"file {fields['RssFile']:.0f}), peak {fields['VmHWM']:.0f} MB"
+                f"fresh process, {which}: open {child['open_s']:.2f} s (store + service + model), "
+                f"{child['memories']} memories; memory_stats p50 {child['stats_ms']:.1f} ms (first "
+                f"{child['stats_ms_first']:.1f}); recall p50 {child['recall_ms']:.1f} ms vs query embedding "
+                f"{child['embed_ms']:.1f} ms ({child['recall_ms'] / child['embed_ms']:.2f}x)"
             )
+            for moment in ("rss_open", "rss_after"):
+                fields = child[moment]
+                print(
+                    f"  RSS {moment[4:]}: {fields['VmRSS']:.0f} MB (anon {fields['RssAnon']:.0f}, "
+                    f"file {fields['RssFile']:.0f}), peak {fields['VmHWM']:.0f} MB"
+                )
     if "5" in args.phases:
         import_throughput(args, pairs)
+    if "6" in args.phases:
+        asyncio.run(over_stdio(args, [pairs[i] for i in chosen(args, pairs)]))
     if temporary is not None:
         temporary.cleanup()
 

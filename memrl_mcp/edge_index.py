@@ -47,14 +47,25 @@ class IndexParams:
         return cls(int(raw["dim"]), int(raw["full_scan_kb"]), indexes)
 
 
-def payload_schema(edge: Any, kind: str) -> Any:
-    """qdrant-edge's schema type for a payload index kind of ``storage.INDEXES``."""
-    return {
-        "keyword": edge.PayloadSchemaType.Keyword,
-        "float": edge.PayloadSchemaType.Float,
-        "integer": edge.PayloadSchemaType.Integer,
-        "text": edge.PayloadSchemaType.Text,
-    }[kind]
+GRAPH_FIELDS = ("namespace",)
+"""Payload fields whose values get links of their own in the HNSW graph: the filter of every search. Other indexed
+fields (outcome, the sort keys, the full text) get none: each value of a keyword would cost a subgraph as large as
+its memories (``outcome``: the whole store again), and a search filtering on them is filtered by namespace first."""
+
+
+def payload_schema(edge: Any, field: str, kind: str) -> Any:
+    """qdrant-edge's index parameters for a payload index of ``storage.INDEXES``. Full-text indexes are the large
+    ones (every word of every task and experience): memory-mapped in an optimized segment, read on demand."""
+    graph = field in GRAPH_FIELDS
+    if kind == "keyword":
+        return edge.KeywordIndexParams(enable_hnsw=graph)
+    if kind == "float":
+        return edge.FloatIndexParams(enable_hnsw=graph)
+    if kind == "integer":
+        return edge.IntegerIndexParams(enable_hnsw=graph)
+    if kind == "text":
+        return edge.TextIndexParams(enable_hnsw=graph, memory=edge.Memory.Cold)
+    raise ValueError(f"no payload index kind {kind!r}")
 
 
 def indexed_config(edge: Any, params: IndexParams) -> Any:
@@ -73,19 +84,19 @@ def build(folder: str, params: IndexParams, stream: Any) -> int:
     import qdrant_edge as edge
 
     shard = edge.EdgeShard.create(folder, indexed_config(edge, params))
-    # Keyword indexes before the points, so that the graph gets links per namespace (a filtered search stays in
-    # the graph); the sort and full-text indexes after it is built, for which it would add links it never uses.
-    keywords = [(key, kind) for key, kind in params.payload_indexes if kind == "keyword"]
-    others = [(key, kind) for key, kind in params.payload_indexes if kind != "keyword"]
-    for key, kind in keywords:
-        shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, kind)))
+    # The graph's fields before the points, so that the graph links per namespace (a filtered search stays in the
+    # graph); the others once it is built, so that they are built once, on the optimized segment.
+    graph = [(key, kind) for key, kind in params.payload_indexes if key in GRAPH_FIELDS]
+    others = [(key, kind) for key, kind in params.payload_indexes if key not in GRAPH_FIELDS]
+    for key, kind in graph:
+        shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind)))
     written = 0
     while (batch := pickle.load(stream)) is not None:
         shard.update(edge.UpdateOperation.upsert_points([edge.Point(i, v, p) for i, v, p in batch]))
         written += len(batch)
     shard.optimize()
     for key, kind in others:
-        shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, kind)))
+        shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind)))
     shard.flush()
     shard.close()
     return written

@@ -392,7 +392,7 @@ class EdgeStore:
         indexed = set(shard.info().payload_schema)
         for key, kind in INDEXES[table].items():
             if key not in indexed:
-                shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, kind)))
+                shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind)))
         return shard
 
     @contextmanager

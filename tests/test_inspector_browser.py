@@ -404,3 +404,25 @@ Promise.all(tries.map(([method, headers, body]) =>
         context.close()
         after = httpx.get(target).json()
         assert after == before  # nothing changed: experience, metadata, Q, timestamps
+
+
+def test_a_late_answer_does_not_replace_the_page_opened_meanwhile(page: Watched, server: Seeded) -> None:
+    """A list reloading for a namespace just picked answers after the user opened a memory: the memory stays."""
+    p = page.page
+    log_in(p, server)
+    link = p.locator("#memories a.memory-link").first
+    href, task = link.get_attribute("href"), link.inner_text()
+    held: list = []
+    lists = re.compile(r"/ui/api/memories\?")
+    p.route(lists, lambda route: held.append(route))  # the list's answer is held back
+    p.select_option("#namespace", "hostile")
+    while not held:
+        p.wait_for_timeout(20)
+    p.evaluate(f"location.hash = {json.dumps(href)}")
+    expect(p.locator("#memory-task")).to_have_text(task)
+    with p.expect_response(lists):
+        held[0].continue_()
+    p.wait_for_timeout(300)  # the late answer's script runs
+    expect(p.locator("#memory-task")).to_have_text(task)
+    expect(p.locator("#memories")).to_have_count(0)
+    page.clean()

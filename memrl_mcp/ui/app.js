@@ -178,6 +178,14 @@ function namespacePicker(onChange) {
 
 // -- routing --------------------------------------------------------------------------------------
 
+// Every view takes a ticket when it starts; one whose data arrives after a newer view started is dropped. Without
+// it a slow answer (the list reloading for a namespace just picked) replaced the memory page opened meanwhile.
+let viewTicket = 0;
+function takeTicket() {
+  const ticket = ++viewTicket;
+  return () => ticket === viewTicket;
+}
+
 async function render() {
   const hash = location.hash || "#/memories";
   const [, view, arg] = hash.split("/");
@@ -199,6 +207,7 @@ async function render() {
 // -- memories -------------------------------------------------------------------------------------
 
 async function memoriesView(main) {
+  const current = takeTicket();
   const list = state.list;
   const pageIndex = list.cursors.length - 1;
   const [stats, page] = await Promise.all([
@@ -208,6 +217,7 @@ async function memoriesView(main) {
       sort: list.sort, descending: list.descending, cursor: list.cursors[pageIndex], limit: PAGE_SIZE,
     })),
   ]);
+  if (!current()) return;
   const reload = () => memoriesView(main).catch((error) => status(error.message, true));
 
   const filters = el("form", { class: "toolbar", id: "filters" });
@@ -324,7 +334,9 @@ function qBoxPlot(stats) {
 // -- one memory -----------------------------------------------------------------------------------
 
 async function memoryView(main, id) {
+  const current = takeTicket();
   const m = await api("/memories/" + encodeURIComponent(id));
+  if (!current()) return;
   const history = m.history;
   const fields = el("dl", { class: "fields" },
     [["namespace", m.namespace], ["outcome", outcomeBadge(m.outcome)], ["Q", fmt(m.q)], ["visits", String(m.visits)],
@@ -427,6 +439,7 @@ function forgetButton(m) {
 // -- why this memory? -----------------------------------------------------------------------------
 
 function previewView(main) {
+  takeTicket();
   const settings = state.session.settings;
   const p = state.preview;
   if (p.q_weight === null) p.q_weight = settings.q_weight;
@@ -518,7 +531,9 @@ function previewTable(preview) {
 async function curvesView(main) {
   const selected = state.runs;
   const runs = selected ? "?" + selected.map((name) => "run=" + encodeURIComponent(name)).join("&") : "";
+  const current = takeTicket();
   const data = await api("/curves" + runs);
+  if (!current()) return;
   if (!data.available.length) {
     main.replaceChildren(el("h2", {}, "Learning curves"), el("p", { class: "note", id: "no-runs" },
       "No harness run folder is configured. Start the server with ui_runs set to run folders (or folders of " +
