@@ -293,8 +293,6 @@ def test_lists_full_text_and_edits_work_the_same_on_a_swapped_in_generation(embe
         assert listings() == before
         edited = service.update_memory(stored.id, experience="step 39, corrected", access=EVERYTHING)
         assert edited.experience == "step 39, corrected"
-        assert [m.id for m in service.list_memories("ns1", text="corrected", access=EVERYTHING).memories] == [
-            stored.id
-        ]
+        assert [m.id for m in service.list_memories("ns1", text="corrected", access=EVERYTHING).memories] == [stored.id]
     finally:
         service.close()
