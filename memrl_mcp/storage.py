@@ -51,7 +51,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from memrl_mcp.edge_index import IndexParams, payload_schema
+from memrl_mcp.edge_index import RESCORE_OVERSAMPLING, IndexParams, payload_schema
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.files import sync_folder, write_atomically
 from memrl_mcp.settings import Settings
@@ -326,6 +326,7 @@ class EdgeStore:
         self._room = room or DiskRoom(path, 0)
         self._index_min = index_min
         self._hnsw_ef = hnsw_ef
+        self._rescore = edge.QuantizationSearchParams(rescore=True, oversampling=RESCORE_OVERSAMPLING)
         self._generations = threading.Condition()  # guards the shards in use and their readers
         self._writing = threading.Lock()  # one memories write at a time: the tally and the replay log follow it
         self._log: list[Any] | None = None  # memories writes since a build started streaming
@@ -686,7 +687,7 @@ class EdgeStore:
             score_threshold=min_similarity,
             with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
             with_vector=with_vectors,
-            params=edge.SearchParams(exact=exact, hnsw_ef=hnsw_ef or self._hnsw_ef),
+            params=edge.SearchParams(exact=exact, hnsw_ef=hnsw_ef or self._hnsw_ef, quantization=self._rescore),
         )
         with self._reading(table) as shard:
             points = shard.query(request)
