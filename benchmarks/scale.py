@@ -202,7 +202,8 @@ def during_build(args: argparse.Namespace, qs: list[tuple[str, np.ndarray]]) -> 
             return searches, writes
 
         searches, writes = measure(None, len(qs))
-        print(f"before the build ({store.index_status()[0]} memories, exact): search {summary(searches)} ms")
+        points, indexed = store.index_status()
+        print(f"before the build ({points} memories, {indexed} of them indexed): search {summary(searches)} ms")
         print(f"                                               write  {summary(writes)} ms")
         done = threading.Event()
         start = time.perf_counter()

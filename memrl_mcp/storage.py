@@ -327,6 +327,7 @@ class EdgeStore:
         self._index_min = index_min
         self._hnsw_ef = hnsw_ef
         self._rescore = edge.QuantizationSearchParams(rescore=True, oversampling=RESCORE_OVERSAMPLING)
+        self._originals = edge.QuantizationSearchParams(ignore=True)  # exact: every score from the original vector
         self._generations = threading.Condition()  # guards the shards in use and their readers
         self._writing = threading.Lock()  # one memories write at a time: the tally and the replay log follow it
         self._log: list[Any] | None = None  # memories writes since a build started streaming
@@ -678,7 +679,8 @@ class EdgeStore:
         exact: bool = False,
         hnsw_ef: int | None = None,
     ) -> list[Hit]:
-        """``exact``: score every candidate, ignoring an index; ``hnsw_ef``: instead of the store's (benchmarks)."""
+        """``exact``: score every candidate with its original vector, ignoring the index and the int8 copies;
+        ``hnsw_ef``: instead of the store's (benchmarks)."""
         edge = self._edge
         request = edge.QueryRequest(
             limit=limit,
@@ -687,7 +689,9 @@ class EdgeStore:
             score_threshold=min_similarity,
             with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
             with_vector=with_vectors,
-            params=edge.SearchParams(exact=exact, hnsw_ef=hnsw_ef or self._hnsw_ef, quantization=self._rescore),
+            params=edge.SearchParams(
+                exact=exact, hnsw_ef=hnsw_ef or self._hnsw_ef, quantization=self._originals if exact else self._rescore
+            ),
         )
         with self._reading(table) as shard:
             points = shard.query(request)
