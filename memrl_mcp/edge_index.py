@@ -7,9 +7,10 @@ process that writes them into a new shard folder, indexes it and exits; the serv
 the writes it made meanwhile and swaps it in (:class:`memrl_mcp.storage.EdgeStore`). The child runs at a lower
 priority with one indexing thread, so that one core stays with the server.
 
-A built shard keeps its vectors and payloads in memory-mapped files that are read on demand (``Memory.Cold``):
-an HNSW search reads a few thousand vectors, not all of them, so at a million memories the server's resident
-memory holds the graph and what searches touched, not 1.5 GB of vectors.
+A built shard keeps its vectors and payloads in memory-mapped files that are read on demand (``Memory.Cold``), and
+in RAM only the graph, the namespace index and int8 copies of the vectors (:func:`indexed_config`): at a million
+memories the server held 0.9 GB resident, not the 1.5 GB of vectors and more of payloads (README, "A million
+memories").
 
 Run as ``python -m memrl_mcp.edge_index FOLDER PARAMS_JSON`` with pickled batches of ``(id, vector, payload)``
 on stdin (from the parent only: pickle is trusted here because nobody else writes that pipe), ended by ``None``.
@@ -24,7 +25,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-HNSW_M = 16  # links per node: Qdrant's default; 1M x 384-d recall@5 vs exact 0.985-1.0 at ef 128 (ENVIRONMENT.md)
+HNSW_M = 16  # links per node: Qdrant's default; recall@5 against exact 1.00 at 1M, ef 32-256 (benchmarks/scale.py)
 HNSW_EF_CONSTRUCT = 100  # Qdrant's default
 BUILD_NICENESS = 10
 INT8_QUANTILE = 0.99  # Qdrant's usual choice: the int8 range covers 99% of the components, outliers are clipped
