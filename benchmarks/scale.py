@@ -344,7 +344,7 @@ def import_throughput(args: argparse.Namespace, pairs: list[tuple[str, str]]) ->
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
     n = args.import_size
-    own = re.findall(r"memories \(([0-9.]+)/s", done.stderr)  # the import's progress line: its rate after start-up
+    own = re.findall(r"records \(([0-9.]+)/s", done.stderr)  # the import's progress line: its rate after start-up
     print(
         f"import of {n} memories: {import_s:.1f} s ({n / import_s:.1f}/s with the process start, "
         f"{own[-1] if own else '?'}/s by its progress line); embedding the same tasks alone: {embed_s:.1f} s "

@@ -160,7 +160,7 @@ class Progress:
         elapsed = now - self._started
         rate = done / elapsed if elapsed > 0 else 0.0
         left = f", {(total - done) / rate:.0f} s left" if rate and done < total else ""
-        line = f"{self._label}: {done}/{total} memories ({rate:.1f}/s{left})"
+        line = f"{self._label}: {done}/{total} records ({rate:.1f}/s{left})"
         end = "\n" if done >= total or not self._terminal else ""
         self._stream.write(("\r" if self._terminal else "") + line + end)
         self._stream.flush()
