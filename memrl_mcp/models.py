@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from memrl_mcp.numbers import KeptFloat, KeptJson
 
 Outcome = Literal["success", "failure"]
 SortKey = Literal["q", "visits", "updated_at"]
@@ -19,23 +21,23 @@ class MemoryView(BaseModel):
     task: str
     experience: str
     outcome: Outcome
-    q: float = Field(description="Learned utility: a running estimate of the reward when this memory is used.")
+    q: KeptFloat = Field(description="Learned utility: a running estimate of the reward when this memory is used.")
     visits: int = Field(description="Rewards folded into q.")
-    last_reward: float | None
+    last_reward: KeptFloat | None
     merges: int = Field(description="Near-duplicate stores folded into this memory.")
-    created_at: float = Field(description="Unix time.")
-    updated_at: float = Field(description="Unix time.")
-    metadata: dict[str, Any]
+    created_at: KeptFloat = Field(description="Unix time.")
+    updated_at: KeptFloat = Field(description="Unix time.")
+    metadata: KeptJson
 
 
 class QEvent(BaseModel):
     """One change of a memory's Q: a reward folded in by a report, or a reset by update_memory."""
 
-    at: float = Field(description="Unix time.")
+    at: KeptFloat = Field(description="Unix time.")
     event: Literal["reward", "reset"]
-    reward: float | None = Field(description="The reward folded in (None for a reset).")
-    q_before: float
-    q_after: float
+    reward: KeptFloat | None = Field(description="The reward folded in (None for a reset).")
+    q_before: KeptFloat
+    q_after: KeptFloat
     recall_id: str | None = Field(description="The recall whose report brought the reward (None for a reset).")
 
 
@@ -78,8 +80,8 @@ class RecallResult(SearchResult):
 
 class QChange(BaseModel):
     id: str
-    q_before: float
-    q_after: float
+    q_before: KeptFloat
+    q_after: KeptFloat
     visits: int
 
 
@@ -93,7 +95,7 @@ class StoreResult(BaseModel):
 
 class ReportResult(BaseModel):
     recall_id: str
-    reward: float
+    reward: KeptFloat
     updated: list[QChange] = Field(description="Every memory the recall returned, with its Q before and after.")
     missing: list[str] = Field(description="Memories of the recall that were forgotten since; nothing to update.")
     stored: StoreResult | None = Field(description="The episode's new experience, when one was given.")
@@ -168,9 +170,9 @@ class ActionView(BaseModel):
     model_config = ConfigDict(extra="forbid")  # an import names a stray field instead of dropping it
 
     action: str
-    q: float = Field(description="Q(task, observation, action): the discounted reward expected after this action.")
+    q: KeptFloat = Field(description="Q(task, observation, action): the discounted reward expected after this action.")
     visits: int = Field(description="Targets folded into q.")
-    reward: float = Field(description="Mean immediate reward right after this action.")
+    reward: KeptFloat = Field(description="Mean immediate reward right after this action.")
 
 
 class StepRecordView(BaseModel):
@@ -181,8 +183,8 @@ class StepRecordView(BaseModel):
     task: str
     observation: str
     actions: list[ActionView]
-    created_at: float = Field(description="Unix time.")
-    updated_at: float = Field(description="Unix time.")
+    created_at: KeptFloat = Field(description="Unix time.")
+    updated_at: KeptFloat = Field(description="Unix time.")
 
 
 class MatchedStep(StepRecordView):
@@ -195,7 +197,7 @@ class MatchedStep(StepRecordView):
 
 class StepAdvice(BaseModel):
     action: str
-    q: float
+    q: KeptFloat
     visits: int
 
 
@@ -217,9 +219,9 @@ class StepChange(BaseModel):
     step: int = Field(description="Index of the step in the reported trajectory.")
     record_id: str
     action: str
-    target: float = Field(description="G_t = sum_{i<n} gamma^i r_{t+i} + gamma^n max_a Q(task, o_{t+n}, a).")
-    q_before: float | None = Field(description="None: the action was new at this record.")
-    q_after: float
+    target: KeptFloat = Field(description="G_t = sum_{i<n} gamma^i r_{t+i} + gamma^n max_a Q(task, o_{t+n}, a).")
+    q_before: KeptFloat | None = Field(description="None: the action was new at this record.")
+    q_after: KeptFloat
     visits: int
     kept: bool = Field(
         description="False: the record was over step_max_actions and this action, with the lowest mean reward, "

@@ -54,6 +54,7 @@ import numpy as np
 from memrl_mcp.edge_index import RESCORE_OVERSAMPLING, IndexParams, payload_schema
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.files import sync_folder, write_atomically
+from memrl_mcp.numbers import kept
 from memrl_mcp.settings import Settings
 from memrl_mcp.tally import FIELDS as TALLY_FIELDS
 from memrl_mcp.tally import Counts, Tally
@@ -198,11 +199,14 @@ RECALL_SHARE = 0.5  # of the free-space margin, that a new recall may use
 
 @dataclass(frozen=True)
 class Point:
-    """A point to write: id, vector, payload."""
+    """A point to write: id, vector, payload (its floats made ones the engines keep: :mod:`memrl_mcp.numbers`)."""
 
     id: str
     vector: np.ndarray
     payload: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "payload", kept(self.payload))
 
 
 @dataclass(frozen=True)
@@ -645,10 +649,10 @@ class EdgeStore:
         return np.asarray(records[0].vector, dtype=np.float32) if records else None
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
-        self._write(table, self._edge.UpdateOperation.set_payload([point_id], payload), [point_id])
+        self._write(table, self._edge.UpdateOperation.set_payload([point_id], kept(payload)), [point_id])
 
     def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
-        operation = self._edge.UpdateOperation.set_payload_by_filter(self._filter(where, point_id), payload)
+        operation = self._edge.UpdateOperation.set_payload_by_filter(self._filter(where, point_id), kept(payload))
         self._write(table, operation, [point_id])
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
@@ -947,13 +951,13 @@ class QdrantClientStore:
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
         self._check_room()
         with self._atomic:
-            self._client.set_payload(self._names[table], payload=payload, points=[point_id], **self._write)
+            self._client.set_payload(self._names[table], payload=kept(payload), points=[point_id], **self._write)
 
     def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
         selector = self._models.FilterSelector(filter=self._filter(where, point_id))
         self._check_room()
         with self._atomic:
-            self._client.set_payload(self._names[table], payload=payload, points=selector, **self._write)
+            self._client.set_payload(self._names[table], payload=kept(payload), points=selector, **self._write)
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:
