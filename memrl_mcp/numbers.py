@@ -33,7 +33,6 @@ def _as_parsed(x: float) -> float:
     return value * _POWERS_OF_TEN[exponent] if exponent >= 0 else value / _POWERS_OF_TEN[-exponent]
 
 
-@functools.lru_cache(maxsize=1 << 16)  # a memory's Q history is rewritten whole at each change: its floats recur
 def _nearest_kept(x: float) -> float:
     if _as_parsed(x) == x:
         return x
@@ -46,20 +45,23 @@ def _nearest_kept(x: float) -> float:
     return x  # not met in any measured float; kept as it is rather than moved far
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a memory's Q history is rewritten whole at each change: its floats recur
+def _kept_nonzero(x: float) -> float:
+    return math.copysign(_nearest_kept(abs(x)), x) if math.isfinite(x) else x
+
+
 def kept_float(x: float) -> float:
     """The float nearest ``x`` that the engines keep exactly."""
-    if x == 0.0 or not math.isfinite(x):
-        return x
-    return math.copysign(_nearest_kept(abs(x)), x)
+    return _kept_nonzero(x) if x else x  # 0.0 and -0.0 are kept, and equal as cache keys
 
 
 def kept(value: Any) -> Any:
     """A JSON value with each float replaced by :func:`kept_float` (a payload, before it is written)."""
     if type(value) is float:
-        return kept_float(value)
+        return _kept_nonzero(value) if value else value
     if isinstance(value, dict):
         return {key: kept(item) for key, item in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [kept(item) for item in value]
     return value
 
