@@ -24,6 +24,7 @@ from tests.conftest import call
 
 MOVED_TIME = 1795468687.2779167  # a time.time() the engine read back as 1795468687.277917 (a failed CI run)
 MOVED_SHARE = 0.18878891023282363  # read back as ...365
+POINT = "00000000-0000-4000-8000-000000000001"
 
 
 def hard_floats(count: int) -> list[float]:
@@ -58,14 +59,12 @@ def test_every_write_of_the_store_keeps_its_floats(tmp_path: Path, engine: str) 
     try:
         floats = hard_floats(200)
         payload = {"namespace": "n", "q": MOVED_SHARE, "history": [{"at": x, "q": -x} for x in floats]}
-        store.upsert("memories", [Point("00000000-0000-4000-8000-000000000001", np.ones(4), payload)])
-        assert store.get("memories", ["00000000-0000-4000-8000-000000000001"]) == {
-            "00000000-0000-4000-8000-000000000001": kept(payload)
-        }
+        store.upsert("memories", [Point(POINT, np.ones(4), payload)])
+        assert store.get("memories", [POINT]) == {POINT: kept(payload)}
         update = {"q": MOVED_TIME, "metadata": {"deep": [floats[:50]]}}
-        store.set_payload_if("memories", "00000000-0000-4000-8000-000000000001", update, {"namespace": "n"})
-        store.set_payload("memories", "00000000-0000-4000-8000-000000000001", {"updated_at": MOVED_TIME})
-        (read,) = store.get("memories", ["00000000-0000-4000-8000-000000000001"]).values()
+        store.set_payload_if("memories", POINT, update, {"namespace": "n"})
+        store.set_payload("memories", POINT, {"updated_at": MOVED_TIME})
+        (read,) = store.get("memories", [POINT]).values()
         assert (read["q"], read["metadata"], read["updated_at"]) == (
             kept_float(MOVED_TIME),
             kept(update["metadata"]),
