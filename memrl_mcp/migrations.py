@@ -15,6 +15,7 @@ something this code would corrupt.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -24,7 +25,7 @@ import numpy as np
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.storage import Point, Store
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA_POINT = str(uuid.uuid5(uuid.NAMESPACE_URL, "memrl-schema"))
 PROGRESS_EVERY = 1000  # records per progress line of a long migration
 
@@ -50,7 +51,22 @@ def bookkeeping(store: Store) -> int:
     return done
 
 
-STEPS: tuple[tuple[int, Callable[[Store], int]], ...] = ((1, bookkeeping),)
+def history_as_text(store: Store) -> int:
+    """Every memory's Q history is JSON text (:func:`memrl_mcp.records.history_of` says why), so that older code,
+    which reads a list, refuses the store instead of misreading it. Conditional on the memory's version: a report
+    that changed the memory meanwhile wrote its history as text already."""
+    done = 0
+    for memory_id, payload in store.scroll("memories", None, ("history", "version")):
+        if isinstance(payload.get("history"), list):
+            text = json.dumps(payload["history"])
+            store.set_payload_if("memories", memory_id, {"history": text}, {"version": payload.get("version")})
+            done += 1
+            if done % PROGRESS_EVERY == 0:
+                log.info("schema migration: %d Q histories written as text", done)
+    return done
+
+
+STEPS: tuple[tuple[int, Callable[[Store], int]], ...] = ((1, bookkeeping), (2, history_as_text))
 """(the version a step brings the store to, the step: returns how many records it changed), oldest first."""
 
 

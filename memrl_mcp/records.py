@@ -76,14 +76,22 @@ def memory_view(memory_id: str, payload: Mapping[str, Any]) -> MemoryView:
 
 
 def memory_detail(memory_id: str, payload: Mapping[str, Any]) -> MemoryDetail:
-    return MemoryDetail.model_validate({**OPTIONAL_FIELDS, **payload, "id": memory_id})
+    return MemoryDetail.model_validate({**OPTIONAL_FIELDS, **payload, "history": history_of(payload), "id": memory_id})
 
 
-def with_event(payload: Mapping[str, Any], event: QEvent, capacity: int) -> list[dict[str, Any]]:
-    """The memory's Q history with ``event`` appended, the oldest dropped beyond ``capacity`` events. It is
-    written in the same conditional write as the Q it records, so neither exists without the other."""
-    history = [*payload.get("history", []), event.model_dump()]
-    return history[-capacity:] if capacity else []
+def history_of(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A memory's Q history, oldest first. It is stored as JSON text (schema version 2): qdrant-edge's Python binding
+    converts a nested payload value by value, 1.5 ms for a history of 50 events at every Q update, and text in
+    0.05 ms (plus 0.15 ms to write it). Stores older than version 2 held a list, which is still read."""
+    history = payload.get("history") or []
+    return json.loads(history) if isinstance(history, str) else list(history)
+
+
+def with_event(payload: Mapping[str, Any], event: QEvent, capacity: int) -> str:
+    """The memory's Q history with ``event`` appended, the oldest dropped beyond ``capacity`` events, as stored. It
+    is written in the same conditional write as the Q it records, so neither exists without the other."""
+    history = [*history_of(payload), event.model_dump()]
+    return json.dumps(history[-capacity:] if capacity else [])
 
 
 def merged_metadata(old: Mapping[str, Any], new: Mapping[str, Any], max_chars: int) -> dict[str, Any]:

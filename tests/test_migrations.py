@@ -3,6 +3,7 @@ completes at the next open, and a store of a newer schema is refused untouched."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -99,6 +100,43 @@ def test_a_fresh_store_records_its_schema_and_a_reopen_changes_nothing(embedder:
     assert old_fields_left(tmp_path / "data") == (0, SCHEMA_VERSION)
     make_service(embedder, tmp_path / "data").close()
     assert old_fields_left(tmp_path / "data") == (0, SCHEMA_VERSION)
+
+
+@pytest.mark.anyio
+async def test_a_version_1_store_gets_its_q_histories_as_text_and_they_go_on(
+    embedder: Embedder, tmp_path: Path, engine: str
+) -> None:
+    data_dir = tmp_path / "data"
+    event = {"at": 1.7e9, "event": "reward", "reward": 1.0, "q_before": 0.0, "q_after": 0.25, "recall_id": None}
+    payload = {**old_payload("team", TASKS[0]), "version": 1, "applied": ["report:x"], "history": [event]}
+    point = Point(new_id(), embedder.embed([TASKS[0]])[0], payload)
+    write_old_store(data_dir, engine, [point])
+    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine), 384)
+    store.upsert("recalls", [Point(SCHEMA_POINT, np.eye(1, 384, dtype=np.float32)[0], {"schema_version": 1})])
+    store.close()
+
+    def stored_history() -> Any:
+        store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine), 384)
+        try:
+            assert schema_version(store) == SCHEMA_VERSION == 2
+            return store.get("memories", [point.id])[point.id]["history"]
+        finally:
+            store.close()
+
+    make_service(embedder, data_dir, engine).close()  # the open migrates
+    assert stored_history() == json.dumps([event])
+
+    service = make_service(embedder, data_dir, engine)
+    try:
+        async with Client(create_server(service)) as client:
+            recalled = await call(client, "recall_experience", task=TASKS[0], namespace="team")
+            await call(client, "report_outcome", recall_id=recalled["recall_id"], reward=1.0)
+            read = await client.read_resource(f"memrl://memories/{point.id}")
+            history = json.loads(read.contents[0].text)["history"]
+    finally:
+        service.close()
+    assert [e["q_after"] for e in history] == [0.25, pytest.approx(0.25 + 0.3 * 0.75)]
+    assert json.loads(stored_history()) == history
 
 
 def test_a_migration_killed_midway_completes_at_the_next_open(embedder: Embedder, tmp_path: Path) -> None:
