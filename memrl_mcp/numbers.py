@@ -45,7 +45,7 @@ def _nearest_kept(x: float) -> float:
     return x  # not met in any measured float; kept as it is rather than moved far
 
 
-@functools.lru_cache(maxsize=1 << 16)  # a memory's Q history is rewritten whole at each change: its floats recur
+@functools.lru_cache(maxsize=1 << 16)  # the same floats recur from write to write (a Q, a time, a reward)
 def _kept_nonzero(x: float) -> float:
     return math.copysign(_nearest_kept(abs(x)), x) if math.isfinite(x) else x
 
