@@ -52,9 +52,9 @@ def bookkeeping(store: Store) -> int:
 
 
 def history_as_text(store: Store) -> int:
-    """Every memory's Q history is JSON text (:func:`memrl_mcp.records.history_of` says why), so that older code,
-    which reads a list, refuses the store instead of misreading it. Conditional on the memory's version: a report
-    that changed the memory meanwhile wrote its history as text already."""
+    """Every memory's Q history becomes JSON text (:func:`memrl_mcp.records.history_of` says why); the version this
+    step records makes older code, which reads a list, refuse the store instead of misreading it. Each write is
+    conditional on the memory's version: a report that changed the memory meanwhile wrote its history as text."""
     done = 0
     for memory_id, payload in store.scroll("memories", None, ("history", "version")):
         if isinstance(payload.get("history"), list):
