@@ -83,7 +83,7 @@ def cycles(events: int, rounds: int, count: int, tasks: int) -> None:
             return (time.process_time() - start) / n * 1000
 
         for service in services.values():
-            run(service, events * tasks)  # every memory recalled about `events` times: its history is full
+            run(service, events * tasks)  # every memory updated at least `events` times: its history is full
         with_history, without = [], []
         for _ in range(rounds):
             with_history.append(run(services[events], count))

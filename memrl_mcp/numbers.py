@@ -58,7 +58,7 @@ def kept_float(x: float) -> float:
 def kept(value: Any) -> Any:
     """A JSON value with each float replaced by :func:`kept_float` (a payload, before it is written)."""
     if type(value) is float:
-        return _kept_nonzero(value) if value else value
+        return kept_float(value)
     if isinstance(value, dict):
         return {key: kept(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
