@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from memrl_mcp import records
+from memrl_mcp.memory import records
 from memrl_mcp.models import MemoryView
 
 REPO = Path(__file__).resolve().parent.parent

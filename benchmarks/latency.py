@@ -44,10 +44,11 @@ from mcp import Client, StdioServerParameters
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench as B
 
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import MiniLMEmbedder
-from memrl_mcp.memory import MemoryService
-from memrl_mcp.server import create_server
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
+from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import Settings, load_settings
 from memrl_mcp.storage import EdgeStore, Point, open_store
 
@@ -106,7 +107,7 @@ def prefill(settings: Settings, points: list[Point]) -> float:
     """Fill the store, then, on the embedded default, build the HNSW index a server builds in the background once it
     holds ``index_min_memories``: the figures are those of a server in its steady state, not mid-build. Returns the
     seconds both took."""
-    store = open_store(settings, B.DIM)
+    store = open_store(settings.storage, B.DIM)
     start = time.perf_counter()
     for i in range(0, len(points), BATCH):
         store.upsert("memories", points[i : i + BATCH])
@@ -183,7 +184,7 @@ def direct_loop(service: MemoryService, queries, with_experience: bool, seed: in
     for ns, task in queries:
         baseline(ns, task, out)
         start = time.perf_counter()
-        result = service.recall(task, ns, access=EVERYTHING)
+        result = service.recall(RecallQuery(task, ns), access=EVERYTHING)
         recall_ms.append((time.perf_counter() - start) * 1000)
         found.append(len(result.memories))
         experience = experience_text(rng) if with_experience else None
@@ -208,10 +209,10 @@ async def run_size(n: int, args, embedder, pairs, base, queries, overrides, env,
 
     # Baseline and the direct / in-process modes share one service (the store's folder is locked).
     start = time.perf_counter()
-    service = MemoryService(settings, embedder, open_store(settings, B.DIM))
+    service = MemoryService(settings, embedder, open_store(settings.storage, B.DIM))
     out["open_s"] = time.perf_counter() - start
-    base = Baseline(embedder, matrix, namespaces, settings.k1, service.delta)
-    out["delta"], out["merge"] = service.delta, service.merge_threshold
+    base = Baseline(embedder, matrix, namespaces, settings.retrieval.k1, service.scale.delta)
+    out["delta"], out["merge"] = service.scale.delta, service.scale.merge_threshold
     out["direct"] = direct_loop(service, queries, True, 1, base)
     out["direct_noexp"] = direct_loop(service, queries, False, 2, base)
     async with Client(create_server(service)) as client:

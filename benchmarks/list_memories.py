@@ -29,9 +29,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench as B
 
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import MiniLMEmbedder
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import EdgeStore, Point, QdrantClientStore, Store
 

@@ -8,7 +8,7 @@ length over the same queries.
 - The peer: ``mcp-server-qdrant`` (0.8.1 measured), installed in a virtualenv of its own (``--peer``, its
   console script), on a local-path Qdrant (``QDRANT_LOCAL_PATH``: qdrant-client's local mode, its embedded
   option) with FastEmbed's all-MiniLM-L6-v2, fp32, and ``QDRANT_SEARCH_LIMIT`` = our k1. FastEmbed cannot
-  download here: the fp32 model is rebuilt from the published weights (``memrl_mcp.minilm_build``) into the
+  download here: the fp32 model is rebuilt from the published weights (``memrl_mcp.embeddings.minilm_build``) into the
   folder where FastEmbed finds an earlier download (``FASTEMBED_CACHE_PATH``/``fast-all-MiniLM-L6-v2``, with
   ``HF_HUB_OFFLINE=1``). The peer's code runs unmodified.
 
@@ -39,8 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench as B
 import latency
 
-from memrl_mcp import minilm_build
-from memrl_mcp.embeddings import MiniLMEmbedder
+from memrl_mcp.embeddings import MiniLMEmbedder, minilm_build
 from memrl_mcp.settings import load_settings
 
 COLLECTION = "bench"

@@ -68,7 +68,7 @@ def child(data_dir: Path, engine: str, recalls: int, memories: int) -> dict[str,
     """Open the store (writing ``recalls`` recalls and ``memories`` memories first if asked); RSS at each step."""
     settings = load_settings(data_dir=data_dir, embedded_engine=engine)
     before = rss_kb()
-    store = open_store(settings, DIM)
+    store = open_store(settings.storage, DIM)
     opened = rss_kb()
     rng = random.Random(0)
     for table_name, count in (("recalls", recalls), ("memories", memories)):

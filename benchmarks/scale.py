@@ -50,9 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _bench as B
 from latency import corpus
 
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import MiniLMEmbedder
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import EdgeStore, Point
 
@@ -304,7 +305,7 @@ def serve_child(args: argparse.Namespace) -> None:
         embedder.embed([task + " "])  # a text the cache has not seen: the embedding a recall pays
         embed_ms.append((time.perf_counter() - start) * 1000)
         start = time.perf_counter()
-        service.recall(task + " ", namespace, access=EVERYTHING)
+        service.recall(RecallQuery(task + " ", namespace), access=EVERYTHING)
         recall_ms.append((time.perf_counter() - start) * 1000)
     result = {
         "open_s": open_s,

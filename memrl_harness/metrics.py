@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, Field
 
-from memrl_harness.results import EpisodeRecord, RunDir
+from memrl_harness.results import EpisodeRecord, RunConfig, RunDir
+from memrl_mcp.curves import CurvePoint, RunCurve
 
 
 class EpochMetrics(BaseModel):
@@ -361,6 +362,31 @@ def csv_rows(summary: RunSummary) -> tuple[list[str], list[dict[str, object]]]:
             row[column] = match[0].success_rate if match else ""
         rows.append(row)
     return [*CSV_COLUMNS, *type_columns.values()], rows
+
+
+def task_count(config: RunConfig, episodes: Sequence[EpisodeRecord]) -> int | None:
+    """The task list's length: the ids seen once a second epoch began, else the configured K.
+
+    Before epoch 2 the ids seen may undercount an unfinished first epoch, and ``config.tasks`` is
+    the best bound there is (it can overcount when K exceeds the benchmark's size).
+    """
+    if any(r.epoch > 1 for r in episodes):
+        return None
+    return config.tasks
+
+
+def write_curve(run_dir: RunDir, config: RunConfig) -> None:
+    """The run's learning curve so far (``curve.json``, memrl-mcp's format: the ``/ui`` inspector draws it)."""
+    episodes = run_dir.episodes()
+    summary = summarize(episodes, tasks=task_count(config, episodes), epochs_planned=config.epochs)
+    RunCurve(
+        benchmark=config.benchmark,
+        setting=config.setting,
+        label=config.mode_label,
+        seed=config.seed,
+        success_rate=[CurvePoint(epoch=e.epoch, value=e.success_rate, partial=e.partial) for e in summary.epochs],
+        csr=[CurvePoint(epoch=e.epoch, value=e.csr, partial=e.partial) for e in summary.epochs],
+    ).write(run_dir.path)
 
 
 def write_summary(run_dir: RunDir | Path, summary: RunSummary) -> None:

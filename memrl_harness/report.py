@@ -25,6 +25,8 @@ from memrl_harness.metrics import (
     TaskSimilarity,
     aggregate_seeds,
     summarize,
+    task_count,
+    write_curve,
     write_summary,
 )
 from memrl_harness.results import Q_VALUES_FILE, EpisodeRecord, RunConfig, RunDir
@@ -69,17 +71,6 @@ def read_q_values(path: Path) -> dict[str, float] | None:
     return {str(k): float(v["q"] if isinstance(v, dict) else v) for k, v in raw.items()}
 
 
-def task_count(config: RunConfig, episodes: Sequence[EpisodeRecord]) -> int | None:
-    """The task list's length: the ids seen once a second epoch began, else the configured K.
-
-    Before epoch 2 the ids seen may undercount an unfinished first epoch, and ``config.tasks`` is
-    the best bound there is (it can overcount when K exceeds the benchmark's size).
-    """
-    if any(r.epoch > 1 for r in episodes):
-        return None
-    return config.tasks
-
-
 def load_run(path: Path, *, min_injections: int = 1) -> LoadedRun:
     run = RunDir(path)
     config = run.read_config()
@@ -109,11 +100,6 @@ def load_run(path: Path, *, min_injections: int = 1) -> LoadedRun:
     )
 
 
-def _mode_label(config: RunConfig) -> str:
-    label = f"{config.mode} ({config.attempts} trials)" if config.mode == "reflexion" else config.mode
-    return f"{label}, transfer" if config.transfer else label
-
-
 def settings_of(runs: Sequence[LoadedRun]) -> list[Setting]:
     """Runs grouped by everything in their config but the seed, in the order first seen."""
     groups: dict[str, list[LoadedRun]] = defaultdict(list)
@@ -127,7 +113,7 @@ def settings_of(runs: Sequence[LoadedRun]) -> list[Setting]:
     benchmarks = {s.config.benchmark for s in settings}
     models = {s.config.model for s in settings}
     for setting in settings:
-        parts = [_mode_label(setting.config)]
+        parts = [setting.config.mode_label]
         if len(benchmarks) > 1:
             parts.append(setting.config.benchmark)
         if len(models) > 1:
@@ -149,7 +135,7 @@ def assign_labels(runs: Sequence[LoadedRun]) -> None:
     benchmarks = {r.config.benchmark for r in runs}
     models = {r.config.model for r in runs}
     for run in runs:
-        parts: list[str] = [_mode_label(run.config)]
+        parts: list[str] = [run.config.mode_label]
         if len(benchmarks) > 1:
             parts.append(run.config.benchmark)
         if len(models) > 1:
@@ -436,7 +422,7 @@ def build_report(
 ) -> Path:
     """Write ``report.md`` and per-benchmark PNG curves under ``out_dir``; return the report's path.
 
-    With ``write_summaries`` each run folder also gets its ``summary.json`` / ``summary.csv``.
+    With ``write_summaries`` each run folder also gets its ``summary.json`` / ``summary.csv`` and ``curve.json``.
     """
     if not run_dirs:
         raise ValueError("report needs at least one run folder")
@@ -445,6 +431,7 @@ def build_report(
     if write_summaries:
         for run in runs:
             write_summary(run.path, run.summary)
+            write_curve(RunDir(run.path), run.config)  # runs made before the harness kept curve.json get one
             if run.transfer is not None:
                 write_summary(RunDir(run.path).transfer, run.transfer)
     out_dir.mkdir(parents=True, exist_ok=True)

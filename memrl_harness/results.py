@@ -83,6 +83,18 @@ class RunConfig(BaseModel):
         """Attempts per task: reflexion's trials, else one."""
         return (self.trials or DEFAULT_TRIALS) if self.mode == "reflexion" else 1
 
+    @property
+    def mode_label(self) -> str:
+        """The mode in a few words, as a legend shows it."""
+        label = f"{self.mode} ({self.attempts} trials)" if self.mode == "reflexion" else self.mode
+        return f"{label}, transfer" if self.transfer else label
+
+    @property
+    def setting(self) -> str:
+        """Everything the run is but its seed (and what the server reported): runs of equal setting are seeds of
+        one experiment."""
+        return self.model_copy(update={"seed": 0, "memory_settings": None}).model_dump_json()
+
 
 class EpisodeRecord(BaseModel):
     """One finished episode, as the metrics read it."""

@@ -70,7 +70,7 @@ from memrl_harness.benchmarks.base import (
     Task,
 )
 from memrl_harness.llm import LLM, Usage, summarize_experience
-from memrl_harness.metrics import TaskSimilarity, mean_pairwise_similarity
+from memrl_harness.metrics import TaskSimilarity, mean_pairwise_similarity, write_curve
 from memrl_harness.results import (
     EPISODE_Q_MODES,
     MEMORY_MODES,
@@ -294,6 +294,8 @@ class Runner:
             async with self._record_lock:
                 phase.run_dir.append_trajectory(trajectory)  # first: a record always has its trajectory
                 phase.run_dir.append(record)
+                if phase.learn:  # the learning curve the /ui inspector draws, kept current episode by episode
+                    write_curve(phase.run_dir, self.config)
                 counter.step()
 
         phase.run_dir.path.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import time
@@ -12,13 +11,15 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from memrl_mcp import __version__, backup
+from memrl_mcp import __version__
 from memrl_mcp.errors import MemrlError
-from memrl_mcp.memory import MemoryService
-from memrl_mcp.migrations import SchemaTooNewError
-from memrl_mcp.observability import configure_logging
-from memrl_mcp.settings import Settings, SettingsError, load_settings
+from memrl_mcp.memory import archive
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.serving.observability import configure_logging
+from memrl_mcp.settings import Settings, SettingsError, as_yaml, load_settings
 from memrl_mcp.storage import DiskFullError, StoreLockedError
+from memrl_mcp.storage.files import write_atomically
+from memrl_mcp.storage.migrations import SchemaTooNewError
 
 log = logging.getLogger("memrl_mcp")
 
@@ -61,21 +62,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--namespace", metavar="NS", help="The tasks of this namespace's memories in the store.")
     calibrate.add_argument("--out", type=Path, metavar="FILE", help="Write the YAML here (default: stdout).")
     _store_options(calibrate, default=argparse.SUPPRESS)
+    config = commands.add_parser(
+        "config",
+        help="Print the effective settings and where each came from.",
+        description="Print the effective settings as YAML, each with where its value came from (default, the "
+        "config file, an environment variable, an argument); secrets are masked. An unknown MEMRL_* variable or "
+        "config key is an error naming the closest setting.",
+    )
+    config.add_argument(
+        "--defaults", action="store_true", help="Print the annotated defaults instead (a config file to start from)."
+    )
+    _store_options(config, default=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def _store_options(parser: argparse.ArgumentParser, default: str | None) -> None:
     """Given before or after the subcommand (a subcommand's SUPPRESS default keeps the value given before it)."""
     parser.add_argument(
-        "--config", default=default, help="YAML settings file (same as MEMRL_CONFIG); see configs/default.yaml."
+        "--config",
+        default=default,
+        help="YAML settings file (else MEMRL_CONFIG); `memrl-mcp config --defaults` prints one.",
     )
     parser.add_argument("--data-dir", default=default, help="Folder of the embedded store (same as MEMRL_DATA_DIR).")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    if args.config:
-        os.environ["MEMRL_CONFIG"] = args.config
-    return load_settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    return load_settings(args.config, **({"data_dir": args.data_dir} if args.data_dir else {}))
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -86,22 +98,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "calibrate":
         return run_calibrate(args)
+    if args.command == "config":
+        return run_config(args)
     return serve(args) if args.command is None else run_backup(args)
 
 
 def serve(args: argparse.Namespace) -> int:
-    from memrl_mcp import serving  # the MCP and HTTP stack: not loaded by export / import
+    from memrl_mcp.serving import http  # the MCP and HTTP stack: not loaded by export / import
 
     try:
         settings = _settings(args)
-        log_calls = settings.log_calls if settings.log_calls is not None else args.transport != "stdio"
-        configure_logging(settings.log_format, log_calls)
-        tokens = serving.tokens_for(settings, args.transport, args.host)
+        serving = settings.serving
+        log_calls = serving.log_calls if serving.log_calls is not None else args.transport != "stdio"
+        configure_logging(serving.log_format, log_calls)
+        tokens = http.tokens_for(serving, args.transport, args.host)
         service = MemoryService.open(settings)
     except (SettingsError, MemrlError) as error:  # a locked store, a full disk, a tampered or uncalibrated model
         print(f"memrl-mcp: {error}", file=sys.stderr)
         return 2
-    where = settings.qdrant_url or settings.data_dir
+    where = settings.storage.qdrant_url or settings.storage.data_dir
     log.info(
         "memory open: %s (embedder %s, %s transport%s)",
         where,
@@ -115,7 +130,7 @@ def serve(args: argparse.Namespace) -> int:
     # store cleanly: turn it into the KeyboardInterrupt that the finally clause below handles.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        serving.serve(service, args.transport, args.host, args.port, tokens)
+        http.serve(service, args.transport, args.host, args.port, tokens)
     except KeyboardInterrupt:
         pass
     finally:
@@ -127,12 +142,12 @@ def run_backup(args: argparse.Namespace) -> int:
     """``export`` or ``import``: a refusal (bad settings or file, a store held by a server) is a message, status 2."""
     try:
         settings = _settings(args)
-        configure_logging(settings.log_format)
+        configure_logging(settings.serving.log_format)
         if args.command == "export":
-            summary = backup.export_memories(settings, args.out, args.namespace, sys.stdout.buffer)
+            summary = archive.export_memories(settings, args.out, args.namespace, sys.stdout.buffer)
         else:
-            summary = backup.import_memories(settings, args.file, Progress(f"memrl-mcp {args.command}", sys.stderr))
-    except (SettingsError, StoreLockedError, DiskFullError, SchemaTooNewError, backup.BackupError, OSError) as error:
+            summary = archive.import_memories(settings, args.file, Progress(f"memrl-mcp {args.command}", sys.stderr))
+    except (SettingsError, StoreLockedError, DiskFullError, SchemaTooNewError, archive.BackupError, OSError) as error:
         print(f"memrl-mcp {args.command}: {error}", file=sys.stderr)
         return 2
     print(f"memrl-mcp {args.command}: {summary}", file=sys.stderr)
@@ -168,14 +183,14 @@ class Progress:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """``calibrate``: bad settings or input, or a store held by a server, is a message and status 2."""
-    from memrl_mcp import calibrate  # numpy work and the model: not loaded by the other commands
+    from memrl_mcp.embeddings import calibrate  # numpy work and the model: not loaded by the other commands
 
     try:
         settings = _settings(args)
-        configure_logging(settings.log_format)
+        configure_logging(settings.serving.log_format)
         text = calibrate.calibrate(settings, args.tasks, args.namespace).to_yaml()
         if args.out:
-            backup.write_atomically(args.out, lambda stream: stream.write(text.encode()))
+            write_atomically(args.out, lambda stream: stream.write(text.encode()))
         else:
             sys.stdout.write(text)
     except (MemrlError, ValueError, OSError) as error:  # ValueError: SettingsError, an unknown FastEmbed model
@@ -183,6 +198,19 @@ def run_calibrate(args: argparse.Namespace) -> int:
         return 2
     if args.out:
         print(f"memrl-mcp calibrate: wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def run_config(args: argparse.Namespace) -> int:
+    """``config``: the settings as YAML on stdout; bad settings are a message and status 2."""
+    if args.defaults:
+        sys.stdout.write(as_yaml())
+        return 0
+    try:
+        sys.stdout.write(as_yaml(_settings(args)))
+    except SettingsError as error:
+        print(f"memrl-mcp config: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

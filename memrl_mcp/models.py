@@ -1,16 +1,14 @@
-"""What the tools return: typed, so MCP clients get an output schema and structured content."""
+"""What the tools take and return: typed, so MCP clients get input and output schemas and structured content."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, with_config
 
-from memrl_mcp.numbers import KeptFloat, KeptJson
-
-Outcome = Literal["success", "failure"]
-SortKey = Literal["q", "visits", "updated_at"]
-"""What list_memories sorts by: payload fields with a range index, so the engines order them (order_by)."""
+from memrl_mcp.storage.numbers import KeptFloat, KeptJson
+from memrl_mcp.validation import Outcome
 
 
 class MemoryView(BaseModel):
@@ -70,6 +68,40 @@ class SearchResult(BaseModel):
     candidates: int = Field(description="Size of the Phase-A pool the memories were chosen from.")
     explored: bool = Field(description="True when epsilon-greedy exploration picked the memories.")
     memories: list[RecalledMemory]
+
+
+@with_config(ConfigDict(extra="forbid", strict=True))  # as a JSON body (the inspector): no coercion, no stray key
+@dataclass(frozen=True)
+class RecallQuery:
+    """What a recall (or a search, or a preview of either) is asked: the task, and optionally the namespace and
+    Phase A and B's numbers; ``None`` is the server's setting. The service checks every field and fills in the
+    settings: the query it hands on is resolved (no ``None``)."""
+
+    task: str
+    namespace: str | None = None
+    k1: int | None = None
+    k2: int | None = None
+    q_weight: float | None = None
+    delta: float | None = None
+
+
+class PoolCandidate(MemoryView):
+    """A memory of Phase A's pool with every number Phase B chose by."""
+
+    similarity: float = Field(description="Cosine similarity of its task to the query task (Phase A).")
+    z_similarity: float
+    z_q: float
+    score: float = Field(description="(1 - lambda) z_similarity + lambda z_q.")
+    chosen: bool = Field(description="Among the k2 a recall returns (without exploration).")
+
+
+class RecallPool(BaseModel):
+    """Phase A's whole pool in Phase A's order (most similar first), scored, with the choice a recall would make
+    without exploring: a recall explained, without a recall (nothing logged, no Q moves)."""
+
+    query: RecallQuery = Field(description="The query with the server's settings filled in.")
+    namespace: str
+    candidates: list[PoolCandidate]
 
 
 class RecallResult(SearchResult):

@@ -1,68 +1,73 @@
-"""Settings: environment variables (``MEMRL_*``), an optional YAML file, defaults from the paper.
+"""Settings: defaults from the papers, a YAML file, environment variables and explicit values, grouped by concern.
 
-Precedence, highest first: explicit arguments, environment, YAML file (``MEMRL_CONFIG`` or
-``--config``), defaults. Every value is validated; a bad one is reported with its name.
+Every setting has one name (``k1``, ``data_dir``, ``step_n``...), unique across the groups, and belongs to one group:
+``storage``, ``embeddings``, ``similarity``, ``retrieval``, ``learning``, ``steps``, ``limits``, ``namespaces``,
+``serving``. Each part of the server takes its own group (the store its :class:`StorageSettings`, the embedder its
+:class:`EmbeddingSettings`...), never the whole configuration.
+
+Where a value comes from, highest first:
+
+1. an explicit value: ``load_settings(k1=3)``, or the command line's ``--data-dir``;
+2. the environment: ``MEMRL_<NAME>`` (``MEMRL_K1=3``; lists and objects as JSON), and for three settings the names
+   the Qdrant ecosystem uses (``QDRANT_URL``, ``QDRANT_API_KEY``, ``COLLECTION_NAME``), which ``MEMRL_*`` overrides;
+3. the YAML file (``--config FILE``, else ``MEMRL_CONFIG``), where each setting sits under its group
+   (``retrieval: {k1: 3}``);
+4. the default.
+
+A bad value is refused with its name and where it came from; so is an unknown name (a ``MEMRL_*`` variable, a YAML
+key, an argument), with the closest known one: a typo must not silently leave a default in place.
+:meth:`Settings.origin` says where each value came from (``memrl-mcp config`` prints them all).
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
+import textwrap
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import platformdirs
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
-from memrl_mcp.errors import MemoryRequestError, MemrlError
-from memrl_mcp.validation import MAX_K, NAMESPACE, NAMESPACE_PATTERN, NamespaceName
+from memrl_mcp.errors import MemrlError
+from memrl_mcp.validation import MAX_K, NAMESPACE_PATTERN, NamespaceName
 
 ALL_NAMESPACES = "*"
 MIN_TOKEN_CHARS = 16
+ENV_PREFIX = "MEMRL_"
+ECOSYSTEM_VARIABLES = {"qdrant_url": "QDRANT_URL", "qdrant_api_key": "QDRANT_API_KEY", "collection": "COLLECTION_NAME"}
+"""The Qdrant ecosystem's names for three settings (the official Qdrant MCP server reads them); ``MEMRL_*`` wins."""
+OTHER_VARIABLES = frozenset(
+    {
+        "MEMRL_LLM_BASE_URL",
+        "MEMRL_LLM_MODEL",
+        "MEMRL_LLM_API_KEY",
+        "MEMRL_MEMORY_TOKEN",
+        "MEMRL_SHARED_DATA",
+        "MEMRL_LLB_ROOTFS",
+    }
+)
+"""``MEMRL_*`` variables that are not settings of the server: memrl-harness's own, which a harness run's environment
+holds when it starts a server."""
 
 
 class SettingsError(MemrlError, ValueError):
-    """A setting has a bad value; the message names the setting."""
+    """A setting has a bad value, or a name that is no setting; the message names it and where it came from."""
 
 
-class TokenGrant(BaseModel):
-    """One bearer token of the HTTP transports and the namespaces it may use (its tenant).
+class Group(BaseModel):
+    """A group of settings: closed (an unknown name is an error, not ignored) and read-only once built."""
 
-    The first namespace listed is the one a call that names none uses; ``"*"`` grants every namespace.
-    Give the token itself, or only its SHA-256 (hex) to keep it out of the config file."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=NAMESPACE_PATTERN, description="Who holds the token (logs, metrics).")
-    token: SecretStr | None = Field(None, min_length=MIN_TOKEN_CHARS, description="The bearer token.")
-    token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the bearer token.")
-    namespaces: list[str] = Field(min_length=1, description='Namespaces this token may use; "*": all.')
-
-    @model_validator(mode="after")
-    def _one_secret(self) -> TokenGrant:
-        if (self.token is None) == (self.token_sha256 is None):
-            raise ValueError(f"token {self.name!r}: give exactly one of token or token_sha256")
-        for namespace in self.namespaces:
-            if namespace != ALL_NAMESPACES:
-                try:
-                    NAMESPACE.check("namespace", namespace)
-                except MemoryRequestError as error:
-                    raise ValueError(f"token {self.name!r}: {error}") from None
-        return self
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _aliases(name: str, ecosystem: str) -> AliasChoices:
-    """A setting read as ``MEMRL_<NAME>`` first, then under the ecosystem's usual environment variable; ``name``
-    itself keeps working in YAML files and as an argument."""
-    return AliasChoices(f"MEMRL_{name.upper()}", ecosystem, name)
+class StorageSettings(Group):
+    """Where the memories live: an embedded Qdrant engine under ``data_dir``, or a Qdrant server."""
 
-
-class Settings(BaseSettings):
-    """All knobs of the memory server. Environment variable: ``MEMRL_`` + the upper-case name."""
-
-    model_config = SettingsConfigDict(env_prefix="MEMRL_", extra="forbid", validate_default=True)
-
-    # Storage
     data_dir: Path = Field(
         default_factory=lambda: Path(platformdirs.user_data_dir("memrl-mcp")),
         description="Folder of the embedded store (and nothing else).",
@@ -71,21 +76,15 @@ class Settings(BaseSettings):
         "edge",
         description="Embedded engine when no qdrant_url is set: qdrant-edge (default) or qdrant-client's local mode.",
     )
-    # The Qdrant ecosystem's usual variables (mcp-server-qdrant's) work too; MEMRL_* wins when both are set.
     qdrant_url: str | None = Field(
-        None,
-        validation_alias=_aliases("qdrant_url", "QDRANT_URL"),
-        description="A Qdrant server URL; when set, the embedded store is not used. Env: also QDRANT_URL.",
+        None, description="A Qdrant server URL; when set, the embedded store is not used. Env: also QDRANT_URL."
     )
     qdrant_api_key: SecretStr | None = Field(
-        None,
-        validation_alias=_aliases("qdrant_api_key", "QDRANT_API_KEY"),
-        description="API key of the Qdrant server. Env: also QDRANT_API_KEY.",
+        None, description="API key of the Qdrant server. Env: also QDRANT_API_KEY."
     )
     collection: str = Field(
         "memrl",
         pattern=r"^[A-Za-z0-9_-]{1,64}$",
-        validation_alias=_aliases("collection", "COLLECTION_NAME"),
         description="Collection name prefix (tables are <collection>_memories, ...). Env: also COLLECTION_NAME.",
     )
     min_free_disk_mb: int = Field(
@@ -99,18 +98,16 @@ class Settings(BaseSettings):
         ge=0,
         le=1 << 40,
         description="qdrant-edge: memories searched exactly before an HNSW index is built for them, in the "
-        "background (0: always exact). An exact filtered search of 10,000 costs ~5% of the query's embedding, "
-        "of 20,000 ~22%, of 50,000 ~74% (measured side by side).",
+        "background (0: always exact).",
     )
     hnsw_ef: int = Field(
-        128,
-        ge=1,
-        le=4096,
-        description="qdrant-edge: candidates an HNSW search keeps (higher: closer to exact, slower). Measured in "
-        "benchmarks/scale.py.",
+        128, ge=1, le=4096, description="qdrant-edge: candidates an HNSW search keeps (higher: closer to exact)."
     )
 
-    # Embeddings
+
+class EmbeddingSettings(Group):
+    """Which model turns task texts into vectors."""
+
     embedder: Literal["minilm", "fastembed", "openai"] = Field(
         "minilm",
         description="minilm: all-MiniLM-L6-v2 int8 shipped in the package, offline. fastembed: any FastEmbed model "
@@ -131,33 +128,50 @@ class Settings(BaseSettings):
         10_000, ge=0, le=10_000_000, description="Task texts whose vectors are kept in memory (1.5 KB each at 384-d)."
     )
 
-    # Retrieval (MEMRL.md, Phase A and B)
-    k1: int = Field(5, ge=1, le=MAX_K, description="Phase A: candidates recalled by similarity.")
-    k2: int = Field(3, ge=1, le=MAX_K, description="Phase B: memories returned after re-ranking (<= k1).")
-    q_weight: float = Field(0.5, ge=0.0, le=1.0, description="lambda: weight of utility vs similarity (0 = RAG).")
+
+class SimilaritySettings(Group):
+    """The embedder's similarity scale; unset, the embedder's own measured constants (``memrl-mcp calibrate``)."""
+
     delta: float | None = Field(
         None, ge=-1.0, le=1.0, description="Phase A similarity threshold; default: the embedder's documented one."
     )
-    sim_normalization: Literal["corpus", "pool"] = Field(
-        "corpus", description="z(sim) with the embedder's corpus mean/std (paper's code) or the pool's own."
-    )
     sim_mean: float | None = Field(None, ge=-1.0, le=1.0, description="Corpus mean similarity; default: embedder's.")
     sim_std: float | None = Field(None, gt=0.0, le=2.0, description="Corpus similarity std; default: embedder's.")
-    epsilon: float = Field(0.0, ge=0.0, le=1.0, description="Probability of picking k2 candidates uniformly.")
-    seed: int | None = Field(None, description="Seed of the exploration draws (None: not reproducible).")
-
-    # Update (MEMRL.md, Monte-Carlo utility)
-    alpha: float = Field(0.3, gt=0.0, le=1.0, description="Learning rate of Q <- Q + alpha (R - Q).")
-    q_init_success: float = Field(0.0, description="Initial Q of a stored success.")
-    q_init_failure: float = Field(0.0, description="Initial Q of a stored failure.")
-    reward_min: float = Field(-1.0, description="Lowest accepted reward.")
-    reward_max: float = Field(1.0, description="Highest accepted reward.")
     merge_threshold: float | None = Field(
         None,
         ge=0.0,
         le=1.0,
         description="Task similarity at which a new memory merges into a twin; default: embedder's.",
     )
+
+
+class RetrievalSettings(Group):
+    """MemRL's two phases (MEMRL.md): Phase A by similarity, Phase B by similarity and learned utility."""
+
+    k1: int = Field(5, ge=1, le=MAX_K, description="Phase A: candidates recalled by similarity.")
+    k2: int = Field(3, ge=1, le=MAX_K, description="Phase B: memories returned after re-ranking (<= k1).")
+    q_weight: float = Field(0.5, ge=0.0, le=1.0, description="lambda: weight of utility vs similarity (0 = RAG).")
+    sim_normalization: Literal["corpus", "pool"] = Field(
+        "corpus", description="z(sim) with the embedder's corpus mean/std (paper's code) or the pool's own."
+    )
+    epsilon: float = Field(0.0, ge=0.0, le=1.0, description="Probability of picking k2 candidates uniformly.")
+    seed: int | None = Field(None, description="Seed of the exploration draws (None: not reproducible).")
+
+    @model_validator(mode="after")
+    def _k2_within_k1(self) -> RetrievalSettings:
+        if self.k2 > self.k1:
+            raise ValueError(f"k2 ({self.k2}) must not exceed k1 ({self.k1})")
+        return self
+
+
+class LearningSettings(Group):
+    """MemRL's Monte-Carlo utility (Q <- Q + alpha (R - Q)) and what a recall promises until it is reported."""
+
+    alpha: float = Field(0.3, gt=0.0, le=1.0, description="Learning rate of Q <- Q + alpha (R - Q).")
+    q_init_success: float = Field(0.0, description="Initial Q of a stored success.")
+    q_init_failure: float = Field(0.0, description="Initial Q of a stored failure.")
+    reward_min: float = Field(-1.0, description="Lowest accepted reward.")
+    reward_max: float = Field(1.0, description="Highest accepted reward.")
     recall_ttl_seconds: float = Field(
         24 * 3600.0,
         gt=0,
@@ -171,14 +185,37 @@ class Settings(BaseSettings):
         description="Unreported recalls a namespace keeps; beyond it the oldest are dropped (a report of one is "
         "refused as expired). Agents have a few episodes in flight each; 1000 is ~3 MB of disk per namespace.",
     )
+    q_history_size: int = Field(
+        50,
+        ge=0,
+        le=1000,
+        description="Changes of Q each memory keeps (reward, Q before and after, time, recall); the oldest go first. "
+        "About 160 characters each as JSON.",
+    )
 
-    # Step memory (Rememberer, arXiv 2306.07929; defaults from its code, OpenDFM/Rememberer, where it has them)
+    @model_validator(mode="after")
+    def _rewards(self) -> LearningSettings:
+        if not self.reward_min < self.reward_max:
+            raise ValueError(f"reward_min ({self.reward_min}) must be below reward_max ({self.reward_max})")
+        for name in ("q_init_success", "q_init_failure"):
+            if not self.reward_min <= getattr(self, name) <= self.reward_max:
+                raise ValueError(f"{name} must lie in [reward_min, reward_max]")
+        return self
+
+    def q_init(self, outcome: str) -> float:
+        """Q_init of a new memory of this outcome."""
+        return self.q_init_success if outcome == "success" else self.q_init_failure
+
+
+class StepSettings(Group):
+    """Rememberer's step memory (arXiv 2306.07929); defaults from its code (OpenDFM/Rememberer) where it has them."""
+
     step_n: int = Field(
         1,
         ge=1,
         le=100,
-        description="n of the n-step bootstrapped target (the code's --n-step-flatten; its "
-        "WebShop and WikiHow runs use 1, its ALFWorld run 5).",
+        description="n of the n-step bootstrapped target (the code's --n-step-flatten; its WebShop and WikiHow runs "
+        "use 1, its ALFWorld run 5).",
     )
     step_gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount gamma of the target (the code's default).")
     step_update: Literal["mean", "const"] = Field(
@@ -193,8 +230,8 @@ class Settings(BaseSettings):
         0.6,
         ge=0.0,
         le=1.0,
-        description="w of the match (1 - w) sim(task) + w sim(observation): the code's ALFWorld "
-        "matcher weighs the instruction 0.4 and the observation 0.6.",
+        description="w of the match (1 - w) sim(task) + w sim(observation): the code's ALFWorld matcher weighs the "
+        "instruction 0.4 and the observation 0.6.",
     )
     step_k: int = Field(2, ge=1, le=MAX_K, description="Records recall_step_advice matches (the code shows 2).")
     step_delta: float | None = Field(
@@ -204,18 +241,14 @@ class Settings(BaseSettings):
         0.9,
         ge=-1.0,
         le=1.0,
-        description="Lowest match of the record whose max Q is the tail of a target when no "
-        "record has o_{t+n} exactly (the code takes the nearest at any distance; ours, so an unrelated record "
-        "cannot lend its value).",
+        description="Lowest match of the record whose max Q is the tail of a target when no record has o_{t+n} "
+        "exactly (the code takes the nearest at any distance; ours, so an unrelated record cannot lend its value).",
     )
     step_advice_threshold: float = Field(
         0.0, description="Actions with Q above it are encouraged, at or below it discouraged (the code: Q > 0)."
     )
     step_max_records: int = Field(
-        500,
-        ge=2,
-        le=10_000_000,
-        description="Step records per namespace (the code's runs: 500); eviction rule in the README.",
+        500, ge=2, le=10_000_000, description="Step records per namespace (the code's runs: 500)."
     )
     step_max_actions: int = Field(
         10, ge=1, le=1000, description="Actions per record (the code's runs: 10); beyond, the lowest mean reward goes."
@@ -224,24 +257,26 @@ class Settings(BaseSettings):
         512,
         ge=16,
         le=100_000,
-        description="An observation longer than this is embedded as its head and tail, "
-        "half each (MiniLM reads 128 tokens, about 512 characters); the whole text still keys the record.",
-    )
-    max_observation_chars: int = Field(8000, ge=1, description="Longest accepted observation text.")
-    max_action_chars: int = Field(1000, ge=1, description="Longest accepted action text.")
-    max_trajectory_steps: int = Field(200, ge=1, le=10_000, description="Most steps in one reported trajectory.")
-    q_history_size: int = Field(
-        50,
-        ge=0,
-        le=1000,
-        description="Changes of Q each memory keeps (reward, Q before and after, time, recall); the oldest go first. "
-        "About 160 characters each as JSON.",
+        description="An observation longer than this is embedded as its head and tail, half each (MiniLM reads 128 "
+        "tokens, about 512 characters); the whole text still keys the record.",
     )
 
-    # Input limits
+
+class LimitSettings(Group):
+    """The largest inputs accepted (every refusal names the field and the limit)."""
+
     max_task_chars: int = Field(4000, ge=1, description="Longest accepted task text.")
     max_experience_chars: int = Field(20000, ge=1, description="Longest accepted experience text.")
     max_metadata_chars: int = Field(4000, ge=2, description="Longest accepted metadata, as JSON.")
+    max_observation_chars: int = Field(8000, ge=1, description="Longest accepted observation text.")
+    max_action_chars: int = Field(1000, ge=1, description="Longest accepted action text.")
+    max_trajectory_steps: int = Field(200, ge=1, le=10_000, description="Most steps in one reported trajectory.")
+    max_list_page: int = Field(100, ge=1, le=1000, description="Most memories one list_memories page returns.")
+
+
+class NamespaceSettings(Group):
+    """Which namespace a call that names none uses."""
+
     namespace: NamespaceName = Field(
         "default",
         description="Default namespace of a call that names none and whose token names none. Left unset, a client "
@@ -253,9 +288,33 @@ class Settings(BaseSettings):
         "names a namespace, use one derived from the first root (<folder name>-<hash of its URI>), so one server "
         "shared by several projects keeps their memories apart.",
     )
-    max_list_page: int = Field(100, ge=1, le=1000, description="Most memories one list_memories page returns.")
 
-    # Serving over HTTP
+
+class TokenGrant(BaseModel):
+    """One bearer token of the HTTP transports and the namespaces it may use (its tenant).
+
+    The first namespace listed is the one a call that names none uses; ``"*"`` grants every namespace.
+    Give the token itself, or only its SHA-256 (hex) to keep it out of the config file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAMESPACE_PATTERN, description="Who holds the token (logs, metrics).")
+    token: SecretStr | None = Field(None, min_length=MIN_TOKEN_CHARS, description="The bearer token.")
+    token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the bearer token.")
+    namespaces: list[Literal["*"] | NamespaceName] = Field(
+        min_length=1, description='Namespaces this token may use; "*": all.'
+    )
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> TokenGrant:
+        if (self.token is None) == (self.token_sha256 is None):
+            raise ValueError(f"token {self.name!r}: give exactly one of token or token_sha256")
+        return self
+
+
+class ServingSettings(Group):
+    """The HTTP transports (tokens, sessions, hosts), logs, and what the server offers."""
+
     tokens: list[TokenGrant] = Field(
         default_factory=list,
         description="Bearer tokens of the HTTP transports, each with its namespaces (env: a JSON list).",
@@ -267,7 +326,7 @@ class Settings(BaseSettings):
         "e.g. memory.example.com:*",
     )
     max_sessions_per_token: int = Field(
-        64, ge=1, le=100_000, description="Open streamable-HTTP sessions one token (or all tokenless clients) may hold."
+        64, ge=1, le=100_000, description="Open HTTP sessions one token (or all tokenless clients) may hold."
     )
     session_idle_seconds: float = Field(
         600.0, gt=0, le=86_400, description="A streamable-HTTP session with no request for this long is closed."
@@ -281,49 +340,203 @@ class Settings(BaseSettings):
     read_only: bool = Field(
         False,
         description="Offer lookups only (search_experience, memory_stats, list_memories, resources): a frozen "
-        "memory, e.g. for a transfer evaluation. Recovery of an interrupted report still runs when the store opens.",
+        "memory, e.g. for a transfer evaluation.",
     )
     ui_runs: list[Path] = Field(
         default_factory=list,
         description="Harness run folders, or folders of run folders, whose learning curves the /ui inspector draws.",
     )
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Settings:
-        if self.k2 > self.k1:
-            raise ValueError(f"k2 ({self.k2}) must not exceed k1 ({self.k1})")
-        if not self.reward_min < self.reward_max:
-            raise ValueError(f"reward_min ({self.reward_min}) must be below reward_max ({self.reward_max})")
-        for name in ("q_init_success", "q_init_failure"):
-            if not self.reward_min <= getattr(self, name) <= self.reward_max:
-                raise ValueError(f"{name} must lie in [reward_min, reward_max]")
-        return self
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
-        config_file = os.environ.get("MEMRL_CONFIG")
-        if config_file:
-            sources += (YamlConfigSettingsSource(settings_cls, yaml_file=config_file),)
-        return sources
+GROUPS: dict[str, type[Group]] = {
+    "storage": StorageSettings,
+    "embeddings": EmbeddingSettings,
+    "similarity": SimilaritySettings,
+    "retrieval": RetrievalSettings,
+    "learning": LearningSettings,
+    "steps": StepSettings,
+    "limits": LimitSettings,
+    "namespaces": NamespaceSettings,
+    "serving": ServingSettings,
+}
+GROUP_OF: dict[str, str] = {name: group for group, model in GROUPS.items() for name in model.model_fields}
+"""Every setting's group, by its name (the names are unique across groups: a test checks it)."""
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """Build the settings, turning pydantic's errors into one message that names each bad setting."""
-    config_file = os.environ.get("MEMRL_CONFIG")
-    if config_file and not Path(config_file).is_file():
-        raise SettingsError(f"MEMRL_CONFIG: file not found: {config_file}")
+class Settings(BaseModel):
+    """Every setting of the server, by group; :func:`load_settings` builds it from its sources."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    similarity: SimilaritySettings = Field(default_factory=SimilaritySettings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    learning: LearningSettings = Field(default_factory=LearningSettings)
+    steps: StepSettings = Field(default_factory=StepSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    namespaces: NamespaceSettings = Field(default_factory=NamespaceSettings)
+    serving: ServingSettings = Field(default_factory=ServingSettings)
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def value(self, name: str) -> Any:
+        """The value of the setting ``name`` (whatever its group)."""
+        return getattr(getattr(self, GROUP_OF[name]), name)
+
+    def origin(self, name: str) -> str:
+        """Where the value of ``name`` came from: ``default``, ``argument``, ``environment MEMRL_K1``, ``file ...``."""
+        return self._origins.get(name, "default")
+
+    def is_set(self, name: str) -> bool:
+        """True when ``name`` was given by some source (not left at its default)."""
+        return name in self._origins
+
+
+def load_settings(
+    config_file: Path | str | None = None, environ: Mapping[str, str] | None = None, **values: Any
+) -> Settings:
+    """The settings from ``values`` (by setting name), the environment (``os.environ`` unless given), the YAML file
+    ``config_file`` and the defaults, in that order of precedence (module docstring)."""
+    environ = os.environ if environ is None else environ
+    config_file = config_file or environ.get("MEMRL_CONFIG") or None
+    layers: list[tuple[str, dict[str, Any]]] = []  # lowest precedence first: (where, {name: value})
+    if config_file is not None:
+        layers.append((f"file {config_file}", _from_file(Path(config_file))))
+    layers += _from_environment(environ)
+    unknown = [name for name in values if name not in GROUP_OF]
+    if unknown:
+        raise SettingsError(_unknown(unknown[0], GROUP_OF, "argument"))
+    layers.append(("argument", dict(values)))
+    grouped: dict[str, dict[str, Any]] = {}
+    origins: dict[str, str] = {}
+    for where, layer in layers:
+        for name, value in layer.items():
+            grouped.setdefault(GROUP_OF[name], {})[name] = value
+            origins[name] = where
     try:
-        return Settings(**overrides)
+        settings = Settings.model_validate(grouped)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in e['loc']) or 'settings'}: {e['msg']}" for e in error.errors()
-        )
-        raise SettingsError(f"invalid settings: {problems}") from None
+        raise SettingsError("invalid settings: " + "; ".join(_problem(e, origins) for e in error.errors())) from None
+    settings._origins.update(origins)
+    return settings
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    """The settings of a YAML file, each under its group; a flat or unknown key is refused with the right place."""
+    try:
+        content = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SettingsError(f"config file {path}: file not found") from None
+    except OSError as error:
+        raise SettingsError(f"config file {path}: cannot read it ({error.strerror})") from None
+    except yaml.YAMLError as error:
+        raise SettingsError(f"config file {path}: not YAML ({error})") from None
+    if content is None:
+        return {}
+    if not isinstance(content, dict):
+        raise SettingsError(f"config file {path}: must be a mapping of groups ({', '.join(GROUPS)})")
+    found: dict[str, Any] = {}
+    for group, entries in content.items():
+        if group in GROUP_OF:
+            raise SettingsError(
+                f"config file {path}: {group} goes under {GROUP_OF[group]}: (each setting sits under its group)"
+            )
+        if group not in GROUPS:
+            raise SettingsError(f"config file {path}: " + _unknown(str(group), GROUPS, "group"))
+        if entries is None:
+            continue
+        if not isinstance(entries, dict):
+            raise SettingsError(f"config file {path}: {group} must be a mapping of settings")
+        for name, value in entries.items():
+            if GROUP_OF.get(name) != group:
+                where = f" (it belongs under {GROUP_OF[name]}:)" if name in GROUP_OF else ""
+                raise SettingsError(f"config file {path}: {group}.{name}: no such setting in {group}{where}")
+            found[name] = value
+    return found
+
+
+def _from_environment(environ: Mapping[str, str]) -> list[tuple[str, dict[str, Any]]]:
+    """The settings of the environment: the ecosystem's names first, then ``MEMRL_*`` (which win)."""
+    ecosystem = {
+        f"environment {variable}": {name: _parse(name, variable, environ[variable])}
+        for name, variable in ECOSYSTEM_VARIABLES.items()
+        if variable in environ
+    }
+    layers = [(where, layer) for where, layer in ecosystem.items()]
+    known = {ENV_PREFIX + name.upper(): name for name in GROUP_OF}
+    for variable in sorted(environ):
+        if not variable.startswith(ENV_PREFIX) or variable == "MEMRL_CONFIG" or variable in OTHER_VARIABLES:
+            continue
+        if variable not in known:
+            raise SettingsError(_unknown(variable, known, "environment variable"))
+        name = known[variable]
+        layers.append((f"environment {variable}", {name: _parse(name, variable, environ[variable])}))
+    return layers
+
+
+def _parse(name: str, variable: str, text: str) -> Any:
+    """An environment value: JSON for a list or an object (``MEMRL_TOKENS``), else the text (pydantic converts it)."""
+    annotation = GROUPS[GROUP_OF[name]].model_fields[name].annotation
+    if get_origin(annotation) in (list, dict) or any(get_origin(arg) in (list, dict) for arg in get_args(annotation)):
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise SettingsError(f'{variable}: {name} is a list; give it as JSON, e.g. ["..."]') from None
+    return text
+
+
+def _unknown(name: str, known: Mapping[str, Any] | frozenset[str], kind: str) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"{name}: no such {kind}{hint}"
+
+
+def _problem(error: Any, origins: Mapping[str, str]) -> str:
+    """One validation error as ``name (from where): message``."""
+    location = [str(part) for part in error["loc"]]
+    name = next((part for part in reversed(location) if part in GROUP_OF), location[-1] if location else "settings")
+    inner = ".".join(location[location.index(name) + 1 :]) if name in location else ""
+    where = f" (from {origins[name]})" if name in origins else ""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{name}{'.' + inner if inner else ''}{where}: {message}"
+
+
+def as_yaml(settings: Settings | None = None) -> str:
+    """The settings as a YAML file of groups. Without ``settings``: the defaults, each with its description above it
+    (the annotated file shipped as ``memrl_mcp/defaults.yaml``); with them: their values, each with where it came
+    from (``memrl-mcp config``). Secrets are shown as ``"***"``."""
+    lines = [
+        "# memrl-mcp settings: memrl-mcp --config FILE (or MEMRL_CONFIG=FILE). Each setting can also be set as an",
+        "# environment variable, MEMRL_ + its name in upper case (the environment wins over this file).",
+    ]
+    for group, model in GROUPS.items():
+        lines += ["", f"# {(model.__doc__ or group).splitlines()[0].replace('``', '')}", f"{group}:"]
+        for name, field in model.model_fields.items():
+            if settings is None:
+                lines += ["  # " + line for line in textwrap.wrap((field.description or "").replace("``", ""), 110)]
+                if name == "data_dir":  # its default is the platform's folder, not a constant
+                    lines.append(f"  # {name}: ~/.local/share/memrl-mcp")
+                    continue
+                lines.append(f"  {name}: {_yaml_value(getattr(getattr(Settings(), group), name))}")
+            else:
+                value = _yaml_value(settings.value(name))
+                lines.append(f"  {name}: {value}  # {settings.origin(name)}")
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_value(value: Any) -> str:
+    """One value as YAML flow text, secrets masked."""
+    if isinstance(value, SecretStr):
+        return '"***"'
+    if isinstance(value, list):
+        value = [_plain(item) for item in value]
+    return (
+        yaml.safe_dump(_plain(value), default_flow_style=True, width=1 << 20).removesuffix("\n").removesuffix("\n...")
+    )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        dumped = value.model_dump(mode="json")
+        return {key: "***" if key == "token" and item else item for key, item in dumped.items()}
+    return str(value) if isinstance(value, Path) else value

@@ -1,7 +1,7 @@
 """Every rule an input must pass, declared once as a type, and enforced at every entry point.
 
 The same types annotate the MCP tools' arguments (so the tool input schemas tell clients the bounds, and the
-SDK refuses a bad argument before the tool runs) and are checked by :class:`~memrl_mcp.memory.MemoryService`
+SDK refuses a bad argument before the tool runs) and are checked by :class:`~memrl_mcp.memory.service.MemoryService`
 (so the Python API, ``memrl-mcp import`` and ``restore`` refuse exactly what the tools refuse). Checks are
 strict: ``"0.5"`` is not a number and ``true`` is not an integer. A refusal names the field and the limit.
 
@@ -24,14 +24,17 @@ import reprlib
 import unicodedata
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
 from memrl_mcp.errors import MemoryRequestError
-from memrl_mcp.models import SortKey
 
 T = TypeVar("T")
+
+Outcome = Literal["success", "failure"]
+SortKey = Literal["q", "visits", "updated_at"]
+"""What list_memories sorts by: payload fields with a range index, so the engines order them (order_by)."""
 
 MAX_K = 100
 MAX_TEXT_QUERY_CHARS = 200
@@ -194,6 +197,21 @@ POINT_ID = Rule[str](Annotated[str, Field(max_length=36), AfterValidator(_uuid)]
 COUNT = Rule[int](Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)])
 TIMESTAMP = Rule[float](Annotated[float, Field(ge=0.0, allow_inf_nan=False)])
 FINITE = Rule[float](Annotated[float, Field(allow_inf_nan=False)])
+
+
+def is_point_id(text: str) -> bool:
+    """True for a string that can name a stored point (a recall or memory id): anything else names none."""
+    try:
+        POINT_ID.check("id", text)
+    except MemoryRequestError:
+        return False
+    return True
+
+
+def check_outcome(outcome: str) -> Outcome:
+    if outcome not in ("success", "failure"):
+        raise MemoryRequestError(f"outcome: must be 'success' or 'failure', got {outcome!r}")
+    return outcome  # type: ignore[return-value]
 
 
 MAX_EPISODE_ID_CHARS = 200

@@ -10,8 +10,8 @@ import pytest
 from mcp import Client
 
 from memrl_mcp.embeddings import Embedder, MiniLMEmbedder
-from memrl_mcp.memory import MemoryService
-from memrl_mcp.server import create_server
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import Settings, load_settings
 
 

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from memrl_mcp.algorithm import Candidate, SimilarityScale, phase_b_scores, select, update_q, z_scores
+from memrl_mcp.memory.algorithm import Candidate, SimilarityScale, phase_b_scores, select, update_q, z_scores
 
 CORPUS = SimilarityScale(mode="corpus", mean=0.3, std=0.1)
 POOL = SimilarityScale(mode="pool", mean=0.0, std=1.0)
@@ -24,50 +24,52 @@ def test_z_scores_edge_cases() -> None:
 def test_scores_with_corpus_statistics_by_hand() -> None:
     # z_sim = (sim - 0.3) / 0.1 = 5.5, 5.3, 4.8; z_Q over the pool of Q = 0, 0, 1:
     # mean 1/3, std sqrt(2/9) = 0.4714 -> -0.7071, -0.7071, 1.4142.
-    scores = phase_b_scores(SMALL_GAP, q_weight=0.5, scale=CORPUS)
+    scores = phase_b_scores(SMALL_GAP, q_weight=0.5, scale=CORPUS).total
     assert scores.tolist() == pytest.approx([2.39645, 2.29645, 3.10711], abs=1e-4)
-    chosen, _, explored = select(SMALL_GAP, k2=1, q_weight=0.5, scale=CORPUS)
+    selection = select(SMALL_GAP, k2=1, q_weight=0.5, scale=CORPUS)
+    chosen, explored = selection.chosen, selection.explored
     assert chosen == [2] and not explored
 
 
 def test_pool_z_similarity_lets_a_small_gap_beat_any_utility() -> None:
     # Per-pool z_sim: mean 0.82, std 0.02944 -> 1.0190, 0.3397, -1.3587; the loser cannot win.
-    scores = phase_b_scores(SMALL_GAP, q_weight=0.5, scale=POOL)
+    scores = phase_b_scores(SMALL_GAP, q_weight=0.5, scale=POOL).total
     assert scores.tolist() == pytest.approx([0.15594, -0.18371, 0.02777], abs=1e-4)
     for q_loser in (1.0, 10.0, 1e6):
         pool = [Candidate(0.85, -1.0), Candidate(0.83, -1.0), Candidate(0.78, q_loser)]
-        assert 2 not in select(pool, k2=1, q_weight=0.5, scale=POOL)[0]
-        assert select(pool, k2=1, q_weight=0.5, scale=CORPUS)[0] == [2]
+        assert 2 not in select(pool, k2=1, q_weight=0.5, scale=POOL).chosen
+        assert select(pool, k2=1, q_weight=0.5, scale=CORPUS).chosen == [2]
 
 
 def test_lambda_zero_is_similarity_order_and_lambda_one_is_utility_order() -> None:
     pool = [Candidate(0.9, -0.5), Candidate(0.7, 0.8), Candidate(0.8, 0.1)]
-    assert select(pool, k2=3, q_weight=0.0, scale=CORPUS)[0] == [0, 2, 1]
-    assert select(pool, k2=3, q_weight=1.0, scale=CORPUS)[0] == [1, 2, 0]
+    assert select(pool, k2=3, q_weight=0.0, scale=CORPUS).chosen == [0, 2, 1]
+    assert select(pool, k2=3, q_weight=1.0, scale=CORPUS).chosen == [1, 2, 0]
 
 
 def test_ties_keep_similarity_order() -> None:
     pool = [Candidate(0.6, 0.0), Candidate(0.9, 0.0), Candidate(0.6, 0.0)]
-    assert select(pool, k2=3, q_weight=1.0, scale=CORPUS)[0] == [1, 0, 2]
+    assert select(pool, k2=3, q_weight=1.0, scale=CORPUS).chosen == [1, 0, 2]
 
 
 def test_epsilon_greedy_is_seeded_and_uniform() -> None:
     pool = [Candidate(0.9 - i / 100, 0.0) for i in range(10)]
-    first = [select(pool, 3, 0.5, CORPUS, epsilon=1.0, rng=random.Random(7))[0] for _ in range(2)]
+    first = [select(pool, 3, 0.5, CORPUS, epsilon=1.0, rng=random.Random(7)).chosen for _ in range(2)]
     assert first[0] == first[1]
     picks = np.zeros(10)
     rng = random.Random(1)
     for _ in range(3000):
-        chosen, _, explored = select(pool, 3, 0.5, CORPUS, epsilon=1.0, rng=rng)
+        selection = select(pool, 3, 0.5, CORPUS, epsilon=1.0, rng=rng)
+        chosen, explored = selection.chosen, selection.explored
         assert explored and len(set(chosen)) == 3
         picks[chosen] += 1
     assert picks.min() > 0.8 * 900 and picks.max() < 1.2 * 900  # each index ~ 3000 * 3 / 10 times
-    assert not select(pool, 3, 0.5, CORPUS, epsilon=0.0, rng=rng)[2]
+    assert not select(pool, 3, 0.5, CORPUS, epsilon=0.0, rng=rng).explored
 
 
 def test_small_pool_is_returned_whole() -> None:
-    assert select([Candidate(0.5, 0.0)], k2=3, q_weight=0.5, scale=CORPUS, epsilon=1.0)[0] == [0]
-    assert select([], k2=3, q_weight=0.5, scale=CORPUS)[0] == []
+    assert select([Candidate(0.5, 0.0)], k2=3, q_weight=0.5, scale=CORPUS, epsilon=1.0).chosen == [0]
+    assert select([], k2=3, q_weight=0.5, scale=CORPUS).chosen == []
 
 
 def test_monte_carlo_update_by_hand() -> None:

@@ -14,12 +14,12 @@ from typing import BinaryIO
 
 import pytest
 
-from memrl_mcp.access import EVERYTHING
-from memrl_mcp.backup import write_atomically, write_records
 from memrl_mcp.cli import parse_args
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.models import MemoryView, StepRecordView
-from memrl_mcp.steps import step_id
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.archive import write_atomically, write_records
+from memrl_mcp.memory.records import step_id
+from memrl_mcp.models import MemoryView, RecallQuery, StepRecordView
 from tests.conftest import make_service
 from tests.test_transports import child_env, run_cli
 
@@ -51,7 +51,9 @@ def seed(embedder: Embedder, data_dir: Path, engine: str = "edge") -> dict[str, 
         )
         for task, namespace, reward in ((CSV_TASK, None, 1.0), (CSV_TASK, None, 0.7), (PNG_TASK, "team", -0.45)):
             service.report(
-                service.recall(task, namespace=namespace, access=EVERYTHING).recall_id, reward, access=EVERYTHING
+                service.recall(RecallQuery(task, namespace=namespace), access=EVERYTHING).recall_id,
+                reward,
+                access=EVERYTHING,
             )
         memories = {m.id: m for m in service.memories()}
     finally:
@@ -115,7 +117,7 @@ def test_export_import_export_round_trip(embedder: Embedder, tmp_path: Path, eng
         assert {m.id: m for m in service.memories()} == original
         # The tasks were re-embedded: recall finds each memory by its task, in its namespace.
         for memory in original.values():
-            recall = service.recall(memory.task, namespace=memory.namespace, access=EVERYTHING)
+            recall = service.recall(RecallQuery(memory.task, namespace=memory.namespace), access=EVERYTHING)
             found = {m.id: m.similarity for m in recall.memories}
             assert found[memory.id] > 0.99
     finally:

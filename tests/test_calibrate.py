@@ -13,10 +13,11 @@ import yaml
 
 from memrl_harness.install import shared_data_root
 from memrl_mcp import cli
-from memrl_mcp.access import EVERYTHING
-from memrl_mcp.calibrate import MIN_TASKS, same_task_key
-from memrl_mcp.embeddings import MINILM_FOLDER, Embedder
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.embeddings import Embedder
+from memrl_mcp.embeddings.calibrate import MIN_TASKS, same_task_key
+from memrl_mcp.embeddings.minilm import MINILM_FOLDER
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.settings import load_settings
 
 GOAL = re.compile(r"Your task is to: ([^\"\n]+)")
@@ -41,11 +42,6 @@ def run(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> tuple
     return status, out, err
 
 
-@pytest.fixture(autouse=True)
-def no_config_file(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MEMRL_CONFIG", raising=False)  # --config sets it; keep each test's own
-
-
 def test_calibrate_a_task_file_writes_settings_that_follow_the_documented_rules(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, embedder: Embedder
 ) -> None:
@@ -58,12 +54,12 @@ def test_calibrate_a_task_file_writes_settings_that_follow_the_documented_rules(
     assert f"wrote {out_file}" in err
     text = out_file.read_text()
     assert f"embedder all-MiniLM-L6-v2-int8, {len(goals)} distinct tasks from {tasks}" in text
-    found = yaml.safe_load(text)
+    found = yaml.safe_load(text)["similarity"]
     assert set(found) == {"delta", "sim_mean", "sim_std", "merge_threshold"}
 
     # The file is a settings file the server accepts as it is.
-    settings = load_settings(**found, data_dir=tmp_path)
-    assert (settings.delta, settings.merge_threshold) == (found["delta"], found["merge_threshold"])
+    similarity = load_settings(out_file, environ={}, data_dir=tmp_path).similarity
+    assert (similarity.delta, similarity.merge_threshold) == (found["delta"], found["merge_threshold"])
 
     vectors = embedder.embed(goals)
     sims = vectors @ vectors.T
@@ -107,7 +103,7 @@ def test_calibrate_a_namespace_of_the_store(
     assert status == 0, err
     stored = len({same_task_key(g) for g in goals[:25]})  # near-duplicates merge into one memory when stored
     assert f"{stored} distinct tasks from namespace 'kitchen'" in out
-    assert set(yaml.safe_load(out)) == {"delta", "sim_mean", "sim_std", "merge_threshold"}
+    assert set(yaml.safe_load(out)["similarity"]) == {"delta", "sim_mean", "sim_std", "merge_threshold"}
 
     status, _, err = run(capsys, tmp_path, "--namespace", "attic")
     assert status == 2
@@ -173,9 +169,9 @@ def test_the_server_refuses_to_start_with_an_uncalibrated_model_and_calibrate_me
     status, _, err = run(capsys, tmp_path, "--tasks", str(tasks), "--out", str(config))
     assert status == 0, err
     assert "embedder fastembed:BAAI/bge-small-en-v1.5, 30 distinct tasks" in config.read_text()
-    settings = load_settings(**yaml.safe_load(config.read_text()), data_dir=tmp_path / "data")
+    settings = load_settings(config, data_dir=tmp_path / "data")
     service = MemoryService.open(settings)  # with its measured constants, the model is accepted
     try:
-        assert service.delta == settings.delta
+        assert service.scale.delta == settings.similarity.delta
     finally:
         service.close()

@@ -8,9 +8,10 @@ from typing import Any
 
 from qdrant_client import models
 
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import QdrantClientStore, open_store
 
@@ -39,7 +40,7 @@ class Recording:
 
 def test_every_write_is_strongly_ordered_and_every_read_a_majority_read(embedder: Embedder, tmp_path: Path) -> None:
     settings = load_settings(data_dir=tmp_path, embedded_engine="qdrant-local")
-    store = open_store(settings, embedder.dim)
+    store = open_store(settings.storage, embedder.dim)
     assert isinstance(store, QdrantClientStore)
     recording = Recording(store._client)
     store._client = recording
@@ -47,9 +48,9 @@ def test_every_write_is_strongly_ordered_and_every_read_a_majority_read(embedder
     try:
         kept = service.store_experience("water the plants", "use the blue can", "garden", access=EVERYTHING)
         service.store_experience("water the plants", "use the green can", "garden", access=EVERYTHING)  # a merge
-        recall = service.recall("water the plants", "garden", access=EVERYTHING)
+        recall = service.recall(RecallQuery("water the plants", "garden"), access=EVERYTHING)
         service.report(recall.recall_id, 1.0, "filled the can first", access=EVERYTHING)
-        service.search("water the plants", "garden", access=EVERYTHING)
+        service.search(RecallQuery("water the plants", "garden"), access=EVERYTHING)
         service.stats("garden", access=EVERYTHING)
         service.forget(kept.id, access=EVERYTHING)
         service.forget(namespace="garden", access=EVERYTHING)

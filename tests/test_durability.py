@@ -21,7 +21,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from memrl_mcp.algorithm import update_q
+from memrl_mcp.memory.algorithm import update_q
 from tests.conftest import call, refused
 from tests.test_transports import http_server
 

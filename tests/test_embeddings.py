@@ -27,13 +27,7 @@ import numpy as np
 import openai
 import pytest
 
-from memrl_mcp import minilm_build
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import (
-    MINILM_FILES,
-    MINILM_FOLDER,
-    MINILM_PROFILE,
-    OPENAI_PROFILE,
     CachedEmbedder,
     Embedder,
     FastEmbedEmbedder,
@@ -44,8 +38,13 @@ from memrl_mcp.embeddings import (
     UncalibratedModelError,
     create_embedder,
     load_model,
+    minilm_build,
 )
-from memrl_mcp.memory import MemoryRequestError, MemoryService
+from memrl_mcp.embeddings.minilm import MINILM_FILES, MINILM_FOLDER, MINILM_PROFILE
+from memrl_mcp.embeddings.providers import OPENAI_PROFILE
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryRequestError, MemoryService
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 
 NATIVE_DIM = 64  # the fake model's output size when the request names no ``dimensions``
@@ -508,7 +507,7 @@ def test_service_over_openai_recalls_by_shared_words_and_refuses_another_vector_
         )
         code = service.store_experience("sort a python list of numbers", "use sorted(numbers)", access=EVERYTHING)
         assert not soup.merged and not code.merged
-        result = service.recall("warm the soup in the microwave", access=EVERYTHING)
+        result = service.recall(RecallQuery("warm the soup in the microwave"), access=EVERYTHING)
         assert result.memories, result
         assert result.memories[0].id == soup.memory.id
         assert code.memory.id not in [m.id for m in result.memories]
@@ -522,7 +521,7 @@ def test_service_over_openai_recalls_by_shared_words_and_refuses_another_vector_
     # The refused open leaves the store usable: the OpenAI embedder opens it again, memories intact.
     service = MemoryService.open(openai_settings)
     try:
-        assert service.recall("microwave soup", access=EVERYTHING).memories[0].id == soup.memory.id
+        assert service.recall(RecallQuery("microwave soup"), access=EVERYTHING).memories[0].id == soup.memory.id
     finally:
         service.close()
 
@@ -537,6 +536,6 @@ def test_service_over_openai_handles_a_punctuation_only_task(fake_api: FakeEmbed
         with contextlib.suppress(MemoryRequestError):
             service.store_experience("...", "nothing to do", access=EVERYTHING)
         with contextlib.suppress(MemoryRequestError):
-            service.recall("?", access=EVERYTHING)
+            service.recall(RecallQuery("?"), access=EVERYTHING)
     finally:
         service.close()

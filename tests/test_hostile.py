@@ -25,12 +25,12 @@ import httpx
 import pytest
 from mcp import Client
 
-from memrl_mcp.access import EVERYTHING, Access
 from memrl_mcp.embeddings import CachedEmbedder, Embedder
 from memrl_mcp.errors import MemoryRequestError
-from memrl_mcp.memory import MemoryService
-from memrl_mcp.models import MemoryView
-from memrl_mcp.server import create_server
+from memrl_mcp.memory.access import EVERYTHING, Access
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import MemoryView, RecallQuery
+from memrl_mcp.serving.tools import create_server
 from memrl_mcp.validation import MAX_METADATA_DEPTH
 from tests.conftest import call, make_service, refused
 from tests.test_transports import child_env, http_server, run_cli
@@ -153,7 +153,7 @@ async def test_hostile_metadata_is_refused_everywhere_and_the_store_reopens_whol
     reopened = make_service(embedder, data, engine)
     try:
         assert snapshot(reopened) == before
-        found = reopened.recall(MUG, access=EVERYTHING)
+        found = reopened.recall(RecallQuery(MUG), access=EVERYTHING)
         assert found.memories and reopened.stats(access=EVERYTHING).memories == len(before)
     finally:
         reopened.close()
@@ -165,8 +165,8 @@ async def test_hostile_metadata_is_refused_everywhere_and_the_store_reopens_whol
 def test_unreported_recalls_are_bounded_per_namespace_oldest_first(embedder: Embedder, tmp_path: Path) -> None:
     service = make_service(embedder, tmp_path, max_pending_recalls=10)
     try:
-        other = service.recall(MUG, namespace="other", access=EVERYTHING)
-        recalls = [service.recall(f"{MUG} #{i}", access=EVERYTHING) for i in range(30)]
+        other = service.recall(RecallQuery(MUG, namespace="other"), access=EVERYTHING)
+        recalls = [service.recall(RecallQuery(f"{MUG} #{i}"), access=EVERYTHING) for i in range(30)]
         for _ in recalls:
             assert service.stats("default", access=EVERYTHING).recalls_pending <= 10
         pending = service.stats("default", access=EVERYTHING).recalls_pending
@@ -201,13 +201,13 @@ def test_the_embedding_cache_tells_no_tenant_what_another_asked(embedder: Embedd
     bob = Access(namespaces=frozenset({"bob"}), default="bob")
     secret = "rotate the database password of the payroll service"
     try:
-        service.recall(secret, access=alice)
-        service.recall(secret, access=bob)  # bob probes alice's text
+        service.recall(RecallQuery(secret), access=alice)
+        service.recall(RecallQuery(secret), access=bob)  # bob probes alice's text
         assert (cached.hits.get("bob", 0), cached.misses["bob"]) == (0, 1)  # embedded afresh: no faster
-        service.search(secret, access=alice)
+        service.search(RecallQuery(secret), access=alice)
         assert cached.hits["alice"] == 1  # the cache still works within a tenant
         with pytest.raises(MemoryRequestError, match="namespace"):  # nor can bob probe in alice's namespace
-            service.recall(secret, namespace="alice", access=bob)
+            service.recall(RecallQuery(secret, namespace="alice"), access=bob)
         assert cached.hits.get("bob", 0) == 0 and cached.hits["alice"] == 1
     finally:
         service.close()
@@ -217,16 +217,16 @@ def test_the_embedding_cache_tells_no_tenant_what_another_asked(embedder: Embedd
 
 CHILD = """
 import os, signal, sys
-from memrl_mcp.access import EVERYTHING
+from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.embeddings import MiniLMEmbedder
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import open_store
 
 data_dir, engine, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
 settings = load_settings(data_dir=data_dir, embedded_engine=engine)
 embedder = MiniLMEmbedder()
-store = open_store(settings, embedder.dim)
+store = open_store(settings.storage, embedder.dim)
 
 
 class KilledAtDelete:
@@ -266,7 +266,7 @@ def test_sigkill_during_forget_never_brings_the_namespace_back(
         for task in TASKS:
             service.store_experience(task, "the forgotten procedure", namespace="gone", access=EVERYTHING)
         kept = service.store_experience(MUG, "kept", namespace="kept", access=EVERYTHING)
-        recalls = [service.recall(task, namespace="gone", access=EVERYTHING).recall_id for task in TASKS]
+        recalls = [service.recall(RecallQuery(task, namespace="gone"), access=EVERYTHING).recall_id for task in TASKS]
         steps = [{"observation": f"screen {i}", "action": "press enter", "reward": 0.0} for i in range(3)]
         service.report_trajectory(TASKS[0], steps, "episode", namespace="gone", access=EVERYTHING)
     finally:
@@ -314,7 +314,9 @@ def test_forget_racing_reports_refuses_clearly_and_leaves_nothing(
     try:
         for task in TASKS:
             service.store_experience(task, "procedure", namespace="ns", access=EVERYTHING)
-        recalls = [service.recall(TASKS[i % len(TASKS)], namespace="ns", access=EVERYTHING) for i in range(24)]
+        recalls = [
+            service.recall(RecallQuery(TASKS[i % len(TASKS)], namespace="ns"), access=EVERYTHING) for i in range(24)
+        ]
         barrier = threading.Barrier(len(recalls) + 1)
         outcomes: list[object] = []
 

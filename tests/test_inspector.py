@@ -24,11 +24,12 @@ import numpy as np
 import pytest
 import yaml
 
-from memrl_mcp import algorithm
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.errors import MemoryRequestError
-from memrl_mcp.inspector import CONTENT_SECURITY_POLICY, PreviewRequest, preview
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory import algorithm
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
+from memrl_mcp.serving.inspector import CONTENT_SECURITY_POLICY, preview
 from tests.conftest import call
 from tests.test_http import mcp_client
 from tests.test_transports import HttpServer, http_server
@@ -291,23 +292,23 @@ def test_preview_gives_algorithms_numbers_and_logs_no_recall(service: MemoryServ
         service.store_experience(task, "steps", q=q, access=EVERYTHING)
     before = service.stats(access=EVERYTHING)
     for q_weight in (0.0, 0.5, 1.0):
-        shown = preview(service, PreviewRequest(task=CLOSEST, k1=5, k2=1, q_weight=q_weight), access=EVERYTHING)
+        shown = preview(service, RecallQuery(task=CLOSEST, k1=5, k2=1, q_weight=q_weight), access=EVERYTHING)
         pool = [algorithm.Candidate(c.similarity, c.q) for c in shown.candidates]
         assert [c.similarity for c in shown.candidates] == sorted((c.similarity for c in pool), reverse=True)
-        scores = algorithm.phase_b_scores(pool, q_weight, service.scale)
-        assert [c.score for c in shown.candidates] == pytest.approx(list(scores))
+        scores = algorithm.phase_b_scores(pool, q_weight, service.scale.z_similarity)
+        assert [c.score for c in shown.candidates] == pytest.approx(list(scores.total))
         sims = np.array([c.similarity for c in pool])
         assert [c.z_similarity for c in shown.candidates] == pytest.approx(
-            list(algorithm.z_similarity(sims, service.scale))
+            list(algorithm.z_similarity(sims, service.scale.z_similarity))
         )
         assert [c.z_q for c in shown.candidates] == pytest.approx(
             list(algorithm.z_scores(np.array([c.q for c in pool])))
         )
         # The chosen one is the one a real search (and so a recall) hands out with the same constants.
-        searched = service.search(CLOSEST, k1=5, k2=1, q_weight=q_weight, access=EVERYTHING)
+        searched = service.search(RecallQuery(CLOSEST, k1=5, k2=1, q_weight=q_weight), access=EVERYTHING)
         assert [c.id for c in shown.candidates if c.chosen] == [m.id for m in searched.memories]
-    closest_wins = preview(service, PreviewRequest(task=CLOSEST, k2=1, q_weight=0.0), access=EVERYTHING)
-    utility_wins = preview(service, PreviewRequest(task=CLOSEST, k2=1, q_weight=1.0), access=EVERYTHING)
+    closest_wins = preview(service, RecallQuery(task=CLOSEST, k2=1, q_weight=0.0), access=EVERYTHING)
+    utility_wins = preview(service, RecallQuery(task=CLOSEST, k2=1, q_weight=1.0), access=EVERYTHING)
     assert [c.task for c in closest_wins.candidates if c.chosen] == [CLOSEST]
     assert [c.task for c in utility_wins.candidates if c.chosen] == [FARTHER]
     farther = next(c for c in utility_wins.candidates if c.task == FARTHER)
@@ -316,7 +317,7 @@ def test_preview_gives_algorithms_numbers_and_logs_no_recall(service: MemoryServ
     assert closest.reason.startswith("displaced by higher utility")
     assert service.stats(access=EVERYTHING) == before  # no recall logged, no Q moved
     with pytest.raises(MemoryRequestError, match=r"^k2: 3 exceeds k1"):
-        preview(service, PreviewRequest(task=CLOSEST, k1=2, k2=3), access=EVERYTHING)
+        preview(service, RecallQuery(task=CLOSEST, k1=2, k2=3), access=EVERYTHING)
 
 
 def test_the_pages_files_ship_as_package_data() -> None:

@@ -14,8 +14,8 @@ import pytest
 from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.memory import MemoryService
-from memrl_mcp.server import create_server
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.serving.tools import create_server
 from tests.conftest import call, make_service, refused
 from tests.test_benchmark_scripts import run
 from tests.test_http import ALICE, BOB, mcp_client, tokens_file

@@ -17,12 +17,12 @@ import pytest
 from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.migrations import SCHEMA_POINT, SCHEMA_VERSION, schema_version
+from memrl_mcp.memory.records import memory_payload
 from memrl_mcp.models import MemoryView
-from memrl_mcp.records import memory_payload
-from memrl_mcp.server import create_server
+from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, new_id, open_store
+from memrl_mcp.storage.migrations import SCHEMA_POINT, SCHEMA_VERSION, schema_version
 from tests.conftest import call, make_service, refused
 
 TASKS = ("heat the mug in the microwave", "list the files larger than 10MB under /var/log", "count rows per region")

@@ -15,11 +15,11 @@ import pytest
 from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.memory import MemoryService
-from memrl_mcp.numbers import kept, kept_float
-from memrl_mcp.server import create_server
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, open_store
+from memrl_mcp.storage.numbers import kept, kept_float
 from tests.conftest import call
 
 MOVED_TIME = 1795468687.2779167  # a time.time() the engine read back as 1795468687.277917 (a failed CI run)

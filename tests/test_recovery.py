@@ -5,10 +5,11 @@ from typing import Any
 
 import pytest
 
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
 
@@ -44,12 +45,12 @@ def test_an_interrupted_report_is_finished_once_on_reopen(
     embedder: Embedder, tmp_path: Path, engine: str, crash_at: int
 ) -> None:
     settings = load_settings(data_dir=tmp_path, embedded_engine=engine, k1=2, k2=2)
-    store = open_store(settings, embedder.dim)
+    store = open_store(settings.storage, embedder.dim)
     service = MemoryService.open(settings, embedder, store)
     mug = service.store_experience("put a clean mug in the coffee machine", "rinse, then place", access=EVERYTHING)
     cup = service.store_experience("put a clean cup in the coffee machine", "wash, then place", access=EVERYTHING)
     task = "heat a potato and put it on the table"
-    recall = service.recall(task, delta=-1.0, access=EVERYTHING)
+    recall = service.recall(RecallQuery(task, delta=-1.0), access=EVERYTHING)
     assert {m.id for m in recall.memories} == {mug.id, cup.id}
 
     dying = MemoryService(settings, embedder, DiesAtWrite(store, crash_at))  # type: ignore[arg-type]
@@ -78,10 +79,10 @@ def test_on_a_qdrant_server_a_replica_finishes_only_reports_left_for_a_minute(
 ) -> None:
     """Another replica may be mid-report: a fresh "applying" is left to it; a stale one is finished."""
     settings = load_settings(data_dir=tmp_path, embedded_engine="qdrant-local")
-    store = open_store(settings, embedder.dim)
+    store = open_store(settings.storage, embedder.dim)
     crashed = MemoryService.open(settings, embedder, store)
     stored = crashed.store_experience("defrost the fish in the fridge", "move it from the freezer", access=EVERYTHING)
-    recall = crashed.recall("defrost the fish in the fridge", access=EVERYTHING)
+    recall = crashed.recall(RecallQuery("defrost the fish in the fridge"), access=EVERYTHING)
     dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # type: ignore[arg-type]  # dies after claiming
     with pytest.raises(KeyboardInterrupt):
         dying.report(recall.recall_id, 1.0, access=EVERYTHING)

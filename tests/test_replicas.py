@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
-from memrl_mcp.memory import MemoryService
-from memrl_mcp.models import QChange
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import QChange, RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
 
@@ -32,7 +32,7 @@ TASKS = ("open the drawer and take the key", "unlock the door with the key", "pu
 @pytest.fixture
 def replicas(embedder: Embedder, tmp_path: Path, engine: str) -> Iterator[tuple[MemoryService, MemoryService]]:
     settings = load_settings(data_dir=tmp_path, embedded_engine=engine, k1=3, k2=3, delta=-1.0, alpha=ALPHA)
-    store: Store = open_store(settings, embedder.dim)
+    store: Store = open_store(settings.storage, embedder.dim)
     first, second = MemoryService(settings, embedder, store), MemoryService(settings, embedder, store)
     yield first, second
     store.close()
@@ -65,7 +65,7 @@ def test_concurrent_reports_on_two_replicas_lose_no_update(replicas: tuple[Memor
     work = []
     for i in range(48):
         replica = (first, second)[i % 2]
-        recall = replica.recall(TASKS[i % len(TASKS)], access=EVERYTHING)
+        recall = replica.recall(RecallQuery(TASKS[i % len(TASKS)]), access=EVERYTHING)
         assert {m.id for m in recall.memories} == set(ids)
         work.append((replica, recall.recall_id, rng.choice((-1.0, 0.5, 1.0))))
 
@@ -92,7 +92,7 @@ def test_a_recall_reported_on_both_replicas_at_once_counts_once(
 ) -> None:
     first, second = replicas
     memory_id = first.store_experience(TASKS[0], "pull the handle", access=EVERYTHING).id
-    recalls = [first.recall(TASKS[0], k1=1, k2=1, access=EVERYTHING).recall_id for _ in range(16)]
+    recalls = [first.recall(RecallQuery(TASKS[0], k1=1, k2=1), access=EVERYTHING).recall_id for _ in range(16)]
 
     jobs = [
         lambda rid=rid, r=r: r.report(rid, 1.0, experience="it worked", access=EVERYTHING)
@@ -118,7 +118,7 @@ def test_a_memory_forgotten_on_one_replica_is_not_revived_by_a_report_on_the_oth
 ) -> None:
     first, second = replicas
     keep, drop = (first.store_experience(task, "step by step", access=EVERYTHING).id for task in TASKS[:2])
-    recall = first.recall(TASKS[0], k1=2, k2=2, access=EVERYTHING)
+    recall = first.recall(RecallQuery(TASKS[0], k1=2, k2=2), access=EVERYTHING)
     second.forget(memory_id=drop, access=EVERYTHING)
     result = first.report(recall.recall_id, 1.0, access=EVERYTHING)
     assert [c.id for c in result.updated] == [keep]

@@ -18,9 +18,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.memory import MemoryService
-from memrl_mcp.roots import project_namespace
-from memrl_mcp.server import create_server
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.serving.roots import project_namespace
+from memrl_mcp.serving.tools import create_server
 from memrl_mcp.validation import NAMESPACE_PATTERN
 from tests.conftest import call, make_service, refused
 from tests.test_transports import DEADLINE_S, http_server

@@ -17,12 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService, q_summary
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import CURRENT, TALLY, EdgeStore, Point, open_store
-from memrl_mcp.tally import FIELDS, Tally, q_summary
+from memrl_mcp.storage import EdgeStore, Point, open_store
+from memrl_mcp.storage.edge import CURRENT, TALLY
+from memrl_mcp.storage.tally import FIELDS, Tally
 
 DIM = 384
 NAMESPACES = {"big": 1500, "mid": 400, "tiny": 30}  # tiny: fewer than the planner's full-scan threshold
@@ -139,7 +141,7 @@ def test_stats_equal_a_full_count_after_concurrent_reports_and_a_reopen(
         rng = random.Random(seed)
         for _ in range(6):
             namespace = f"ns{rng.randint(0, 1)}"
-            recall = service.recall(rng.choice(tasks), namespace, delta=-1.0, access=EVERYTHING)
+            recall = service.recall(RecallQuery(rng.choice(tasks), namespace, delta=-1.0), access=EVERYTHING)
             service.report(recall.recall_id, rng.choice([1.0, -1.0]), f"episode {rng.random()}", access=EVERYTHING)
 
     threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
@@ -176,12 +178,12 @@ def _assert_stats_match_a_full_count(service: MemoryService) -> None:
 
 CRASHING_WRITER = """
 import os, sys
-from memrl_mcp.access import EVERYTHING
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.settings import load_settings
 service = MemoryService.open(load_settings(data_dir=sys.argv[1]))
 for i in range(5):
-    recall = service.recall(f"water the plant number {i}", delta=-1.0, access=EVERYTHING)
+    recall = service.recall(RecallQuery(f"water the plant number {i}", delta=-1.0), access=EVERYTHING)
     service.report(recall.recall_id, 1.0, f"watered it {i}", access=EVERYTHING)
 os._exit(0)  # no close: the counts are not saved
 """
@@ -247,7 +249,7 @@ def test_import_reports_progress_on_stderr_and_imports_everything(tmp_path: Path
     assert done.stdout == ""
     assert f"{n}/{n}" in done.stderr and "imported 600 memories" in done.stderr
     settings = load_settings(data_dir=tmp_path / "data", embedded_engine=engine)
-    store = open_store(settings, DIM)
+    store = open_store(settings.storage, DIM)
     try:
         assert {point_id for point_id, _ in store.scroll("memories")} == {
             str(uuid.UUID(int=i + 1, version=4)) for i in range(n)
@@ -272,7 +274,9 @@ def test_lists_full_text_and_edits_work_the_same_on_a_swapped_in_generation(embe
                 access=EVERYTHING,
             )
             if i % 5 == 0:
-                recall = service.recall(f"rinse mug number {i}", f"ns{i % 2}", delta=-1.0, access=EVERYTHING)
+                recall = service.recall(
+                    RecallQuery(f"rinse mug number {i}", f"ns{i % 2}", delta=-1.0), access=EVERYTHING
+                )
                 service.report(recall.recall_id, 1.0, f"rinsed {i}", access=EVERYTHING)
 
         def listings() -> list[list[str]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memrl_mcp.algorithm import (
+from memrl_mcp.memory.algorithm import (
     ActionValue,
     UpdateRule,
     action_advice,

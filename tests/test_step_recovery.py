@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.memory.steps import EpisodeGone
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import Settings, load_settings
-from memrl_mcp.steps import EpisodeGone
 from memrl_mcp.storage import Store, open_store
 from tests.test_recovery import WRITES, DiesAtWrite
 from tests.test_steps import MUG, SUCCESS, records
@@ -27,8 +28,8 @@ from tests.test_transports import child_env
 REPORT_WRITES = 14
 CHILD = """
 import os, signal, sys
-from memrl_mcp.access import EVERYTHING
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import open_store
 from tests.test_steps import MUG, SUCCESS
@@ -49,7 +50,7 @@ class KilledAtWrite:
 
 data_dir, engine, kill_at, recall_id = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 settings = load_settings(data_dir=data_dir, embedded_engine=engine)
-service = MemoryService.open(settings, store=KilledAtWrite(open_store(settings, 384), kill_at))
+service = MemoryService.open(settings, store=KilledAtWrite(open_store(settings.storage, 384), kill_at))
 service.report_trajectory(MUG, SUCCESS, "episode-1", recall_id=recall_id, access=EVERYTHING)
 print("finished without being killed", flush=True)
 """
@@ -60,7 +61,7 @@ def seed(settings: Settings, embedder: Embedder) -> tuple[str, str]:
     service = MemoryService.open(settings, embedder)
     try:
         memory = service.store_experience(MUG, "rinse the mug first", access=EVERYTHING)
-        recall = service.recall(MUG, access=EVERYTHING)
+        recall = service.recall(RecallQuery(MUG), access=EVERYTHING)
         assert [m.id for m in recall.memories] == [memory.id]
         return memory.id, recall.recall_id
     finally:
@@ -96,7 +97,7 @@ def test_an_interrupted_trajectory_is_finished_once_on_reopen(
 ) -> None:
     settings = load_settings(data_dir=tmp_path, embedded_engine=engine)
     memory_id, recall_id = seed(settings, embedder)
-    store = open_store(settings, embedder.dim)
+    store = open_store(settings.storage, embedder.dim)
     dying = MemoryService(settings, embedder, DiesAtWrite(store, crash_at))  # type: ignore[arg-type]
     if crash_at < REPORT_WRITES:
         with pytest.raises(KeyboardInterrupt):
@@ -152,7 +153,7 @@ def test_a_namespace_forgotten_mid_report_never_comes_back(
     embedder: Embedder, tmp_path: Path, engine: str, forget_at: int
 ) -> None:
     settings = load_settings(data_dir=tmp_path, embedded_engine=engine)
-    store = open_store(settings, embedder.dim)
+    store = open_store(settings.storage, embedder.dim)
     other = MemoryService(settings, embedder, store)
     reporter = MemoryService(
         settings,

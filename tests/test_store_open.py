@@ -20,7 +20,8 @@ import numpy as np
 import qdrant_edge as edge
 
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import INDEXES, TABLES, Point, is_dot, new_id, open_store, vector_size
+from memrl_mcp.storage import Point, new_id, open_store
+from memrl_mcp.storage.store import INDEXES, TABLES, is_dot, vector_size
 
 DIM = 384
 KILLS = 6
@@ -30,7 +31,7 @@ from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import open_store
 settings = load_settings(data_dir=sys.argv[1])
 print("opening", flush=True)
-open_store(settings, 384).close()
+open_store(settings.storage, 384).close()
 """
 
 
@@ -56,7 +57,7 @@ def unit_vector(seed: int) -> np.ndarray:
 def assert_whole_and_working(data_dir: Path) -> None:
     """Every table has every index, and the store takes a write and answers a filtered search."""
     settings = load_settings(data_dir=data_dir)
-    store = open_store(settings, DIM)
+    store = open_store(settings.storage, DIM)
     point_id = new_id()
     namespace = f"check-{point_id}"  # a namespace of its own: the filter must pick this point only
     payload = {"namespace": namespace, "outcome": "success", "q": 0.0}

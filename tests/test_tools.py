@@ -9,11 +9,12 @@ import anyio
 import pytest
 from mcp import Client
 
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
-from memrl_mcp.memory import MemoryService
-from memrl_mcp.server import create_server
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
+from memrl_mcp.serving.tools import create_server
 from tests.conftest import call, make_service, refused
 from tests.test_transports import TOOLS
 
@@ -64,7 +65,7 @@ async def test_store_then_recall_returns_the_memory_with_its_numbers(client: Cli
     assert memory["metadata"] == {"bench": "alf"}
     assert 0.5 < memory["similarity"] < 1.0
     # One candidate: z(Q) = 0, so the score is half its corpus z(sim).
-    expected = 0.5 * (memory["similarity"] - service.scale.mean) / service.scale.std
+    expected = 0.5 * (memory["similarity"] - service.scale.z_similarity.mean) / service.scale.z_similarity.std
     assert memory["score"] == pytest.approx(expected, abs=1e-6)
     stats = await call(client, "memory_stats")
     assert stats["recalls_pending"] == 1 and stats["recalls_reported"] == 0
@@ -247,7 +248,7 @@ async def test_bad_reward_leaves_the_recall_reportable(client: Client, reward: A
 
 
 def test_non_finite_rewards_are_refused_by_the_service(service: MemoryService) -> None:
-    recall = service.recall(MUG, access=EVERYTHING)
+    recall = service.recall(RecallQuery(MUG), access=EVERYTHING)
     for reward in (float("nan"), float("inf"), -float("inf")):
         with pytest.raises(MemoryRequestError, match="reward: Input should be a finite number"):
             service.report(recall.recall_id, reward, access=EVERYTHING)

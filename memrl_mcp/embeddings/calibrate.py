@@ -68,7 +68,7 @@ class Calibration:
             f"# memrl-mcp calibrate: embedder {self.embedder}, {self.tasks} distinct tasks from {self.source}\n"
             f"# delta keeps the nearest other task of {self.nearest_kept:.0%} of the tasks;"
             f" the closest two different tasks: {self.closest_different:.3f}\n"
-            + yaml.safe_dump(settings, sort_keys=False)
+            + yaml.safe_dump({"similarity": settings}, sort_keys=False)
         )
 
 
@@ -142,9 +142,10 @@ def _json_task(path: Path, number: int, line: str) -> str:
 
 def namespace_tasks(settings: Settings, namespace: str, dim: int) -> list[str]:
     """Task texts of the memories of ``namespace`` in the configured store."""
-    if not settings.qdrant_url and not settings.data_dir.is_dir():
-        raise CalibrationError(f"no memory store in {settings.data_dir}")
-    store = open_store(settings, dim)
+    storage = settings.storage
+    if not storage.qdrant_url and not storage.data_dir.is_dir():
+        raise CalibrationError(f"no memory store in {storage.data_dir}")
+    store = open_store(storage, dim)
     try:
         return [
             payload["task"]
@@ -160,12 +161,14 @@ def calibrate(settings: Settings, tasks_file: Path | None, namespace: str | None
 
     A file is read before the model is loaded, so that bad input is refused at once."""
     if tasks_file is not None:
-        texts, source = read_tasks(tasks_file, settings.max_task_chars), str(tasks_file)
-        model: Embedder = load_model(settings)
+        texts, source = read_tasks(tasks_file, settings.limits.max_task_chars), str(tasks_file)
+        model: Embedder = load_model(settings.embeddings, settings.similarity)
     else:
-        model = load_model(settings)  # the store checks that its vectors have this model's size
+        model = load_model(
+            settings.embeddings, settings.similarity
+        )  # the store checks that its vectors have this model's size
         texts, source = (
-            namespace_tasks(settings, namespace or settings.namespace, model.dim),
+            namespace_tasks(settings, namespace or settings.namespaces.namespace, model.dim),
             f"namespace {namespace!r}",
         )
     distinct = list(dict.fromkeys(texts))

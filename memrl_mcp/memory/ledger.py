@@ -8,7 +8,7 @@ There is no lock around the learned state (replicas of the server may share one 
    before: a retried or redone operation is never applied twice); otherwise another writer won, and it reads
    again and retries. A memory that is gone is reported as such, never re-created.
 2. **The claim** (:meth:`Ledger.claim`). A report writes ``pending -> applying`` conditionally, with a fresh claim
-   id and everything the report needs (:class:`~memrl_mcp.records.ClaimedReport`); the record read back tells
+   id and everything the report needs (:class:`~memrl_mcp.memory.records.ClaimedReport`); the record read back tells
    who won. Of two reports of one recall (two threads, two replicas) exactly one proceeds.
 3. **The redo** (:meth:`Ledger.redo`). A claimed recall is its report's redo log. Its steps are each idempotent:
    update each recalled memory once (operation ``q:<recall>``), merge the experience into the twin once
@@ -31,10 +31,18 @@ from typing import Any
 
 import numpy as np
 
-from memrl_mcp import algorithm
 from memrl_mcp.errors import MemoryRequestError, MemrlError
+from memrl_mcp.memory import algorithm
+from memrl_mcp.memory.records import (
+    ClaimedReport,
+    RecallRecord,
+    memory_payload,
+    memory_view,
+    merged_metadata,
+    with_event,
+)
 from memrl_mcp.models import MemoryView, QChange, QEvent, ReportResult, StoreResult
-from memrl_mcp.records import ClaimedReport, RecallRecord, memory_payload, memory_view, merged_metadata, with_event
+from memrl_mcp.settings import LearningSettings
 from memrl_mcp.storage import Point, Store, Table
 
 APPLIED_KEPT = 64  # operations a memory remembers having applied: more than any retry can race past
@@ -66,20 +74,6 @@ class Written:
 
 
 @dataclass(frozen=True)
-class NewMemory:
-    """How a reported experience becomes a memory: Q_init per outcome, the metadata size limit of merges, and
-    how many Q changes a memory's history keeps."""
-
-    q_init_success: float
-    q_init_failure: float
-    max_metadata_chars: int
-    history_size: int
-
-    def q_init(self, outcome: str) -> float:
-        return self.q_init_success if outcome == "success" else self.q_init_failure
-
-
-@dataclass(frozen=True)
 class Applied:
     changes: list[QChange]
     missing: list[str]
@@ -87,10 +81,13 @@ class Applied:
 
 
 class Ledger:
-    """The conditional writes of one service over its store; ``conflicts`` counts lost races (a metric)."""
+    """The conditional writes of one service over its store, with the learning rule's constants (alpha, Q_init, the
+    Q history's size) and the metadata limit of merges; ``conflicts`` counts lost races (a metric)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, learning: LearningSettings, max_metadata_chars: int) -> None:
         self._store = store
+        self._learning = learning
+        self._max_metadata_chars = max_metadata_chars
         self.conflicts = 0
 
     def update_once(
@@ -136,7 +133,7 @@ class Ledger:
         return record
 
     def merge(
-        self, memory_id: str, operation: str, experience: str, metadata: Mapping[str, Any], now: float, max_chars: int
+        self, memory_id: str, operation: str, experience: str, metadata: Mapping[str, Any], now: float
     ) -> StoreResult | None:
         """Merge rule: the twin takes the newer experience and metadata and keeps its id, learned Q and visits.
         None when the twin was forgotten meanwhile."""
@@ -145,7 +142,7 @@ class Ledger:
             operation,
             lambda m: {
                 "experience": experience,
-                "metadata": merged_metadata(m.get("metadata") or {}, metadata, max_chars),
+                "metadata": merged_metadata(m.get("metadata") or {}, metadata, self._max_metadata_chars),
                 "merges": int(m.get("merges", 0)) + 1,
                 "updated_at": now,
             },
@@ -160,11 +157,11 @@ class Ledger:
         self._store.upsert("memories", [Point(memory.id, vector, memory_payload(memory))])
         return StoreResult(id=memory.id, merged=False, memory=memory)
 
-    def report(self, recall_id: str, report: ClaimedReport, alpha: float, new: NewMemory) -> ReportResult:
+    def report(self, recall_id: str, report: ClaimedReport) -> ReportResult:
         """Claim the recall with ``report`` and apply it: ``report_outcome``, and a trajectory's report of its
         recall (whose claim id derives from the episode, so that its redo is recognised as its own)."""
         recall = self.claim(recall_id, report)
-        applied = self.redo(recall_id, recall, alpha, new)
+        applied = self.redo(recall_id, recall)
         return ReportResult(
             recall_id=recall_id,
             reward=report.reward,
@@ -173,16 +170,16 @@ class Ledger:
             stored=applied.stored,
         )
 
-    def redo(self, recall_id: str, recall: RecallRecord, alpha: float, new: NewMemory) -> Applied:
+    def redo(self, recall_id: str, recall: RecallRecord) -> Applied:
         """Everything a claimed report does (module docstring, 3.): run by the reporter, or again after a crash."""
         report = recall.report
         assert report is not None, "only a claimed recall is redone"
-        reward, now = report.reward, report.reported_at
+        reward, now, learning = report.reward, report.reported_at, self._learning
 
         def fold(m: Mapping[str, Any]) -> dict[str, Any]:
             """Q <- Q + alpha (R - Q), with its record in the history: one write."""
             q_before = float(m["q"])
-            q_after = algorithm.update_q(q_before, reward, alpha)
+            q_after = algorithm.update_q(q_before, reward, learning.alpha)
             event = QEvent(
                 at=now, event="reward", reward=reward, q_before=q_before, q_after=q_after, recall_id=recall_id
             )
@@ -191,7 +188,7 @@ class Ledger:
                 "visits": int(m["visits"]) + 1,
                 "last_reward": reward,
                 "updated_at": now,
-                "history": with_event(m, event, new.history_size),
+                "history": with_event(m, event, learning.q_history_size),
             }
 
         changes, missing = [], []
@@ -210,21 +207,17 @@ class Ledger:
                 )
         stored = None
         if report.experience is not None:
-            stored = self._store_experience(recall_id, recall, report, new)
+            stored = self._store_experience(recall_id, recall, report)
         self._store.set_payload_if("recalls", recall_id, {"status": "reported"}, {"status": "applying"})
         return Applied(changes, missing, stored)
 
-    def _store_experience(
-        self, recall_id: str, recall: RecallRecord, report: ClaimedReport, new: NewMemory
-    ) -> StoreResult:
+    def _store_experience(self, recall_id: str, recall: RecallRecord, report: ClaimedReport) -> StoreResult:
         """Merge into the twin the recall saw, or add a memory whose id derives from the recall."""
         assert report.experience is not None and report.outcome is not None
         twin_id = recall.twins.get(report.outcome)
         if twin_id is not None:
             operation = f"merge:{recall_id}"
-            merged = self.merge(
-                twin_id, operation, report.experience, report.metadata, report.reported_at, new.max_metadata_chars
-            )
+            merged = self.merge(twin_id, operation, report.experience, report.metadata, report.reported_at)
             if merged is not None:
                 return merged
         memory_id = experience_id(recall_id)
@@ -234,7 +227,7 @@ class Ledger:
         vector = self._store.get_vector("recalls", recall_id)
         if vector is None:  # the recall was deleted mid-report: its namespace is being forgotten
             raise RecallGone(recall_id)
-        q = new.q_init(report.outcome)
+        q = self._learning.q_init(report.outcome)
         memory = MemoryView(
             id=memory_id,
             namespace=recall.namespace,

@@ -1,17 +1,22 @@
-"""What the two tables hold, typed: a memory's payload and a recall's record.
+"""What the tables hold, typed: a memory's payload, a recall's record, a step record and an episode record; the ids
+derived from their keys; and what a record given from outside (an import) must satisfy to be written.
 
 A recall record is written by ``recall``, claimed by ``report`` and finished by the redo of
-:mod:`memrl_mcp.optimistic`; every one of its keys is declared here, once."""
+:mod:`memrl_mcp.memory.ledger`; every one of its keys is declared here, once."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from memrl_mcp.embeddings import canonical_task
+from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.models import ActionView, MemoryDetail, MemoryView, Outcome, QEvent, StepRecordView
+from memrl_mcp.validation import COUNT, FINITE, NAMESPACE, POINT_ID, TIMESTAMP, Limits, check_outcome
 
 RecallStatus = Literal["pending", "applying", "reported"]
 """pending: issued, reportable; applying: claimed by a report, which may have been interrupted (the record is its
@@ -157,3 +162,61 @@ class EpisodeRecord(BaseModel):
         "covers the one in flight).",
     )
     result: dict[str, Any] | None = None
+
+
+def canonical_text(text: str) -> str:
+    """Observations and actions: whitespace folded (a re-wrapped observation is the same observation)."""
+    return " ".join(text.split()) or text
+
+
+def step_id(namespace: str, task: str, observation: str) -> str:
+    """The record of (namespace, task, observation): derived, so identical steps always meet."""
+    key = json.dumps([namespace, canonical_task(task), canonical_text(observation)], ensure_ascii=False)
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-step:{key}"))
+
+
+def episode_key(namespace: str, episode_id: str) -> str:
+    """The episode record of (namespace, episode_id): one per namespace, so tenants never collide."""
+    key = json.dumps([namespace, episode_id], ensure_ascii=False)
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-episode:{key}"))
+
+
+# -- records from outside (memrl-mcp import) -----------------------------------------------------------
+
+
+def check_memory(limits: Limits, memory: MemoryView) -> None:
+    """Refuse a memory to restore that the tools could not have stored; the message names the field."""
+    POINT_ID.check("id", memory.id)
+    NAMESPACE.check("namespace", memory.namespace)
+    limits.task.check("task", memory.task)
+    limits.experience.check("experience", memory.experience)
+    check_outcome(memory.outcome)
+    limits.reward.check("q", memory.q)
+    if memory.last_reward is not None:
+        limits.reward.check("last_reward", memory.last_reward)
+    COUNT.check("visits", memory.visits)
+    COUNT.check("merges", memory.merges)
+    TIMESTAMP.check("created_at", memory.created_at)
+    TIMESTAMP.check("updated_at", memory.updated_at)
+    limits.metadata.check("metadata", memory.metadata)
+
+
+def check_step(limits: Limits, max_actions: int, record: StepRecordView) -> None:
+    """Refuse a step record to restore that reports could not have made; the message names the field."""
+    POINT_ID.check("id", record.id)
+    NAMESPACE.check("namespace", record.namespace)
+    limits.task.check("task", record.task)
+    limits.observation.check("observation", record.observation)
+    if record.id != step_id(record.namespace, record.task, record.observation):
+        raise MemoryRequestError("id: is not the id of its (namespace, task, observation); reports would miss it")
+    if len(record.actions) > max_actions:
+        raise MemoryRequestError(f"actions: {len(record.actions)} exceed step_max_actions={max_actions}")
+    if len({a.action for a in record.actions}) < len(record.actions):
+        raise MemoryRequestError("actions: an action is listed twice (each action of a record is listed once)")
+    for i, action in enumerate(record.actions):
+        limits.action.check(f"actions[{i}].action", action.action)
+        FINITE.check(f"actions[{i}].q", action.q)
+        COUNT.check(f"actions[{i}].visits", action.visits)
+        limits.reward.check(f"actions[{i}].reward", action.reward)
+    TIMESTAMP.check("created_at", record.created_at)
+    TIMESTAMP.check("updated_at", record.updated_at)

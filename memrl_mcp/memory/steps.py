@@ -7,7 +7,7 @@ decision of a long episode went wrong. The step memory learns per decision:
   the task's trailing full stop dropped), so the same step always lands on the same record. A record holds the
   actions tried there, each with Q(task, observation, action), its visits and its mean immediate reward.
 - **Matching.** A record's vector is the task's and the observation's embeddings side by side; a query scores
-  ``(1 - w) sim(task) + w sim(observation)`` (:func:`~memrl_mcp.algorithm.step_similarity`; w =
+  ``(1 - w) sim(task) + w sim(observation)`` (:func:`~memrl_mcp.memory.algorithm.step_similarity`; w =
   ``step_observation_weight``). A long observation is embedded as its head and tail (the embedder reads about
   512 characters); the whole text still keys the record.
 - **Learning.** A reported trajectory moves each step's Q toward its n-step bootstrapped target (algorithm
@@ -15,14 +15,14 @@ decision of a long episode went wrong. The step memory learns per decision:
   record matching at least ``step_match_threshold``, else it is zero; the targets are computed against the memory
   as it stood when the report arrived, and written into the claim, so a redo after a crash applies the same.
 - **Capacities.** ``step_max_actions`` per record (the lowest mean reward goes) and ``step_max_records`` per
-  namespace (:func:`~memrl_mcp.algorithm.record_to_evict`: the most redundant of the new record and the two
+  namespace (:func:`~memrl_mcp.memory.algorithm.record_to_evict`: the most redundant of the new record and the two
   closest stored ones goes). Replicas writing at once may overshoot the record capacity by one per writer.
 
 **Once per episode.** ``episode_id`` is the client's once-only key. The report inserts an episode record under an
 id derived from (namespace, episode_id), insert-only, carrying a fresh claim id and every step with its target;
 the record read back names the one report that proceeds (a duplicate, concurrent or later, changes nothing and
 is told so). The record is the redo log: each step is applied once to its record (operation ``step:<episode>:<t>``
-of :meth:`~memrl_mcp.optimistic.Ledger.update_once`), progress is checkpointed in ``done``, then the episode is
+of :meth:`~memrl_mcp.memory.ledger.Ledger.update_once`), progress is checkpointed in ``done``, then the episode is
 marked ``reported`` (its steps dropped, its result kept). Whoever runs the redo (the reporter, or the next server
 to open the store after a crash) gets the same result. With a ``recall_id``, the redo also applies the episode
 memory's report of that recall with the last step's reward, under a claim id derived from the episode, so it
@@ -33,33 +33,36 @@ stops (:class:`EpisodeGone`) and removes what it had just created.
 from __future__ import annotations
 
 import itertools
-import json
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from memrl_mcp import algorithm
-from memrl_mcp.embeddings import Embedder, canonical_task, embed_scoped, embed_tasks
+from memrl_mcp.embeddings import Embedder, embed_scoped, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.memory import algorithm
+from memrl_mcp.memory.ledger import Ledger
+from memrl_mcp.memory.records import (
+    ClaimedReport,
+    EpisodeRecord,
+    ReportedStep,
+    StepPayload,
+    canonical_text,
+    episode_key,
+    step_id,
+)
 from memrl_mcp.models import (
     ActionView,
     MatchedStep,
-    ReportResult,
     StepAdvice,
     StepAdviceResult,
     StepChange,
     StepRecordView,
     TrajectoryResult,
 )
-from memrl_mcp.optimistic import Ledger
-from memrl_mcp.records import ClaimedReport, EpisodeRecord, ReportedStep, StepPayload
+from memrl_mcp.settings import StepSettings
 from memrl_mcp.storage import PLACEHOLDER, Point, Store
-
-ReportRecall = Callable[[str, ClaimedReport], ReportResult]
-"""Claim a recall of the episode memory with this report, and apply it (idempotent under the same claim)."""
 
 
 class EpisodeGone(MemoryRequestError):
@@ -70,39 +73,6 @@ class EpisodeGone(MemoryRequestError):
             f"episode_id: episode {episode_id!r} is gone (its namespace was forgotten) while it was being applied; "
             "nothing more was written"
         )
-
-
-@dataclass(frozen=True)
-class StepRules:
-    """The step memory's constants (settings ``step_*``; README)."""
-
-    n: int
-    gamma: float
-    update: algorithm.UpdateRule
-    learning_rate: float
-    observation_weight: float
-    match_threshold: float
-    advice_threshold: float
-    max_records: int
-    max_actions: int
-    embed_chars: int
-
-
-def canonical_text(text: str) -> str:
-    """Observations and actions: whitespace folded (a re-wrapped observation is the same observation)."""
-    return " ".join(text.split()) or text
-
-
-def step_id(namespace: str, task: str, observation: str) -> str:
-    """The record of (namespace, task, observation): derived, so identical steps always meet."""
-    key = json.dumps([namespace, canonical_task(task), canonical_text(observation)], ensure_ascii=False)
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-step:{key}"))
-
-
-def episode_key(namespace: str, episode_id: str) -> str:
-    """The episode record of (namespace, episode_id): one per namespace, so tenants never collide."""
-    key = json.dumps([namespace, episode_id], ensure_ascii=False)
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-episode:{key}"))
 
 
 def embedded_text(observation: str, max_chars: int) -> str:
@@ -117,21 +87,13 @@ def embedded_text(observation: str, max_chars: int) -> str:
 
 class StepMemory:
     """Advice and trajectory reports over the ``steps`` and ``episodes`` tables. Callers are checked by the
-    :class:`~memrl_mcp.memory.MemoryService` that owns it: namespaces here are already the caller's."""
+    :class:`~memrl_mcp.memory.service.MemoryService` that owns it: namespaces here are already the caller's."""
 
-    def __init__(
-        self,
-        store: Store,
-        ledger: Ledger,
-        rules: StepRules,
-        embedder: Embedder,
-        report_recall: ReportRecall,
-    ) -> None:
+    def __init__(self, store: Store, ledger: Ledger, rules: StepSettings, embedder: Embedder) -> None:
         self._store = store
         self._ledger = ledger
         self.rules = rules
         self._embedder = embedder
-        self._report_recall = report_recall
 
     # -- vectors ------------------------------------------------------------------------------------
 
@@ -139,12 +101,12 @@ class StepMemory:
         return embed_tasks(self._embedder, tasks, namespace)
 
     def _observations(self, observations: Sequence[str], namespace: str) -> np.ndarray:
-        texts = [embedded_text(o, self.rules.embed_chars) for o in observations]
+        texts = [embedded_text(o, self.rules.step_embed_chars) for o in observations]
         return embed_scoped(self._embedder, texts, namespace)
 
     def _query(self, task: np.ndarray, observation: np.ndarray) -> np.ndarray:
         """Dot product with a stored ``[g, o]`` = (1 - w) cos(task) + w cos(observation)."""
-        w = self.rules.observation_weight
+        w = self.rules.step_observation_weight
         return np.concatenate([(1.0 - w) * task, w * observation])
 
     # -- advice -------------------------------------------------------------------------------------
@@ -169,12 +131,12 @@ class StepMemory:
                 )
             )
         values = [[_value(a) for a in record.actions] for record in records]
-        encouraged, discouraged = algorithm.action_advice(values, self.rules.advice_threshold)
+        encouraged, discouraged = algorithm.action_advice(values, self.rules.step_advice_threshold)
         return StepAdviceResult(
             namespace=namespace,
             encouraged=[StepAdvice(action=a.action, q=a.q, visits=a.visits) for a in encouraged],
             discouraged=[StepAdvice(action=a.action, q=a.q, visits=a.visits) for a in discouraged],
-            advice_threshold=self.rules.advice_threshold,
+            advice_threshold=self.rules.step_advice_threshold,
             records=records,
         )
 
@@ -198,7 +160,7 @@ class StepMemory:
         """Compute every step's target, claim the episode, then apply it (module docstring)."""
         rewards = [reward for _, _, reward in steps]
         values = self._state_values(task, [observation for observation, _, _ in steps], namespace)
-        targets = algorithm.n_step_targets(rewards, self.rules.n, self.rules.gamma, values)
+        targets = algorithm.n_step_targets(rewards, self.rules.step_n, self.rules.step_gamma, values)
         key = episode_key(namespace, episode_id)
         record = EpisodeRecord(
             namespace=namespace,
@@ -225,7 +187,7 @@ class StepMemory:
     def _state_values(self, task: str, observations: Sequence[str], namespace: str) -> list[float | None]:
         """max_a Q(task, o_j, a) for every j that is some step's o_{t+n} (j >= n); None where nothing matches."""
         values: list[float | None] = [None] * len(observations)
-        wanted = range(self.rules.n, len(observations))
+        wanted = range(self.rules.step_n, len(observations))
         if not wanted:
             return values
         ids = {j: step_id(namespace, task, observations[j]) for j in wanted}
@@ -239,7 +201,7 @@ class StepMemory:
             vectors = self._observations([observations[j] for j in missing], namespace)
             for j, vector in zip(missing, vectors, strict=True):
                 query = self._query(task_vector, vector)
-                hits = self._store.search(query, 1, self.rules.match_threshold, {"namespace": namespace}, "steps")
+                hits = self._store.search(query, 1, self.rules.step_match_threshold, {"namespace": namespace}, "steps")
                 values[j] = _state_value(hits[0].payload) if hits else None
         return values
 
@@ -269,7 +231,7 @@ class StepMemory:
                 metadata={},
             )
             try:
-                outcome = self._report_recall(record.recall_id, report)
+                outcome = self._ledger.report(record.recall_id, report)
             except MemoryRequestError as error:
                 outcome_error = str(error)
         steps = len(record.steps)
@@ -309,11 +271,11 @@ class StepMemory:
             actions = [_value(ActionView.model_validate(a)) for a in payload["actions"]]
             old = next((a for a in actions if a.action == step.action), None)
             new = algorithm.update_action_value(
-                old, step.action, step.target, step.reward, self.rules.update, self.rules.learning_rate
+                old, step.action, step.target, step.reward, self.rules.step_update, self.rules.step_learning_rate
             )
             folded.append(new)
             actions = [new if a is old else a for a in actions] + ([] if old else [new])
-            kept = algorithm.prune_actions(actions, self.rules.max_actions)
+            kept = algorithm.prune_actions(actions, self.rules.step_max_actions)
             return {"actions": [_view(a).model_dump() for a in kept], "updated_at": record.reported_at}
 
         written = self._ledger.update_once(record_id, operation, fold, table="steps")
@@ -357,16 +319,16 @@ class StepMemory:
         return change, created
 
     def _make_room(self, namespace: str, task: np.ndarray, observation: np.ndarray) -> bool:
-        """Before a new record: at the capacity, evict per :func:`~memrl_mcp.algorithm.record_to_evict`; False
+        """Before a new record: at the capacity, evict per :func:`~memrl_mcp.memory.algorithm.record_to_evict`; False
         when the new record itself is the one to drop."""
         where = {"namespace": namespace}
-        if self._store.count("steps", where) < self.rules.max_records:
+        if self._store.count("steps", where) < self.rules.step_max_records:
             return True
         rows = list(self._store.vectors("steps", where, ("actions",)))
         ids = [row[0] for row in rows]
         matrix = np.stack([row[1] for row in rows]).astype(np.float64)
         dim = matrix.shape[1] // 2
-        w = self.rules.observation_weight
+        w = self.rules.step_observation_weight
         tasks, observations = matrix[:, :dim], matrix[:, dim:]
         old = (1.0 - w) * tasks @ tasks.T + w * observations @ observations.T
         new = (1.0 - w) * tasks @ task + w * observations @ observation

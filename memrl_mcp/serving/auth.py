@@ -15,13 +15,13 @@ import yaml
 from mcp.server.auth.provider import AccessToken
 from pydantic import TypeAdapter, ValidationError
 
-from memrl_mcp.access import EVERYTHING, Access
-from memrl_mcp.settings import ALL_NAMESPACES, Settings, SettingsError, TokenGrant
+from memrl_mcp.memory.access import EVERYTHING, Access
+from memrl_mcp.settings import ALL_NAMESPACES, ServingSettings, SettingsError, TokenGrant
 
 NAMESPACES_CLAIM = "memrl_namespaces"
 
 
-def load_grants(settings: Settings) -> list[TokenGrant]:
+def load_grants(settings: ServingSettings) -> list[TokenGrant]:
     """The tokens of the settings and of ``tokens_file``; a bad file or entry is named in the error."""
     grants = list(settings.tokens)
     if settings.tokens_file is not None:

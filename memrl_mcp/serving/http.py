@@ -16,20 +16,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from memrl_mcp.auth import TokenTable, is_loopback, load_grants
-from memrl_mcp.memory import MemoryService
-from memrl_mcp.server import create_server
-from memrl_mcp.settings import Settings, SettingsError
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.serving.auth import TokenTable, is_loopback, load_grants
+from memrl_mcp.serving.tools import create_server
+from memrl_mcp.settings import ServingSettings, SettingsError
 
 Transport = Literal["stdio", "streamable-http", "sse"]
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 GUARDED_ROUTES = ("/stats", "/metrics")  # /health stays open: it says nothing but "ok"
 MCP_PATH = "/mcp"
 ANONYMOUS = ""  # the one tenant of a server without tokens (loopback only)
-log = logging.getLogger("memrl_mcp.serving")
+log = logging.getLogger(__name__)
 
 
-def tokens_for(settings: Settings, transport: Transport, host: str) -> TokenTable | None:
+def tokens_for(settings: ServingSettings, transport: Transport, host: str) -> TokenTable | None:
     """The tokens the transport will require (None: no token). An HTTP server reachable from other machines
     without any token would hand every memory to anyone who can reach the port: refused."""
     if transport == "stdio":
@@ -62,11 +62,11 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
         return
     import uvicorn
 
-    security = transport_security(host, service.settings.allowed_hosts)
+    settings = service.settings.serving
+    security = transport_security(host, settings.allowed_hosts)
     if transport == "sse":
         app = server.sse_app(transport_security=security, host=host)
     else:
-        settings = service.settings
         per_token = settings.max_sessions_per_token
         tenants = len(tokens) if tokens is not None else 1
         # Every tool answers once: a plain JSON answer costs the server less than an SSE stream per call. The

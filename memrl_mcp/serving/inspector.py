@@ -1,12 +1,12 @@
 """The inspector: a page at ``/ui`` on the HTTP server itself, to see what the memory learned and correct it.
 
-The page (``memrl_mcp/ui/``: one HTML file, one script, one style sheet, no framework, nothing fetched from
+The page (``memrl_mcp/serving/ui/``: one HTML file, one script, one style sheet, no framework, nothing fetched from
 elsewhere) talks to a small JSON API under ``/ui/api/``. The API is a thin adapter over the public
-:class:`~memrl_mcp.memory.MemoryService` methods, under the same rules as every other route:
+:class:`~memrl_mcp.memory.service.MemoryService` methods, under the same rules as every other route:
 
 - **Tenants.** A request carries its bearer token in an ``Authorization`` header (the page keeps it in
   ``sessionStorage`` at most, never in a cookie), and sees only its token's namespaces. A server without tokens
-  is a loopback-only server (``serving.tokens_for`` refuses any other bind); there the page needs no token, and a
+  is a loopback-only server (``http.tokens_for`` refuses any other bind); there the page needs no token, and a
   request must name a loopback host, so a DNS-rebound page cannot read it.
 - **No cross-site writes.** A change is a ``PATCH`` or ``DELETE`` with a JSON body: a form cannot send either,
   and another site's script can only after a CORS preflight that this server never grants. On top, a change
@@ -15,9 +15,10 @@ elsewhere) talks to a small JSON API under ``/ui/api/``. The API is a thin adapt
   ``textContent`` only, and every answer carries a Content-Security-Policy without inline script, so even
   a missed spot could not run one.
 
-"Why this memory?" (:func:`preview`) runs Phase A and B through the read-only search path and explains each
-candidate with :mod:`memrl_mcp.algorithm`'s own numbers; nothing is logged as a recall. Learning curves are
-read from harness run folders (the ``ui_runs`` setting) with the report's own loaders and drawn by the page.
+"Why this memory?" (:func:`preview`) shows the service's scored pool (:meth:`MemoryService.pool`: Phase A and B as a
+recall computes them, through the read-only path; nothing is logged as a recall) and says why each candidate was
+chosen or not. Learning curves are read from the ``curve.json`` of harness run folders (the ``ui_runs`` setting;
+:mod:`memrl_mcp.curves`) and drawn by the page.
 """
 
 from __future__ import annotations
@@ -25,25 +26,23 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio.to_thread
-import numpy as np
 from mcp.server import MCPServer
 from mcp.server.auth.middleware.auth_context import get_access_token
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memrl_mcp import algorithm
-from memrl_mcp.access import Access
-from memrl_mcp.auth import TokenTable, access_of, is_loopback
+from memrl_mcp.curves import curves, run_folders
 from memrl_mcp.errors import MemoryRequestError
-from memrl_mcp.memory import MemoryService
-from memrl_mcp.models import EffectiveSettings, MemoryDetail, Outcome, SortKey
-from memrl_mcp.validation import K
+from memrl_mcp.memory.access import Access
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import EffectiveSettings, MemoryDetail, PoolCandidate, RecallQuery
+from memrl_mcp.serving.auth import TokenTable, access_of, is_loopback
+from memrl_mcp.validation import Outcome, SortKey
 
 PREFIX = "/ui"
 ASSETS = {
@@ -79,34 +78,11 @@ class Refusal(Exception):
 # -- why this memory? ------------------------------------------------------------------------------
 
 
-class PreviewRequest(BaseModel):
-    """What a recall would be asked; ``None`` is the server's setting."""
+class PreviewCandidate(PoolCandidate):
+    """A candidate of the pool, ranked both ways, and why it was chosen or not."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    task: str
-    namespace: str | None = None
-    k1: int | None = None
-    k2: int | None = None
-    q_weight: float | None = None
-    delta: float | None = None
-
-
-class PreviewCandidate(BaseModel):
-    """One memory of the Phase-A pool with every number Phase B chose by."""
-
-    id: str
-    task: str
-    outcome: Outcome
-    q: float
-    visits: int
-    similarity: float
     similarity_rank: int = Field(description="1 = most similar (Phase A's order).")
-    z_similarity: float
-    z_q: float
-    score: float = Field(description="(1 - lambda) z_similarity + lambda z_q.")
     score_rank: int
-    chosen: bool
     reason: str
 
 
@@ -135,133 +111,34 @@ def _reason(chosen: bool, score_rank: int, similarity_rank: int, k2: int) -> str
     return f"not chosen: #{score_rank} by score, below the top k2={k2}"
 
 
-def preview(service: MemoryService, ask: PreviewRequest, *, access: Access) -> Preview:
-    """Phase A and B for ``ask`` through the read-only search, explained.
-
-    The search is asked for every candidate (k2 = k1), which is Phase A's whole pool scored by Phase B, and
-    never explores (exploration needs a pool larger than k2). The choice for the real k2 is then
-    :func:`algorithm.select`'s without exploration, the z-scores those of :mod:`algorithm`."""
-    s = service.settings
-    k1 = s.k1 if ask.k1 is None else ask.k1
-    k2 = K.check("k2", s.k2 if ask.k2 is None else ask.k2)
-    q_weight = s.q_weight if ask.q_weight is None else ask.q_weight
-    delta = service.delta if ask.delta is None else ask.delta
-    if k2 > k1:
-        raise MemoryRequestError(f"k2: {k2} exceeds k1 ({k1}): Phase B picks among Phase A's candidates")
-    found = service.search(ask.task, ask.namespace, k1, k1, q_weight, delta, access=access)
-    hits = sorted(found.memories, key=lambda m: -m.similarity)  # Phase A's order
-    pool = [algorithm.Candidate(m.similarity, m.q) for m in hits]
-    similarities = np.array([c.similarity for c in pool], dtype=np.float64)
-    z_sim = algorithm.z_similarity(similarities, service.scale)
-    z_q = algorithm.z_scores(np.array([c.q for c in pool], dtype=np.float64))
-    chosen, scores, _ = algorithm.select(pool, k2, q_weight, service.scale)
-    by_score = sorted(range(len(pool)), key=lambda i: (-scores[i], -pool[i].similarity, i))
+def preview(service: MemoryService, ask: RecallQuery, *, access: Access) -> Preview:
+    """The service's scored pool for ``ask`` (:meth:`MemoryService.pool`: Phase A and B through the read-only path,
+    without exploring), with each candidate's ranks and the reason it was chosen or not."""
+    pool = service.pool(ask, access=access)
+    query, candidates = pool.query, pool.candidates
+    assert query.k1 is not None and query.k2 is not None and query.q_weight is not None and query.delta is not None
+    by_score = sorted(range(len(candidates)), key=lambda i: (-candidates[i].score, -candidates[i].similarity, i))
     score_rank = {i: rank for rank, i in enumerate(by_score, 1)}
-    candidates = [
-        PreviewCandidate(
-            id=m.id,
-            task=m.task,
-            outcome=m.outcome,
-            q=m.q,
-            visits=m.visits,
-            similarity=m.similarity,
-            similarity_rank=i + 1,
-            z_similarity=float(z_sim[i]),
-            z_q=float(z_q[i]),
-            score=float(scores[i]),
-            score_rank=score_rank[i],
-            chosen=i in chosen,
-            reason=_reason(i in chosen, score_rank[i], i + 1, k2),
-        )
-        for i, m in enumerate(hits)
-    ]
+    scale = service.scale.z_similarity
     return Preview(
-        namespace=found.namespace,
-        k1=k1,
-        k2=k2,
-        q_weight=q_weight,
-        delta=delta,
-        sim_normalization=service.scale.mode,
-        sim_mean=service.scale.mean,
-        sim_std=service.scale.std,
-        epsilon=s.epsilon,
-        candidates=candidates,
-    )
-
-
-# -- learning curves -------------------------------------------------------------------------------
-
-
-class CurvePoint(BaseModel):
-    epoch: int
-    value: float
-    std: float | None = Field(None, description="Over seeds, when the curve is a mean of several.")
-    partial: bool = Field(False, description="An unfinished epoch: the share of the tasks done so far.")
-
-
-class Curve(BaseModel):
-    """One setting (runs that differ only in their seed) of one benchmark, as the report draws it."""
-
-    label: str
-    seeds: int
-    success_rate: list[CurvePoint]
-    csr: list[CurvePoint]
-
-
-class BenchmarkCurves(BaseModel):
-    benchmark: str
-    curves: list[Curve]
-
-
-class Curves(BaseModel):
-    available: list[str] = Field(description="Every configured run folder (folder names).")
-    runs: list[str] = Field(description="The run folders drawn.")
-    benchmarks: list[BenchmarkCurves]
-    problems: list[str] = Field(description="Run folders that could not be read, and why.")
-
-
-def run_folders(roots: list[Path]) -> list[Path]:
-    """The run folders under the configured paths: a folder with a ``run.json``, or the ones directly in it."""
-    folders: list[Path] = []
-    for root in roots:
-        if (root / "run.json").is_file():
-            folders.append(root)
-        elif root.is_dir():
-            folders += sorted(child for child in root.iterdir() if (child / "run.json").is_file())
-    return folders
-
-
-def curves(folders: list[Path], wanted: set[str]) -> Curves:
-    """Success per epoch and CSR per setting of the ``wanted`` folders (all when empty), grouped by benchmark,
-    with the report's own loading and grouping (a setting of several seeds is their mean with its standard
-    deviation, over the seeds that finished the epoch)."""
-    from memrl_harness.report import load_run, settings_of  # the harness's loaders: only when curves are asked
-
-    runs, problems = [], []
-    for folder in folders:
-        if wanted and folder.name not in wanted:
-            continue
-        try:
-            runs.append(load_run(folder))
-        except (OSError, ValueError) as error:  # ValueError: pydantic's, for a damaged run.json or episode
-            problems.append(f"{folder.name}: {type(error).__name__}: {str(error).splitlines()[0]}")
-    by_benchmark: dict[str, list[Curve]] = {}
-    for setting in settings_of(runs) if runs else []:
-        if len(setting.runs) > 1:
-            epochs = setting.aggregate.epochs
-            success = [CurvePoint(epoch=e.epoch, value=e.success_rate.mean, std=e.success_rate.std) for e in epochs]
-            csr = [CurvePoint(epoch=e.epoch, value=e.csr.mean, std=e.csr.std) for e in epochs]
-        else:
-            epochs_of_run = setting.runs[0].summary.epochs
-            success = [CurvePoint(epoch=e.epoch, value=e.success_rate, partial=e.partial) for e in epochs_of_run]
-            csr = [CurvePoint(epoch=e.epoch, value=e.csr, partial=e.partial) for e in epochs_of_run]
-        curve = Curve(label=setting.label, seeds=len(setting.runs), success_rate=success, csr=csr)
-        by_benchmark.setdefault(setting.config.benchmark, []).append(curve)
-    return Curves(
-        available=[folder.name for folder in folders],
-        runs=[run.path.name for run in runs],
-        benchmarks=[BenchmarkCurves(benchmark=name, curves=group) for name, group in by_benchmark.items()],
-        problems=problems,
+        namespace=pool.namespace,
+        k1=query.k1,
+        k2=query.k2,
+        q_weight=query.q_weight,
+        delta=query.delta,
+        sim_normalization=scale.mode,
+        sim_mean=scale.mean,
+        sim_std=scale.std,
+        epsilon=service.settings.retrieval.epsilon,
+        candidates=[
+            PreviewCandidate(
+                **c.model_dump(),
+                similarity_rank=i + 1,
+                score_rank=score_rank[i],
+                reason=_reason(c.chosen, score_rank[i], i + 1, query.k2),
+            )
+            for i, c in enumerate(candidates)
+        ],
     )
 
 
@@ -288,16 +165,16 @@ def session_of(service: MemoryService, access: Access, tokens: bool) -> Session:
         names = set(access.namespaces)
     else:
         names = {memory.namespace for memory in service.memories()}
-    default = access.default or service.settings.namespace
+    default = access.default or service.settings.namespaces.namespace
     return Session(
         namespaces=sorted(names | {default}),
         default_namespace=default,
         every_namespace=access.namespaces is None,
         tokens=tokens,
-        read_only=service.settings.read_only,
+        read_only=service.settings.serving.read_only,
         settings=service.effective_settings(),
-        q_history_size=service.settings.q_history_size,
-        run_folders=len(run_folders(list(service.settings.ui_runs))),
+        q_history_size=service.settings.learning.q_history_size,
+        run_folders=len(run_folders(list(service.settings.serving.ui_runs))),
     )
 
 
@@ -336,9 +213,9 @@ class ListQuery(BaseModel):
     cursor: str | None = None
 
 
-def _typed(model: type[BaseModel], data: Any) -> Any:
+def _typed(model: type[Any], data: Any) -> Any:
     try:
-        return model.model_validate(data)
+        return TypeAdapter(model).validate_python(data)
     except ValidationError as error:
         first = error.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "body"
@@ -372,7 +249,7 @@ def _same_origin(request: Request) -> bool:
     return origin is None or urlsplit(origin).netloc == request.headers.get("host")
 
 
-async def _body(request: Request, model: type[BaseModel]) -> Any:
+async def _body(request: Request, model: type[Any]) -> Any:
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         raise Refusal(415, "unsupported_media_type", "content-type: a change is sent as application/json")
     raw = await request.body()
@@ -436,7 +313,7 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
         memory_id = request.path_params["memory_id"]
         if request.method == "GET":
             return _json(await in_thread(lambda: service.get(memory_id, access=access)))
-        if service.settings.read_only:
+        if service.settings.serving.read_only:
             raise Refusal(403, "read_only", "this server is read-only (read_only: true)")
         if request.method == "DELETE":
             await _body(request, Forget)
@@ -451,17 +328,17 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
 
     @guarded("/preview", ["POST"])
     async def recall_preview(request: Request, access: Access) -> Response:
-        ask: PreviewRequest = await _body(request, PreviewRequest)
+        ask: RecallQuery = await _body(request, RecallQuery)
         return _json(await in_thread(lambda: preview(service, ask, access=access)))
 
     @guarded("/curves", ["GET"])
     async def learning_curves(request: Request, access: Access) -> Response:
         """Curves of the configured run folders (every caller sees the same: they hold no tenant's memories)."""
         wanted = set(request.query_params.getlist("run"))
-        return _json(await in_thread(lambda: curves(run_folders(list(service.settings.ui_runs)), wanted)))
+        return _json(await in_thread(lambda: curves(run_folders(list(service.settings.serving.ui_runs)), wanted)))
 
     def asset(name: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:
-        content = resources.files("memrl_mcp").joinpath("ui", name).read_bytes()
+        content = resources.files("memrl_mcp.serving").joinpath("ui", name).read_bytes()
 
         async def serve(request: Request) -> Response:
             if tokens is None and not _host_is_loopback(request):

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.service import MemoryService
 
 CALLS_LOGGER = "memrl_mcp.calls"
 log = logging.getLogger(CALLS_LOGGER)

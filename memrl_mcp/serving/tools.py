@@ -1,9 +1,9 @@
 """The MCP face of the memory: tools, resources and a prompt over one :class:`MemoryService`, plus the
 HTTP routes operators use: ``/health``, ``/metrics`` (Prometheus) and ``/stats``.
 
-With a :class:`~memrl_mcp.auth.TokenTable`, the HTTP transports require a bearer token, and every tool,
+With a :class:`~memrl_mcp.serving.auth.TokenTable`, the HTTP transports require a bearer token, and every tool,
 resource and ``/stats`` sees only the namespaces of the caller's token. A call that names no namespace uses the
-token's first one, else one derived from the client's project root (:mod:`memrl_mcp.roots`), else the
+token's first one, else one derived from the client's project root (:mod:`memrl_mcp.serving.roots`), else the
 ``namespace`` setting."""
 
 import dataclasses
@@ -23,35 +23,37 @@ from pydantic import ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from memrl_mcp import __version__, inspector
-from memrl_mcp.access import Access
-from memrl_mcp.auth import TokenTable, access_of
+from memrl_mcp import __version__
 from memrl_mcp.errors import MemoryRequestError, MemrlError
-from memrl_mcp.memory import MemoryService
+from memrl_mcp.memory.access import Access
+from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import (
     ForgetResult,
     MemoryDetail,
     MemoryPage,
-    Outcome,
+    RecallQuery,
     RecallResult,
     ReportResult,
     SearchResult,
-    SortKey,
     Stats,
     StepAdviceResult,
     StoreResult,
     TrajectoryResult,
 )
-from memrl_mcp.observability import Metrics
-from memrl_mcp.roots import project_default
+from memrl_mcp.serving import inspector
+from memrl_mcp.serving.auth import TokenTable, access_of
+from memrl_mcp.serving.observability import Metrics
+from memrl_mcp.serving.roots import project_default
 from memrl_mcp.validation import (
     MAX_EPISODE_ID_CHARS,
     MAX_METADATA_DEPTH,
     MAX_METADATA_KEY_CHARS,
     CandidateCount,
     NamespaceName,
+    Outcome,
     QWeight,
     Similarity,
+    SortKey,
     TextQuery,
 )
 
@@ -117,7 +119,8 @@ def strict_tool(fn: Callable[..., object], annotations: ToolAnnotations) -> Tool
 def create_server(service: MemoryService, tokens: TokenTable | None = None) -> MCPServer:
     """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one. The caller owns
     the service and closes it."""
-    limits, rules = service.settings, service.limits
+    settings, rules = service.settings, service.limits
+    limits, learning = settings.limits, settings.learning
     metrics = Metrics(service)
     instrumented = _instrumented(metrics)
     Task = Annotated[
@@ -133,7 +136,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         ),
     ]
 
-    from_roots = limits.namespace_from_roots and "namespace" not in limits.model_fields_set
+    from_roots = settings.namespaces.namespace_from_roots and not settings.is_set("namespace")
 
     def access(ctx: Context[Any, Any] | None = None) -> Access:
         """The caller's namespaces (its token's); with ``ctx``, its default is the project root's when neither
@@ -160,7 +163,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         re-ranks them by (1 - lambda) z(similarity) + lambda z(learned utility Q) and returns the top k2.
         Successful memories are examples to follow; failed ones are mistakes to avoid. No memory is a
         valid answer. Always report the episode's reward with the returned recall_id."""
-        return service.recall(task, namespace, k1, k2, q_weight, delta, access=access(ctx))
+        return service.recall(RecallQuery(task, namespace, k1, k2, q_weight, delta), access=access(ctx))
 
     @instrumented
     def search_experience(
@@ -175,14 +178,14 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         """Look memories up like recall_experience, without a recall: nothing is logged and there is nothing to
         report, so no utility Q will learn from this use. For browsing, or a retrieval-only baseline; an agent
         that will learn the outcome should call recall_experience instead."""
-        return service.search(task, namespace, k1, k2, q_weight, delta, access=access(ctx))
+        return service.search(RecallQuery(task, namespace, k1, k2, q_weight, delta), access=access(ctx))
 
     @instrumented
     def report_outcome(
         recall_id: Annotated[str, Field(description="The recall_id that recall_experience returned.")],
         reward: Annotated[
             rules.reward.type,
-            Field(description=f"Episode reward in [{limits.reward_min:g}, {limits.reward_max:g}] (success high)."),
+            Field(description=f"Episode reward in [{learning.reward_min:g}, {learning.reward_max:g}] (success high)."),
         ],
         experience: Annotated[
             rules.experience.type | None,
@@ -213,7 +216,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         ],
         namespace: Namespace = None,
         k: Annotated[
-            CandidateCount | None, Field(description=f"Step records to match (default {limits.step_k}).")
+            CandidateCount | None, Field(description=f"Step records to match (default {settings.steps.step_k}).")
         ] = None,
     ) -> StepAdviceResult:
         """Action advice for the current step of a multi-step task, from steps remembered in similar situations
@@ -359,7 +362,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         strict_tool(list_memories, reads),
         strict_tool(update_memory, writes.model_copy(update={"destructive_hint": True})),
     ]
-    if limits.read_only:  # a frozen memory: the tools that would change it are not offered at all
+    if settings.serving.read_only:  # a frozen memory: the tools that would change it are not offered at all
         tools = [tool for tool in tools if tool.annotations is not None and tool.annotations.read_only_hint]
     auth = None
     if tokens is not None:

@@ -1,40 +1,10 @@
-"""Qdrant adapters: four tables of points with a vector and a JSON payload.
-
-- ``memories`` and ``recalls``: the episode memory (MemRL), cosine over task embeddings;
-- ``steps``: the step memory (Rememberer), one record per (namespace, task, observation), whose vector is the
-  task's and the observation's unit embeddings side by side, searched by dot product: a query
-  ``[(1 - w) g, w o]`` then scores ``(1 - w) cos(g, g') + w cos(o, o')``, the weighted match of both parts in one
-  search, with the weight chosen per query (nothing stored depends on it);
-- ``episodes``: the once-only ledger of reported trajectories, keyed by episode id (a 1-d placeholder vector).
-
-The memory service needs only the few primitives of :class:`Store`. Two engines implement them:
-
-- :class:`EdgeStore`: qdrant-edge, Qdrant's Rust engine in process (the embedded default);
-- :class:`QdrantClientStore`: qdrant-client, against a Qdrant server or its own local mode.
-
-Both keep the utility ``q`` and the bookkeeping in the payload; the fields that searches, counts and purges filter
-on are indexed (:data:`INDEXES`), each table only its own: every index costs RAM, and on tmpfs several MB of disk.
-A recall is stored as a point whose vector is the query embedding, so reporting it can store the new experience
-without embedding the task again.
-
-Every open creates the payload indexes a table lacks: a process killed during the first open of a fresh store
-(between creating a table and indexing it) would otherwise leave it unindexed for good.
-
-Embedded stores refuse writes before their disk is too full for the engine (:class:`DiskRoom`): qdrant-edge
-writes through memory-mapped files, and a page it cannot allocate kills the process with SIGBUS instead of an
-error. Deletes are always allowed (they free room); reads never need room.
-
-:meth:`Store.set_payload_if` is the one primitive for writers that share a store (threads, or replicas on one
-Qdrant server): a write applied only while the point still matches a condition. Qdrant applies the update
-operations of a shard one after another, so the condition and the write cannot be split by another writer;
-qdrant-client's local mode is plain Python, so this adapter makes each of its calls atomic with a lock.
-"""
+"""The embedded engine: qdrant-edge, Qdrant's Rust engine in process (one shard folder per table), with the HNSW
+index of the memories built in a child process and swapped in while serving (:mod:`memrl_mcp.storage.edge_index`)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
 import shutil
 import subprocess
@@ -42,99 +12,39 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import numpy as np
 
-from memrl_mcp.edge_index import RESCORE_OVERSAMPLING, IndexParams, payload_schema
-from memrl_mcp.errors import MemrlError
-from memrl_mcp.files import sync_folder, write_atomically
-from memrl_mcp.numbers import kept
-from memrl_mcp.settings import Settings
-from memrl_mcp.tally import FIELDS as TALLY_FIELDS
-from memrl_mcp.tally import Counts, Tally
+from memrl_mcp.storage.disk import RECALL_SHARE, DiskFullError, DiskRoom
+from memrl_mcp.storage.edge_index import RESCORE_OVERSAMPLING, IndexParams, payload_schema
+from memrl_mcp.storage.files import sync_folder, write_atomically
+from memrl_mcp.storage.numbers import kept
+from memrl_mcp.storage.store import (
+    EXPIRY,
+    INDEXES,
+    LARGE_FIELDS,
+    SCROLL_PAGE,
+    TABLES,
+    Condition,
+    Hit,
+    Point,
+    Range,
+    StoreLockedError,
+    Table,
+    Where,
+    Words,
+    is_dot,
+    optional_vector,
+    vector_size,
+)
+from memrl_mcp.storage.tally import FIELDS as TALLY_FIELDS
+from memrl_mcp.storage.tally import Counts, Tally
 
-Table = Literal["memories", "recalls", "steps", "episodes"]
-
-
-@dataclass(frozen=True)
-class Range:
-    """A numeric field within bounds (each optional, inclusive ``gte``/``lte`` or strict ``gt``/``lt``)."""
-
-    gte: float | None = None
-    gt: float | None = None
-    lte: float | None = None
-    lt: float | None = None
-
-    def __and__(self, other: Range) -> Range:
-        """Values within both ranges."""
-        return Range(
-            gte=_tighter(max, self.gte, other.gte),
-            gt=_tighter(max, self.gt, other.gt),
-            lte=_tighter(min, self.lte, other.lte),
-            lt=_tighter(min, self.lt, other.lt),
-        )
-
-
-def _tighter(pick: Callable[[float, float], float], a: float | None, b: float | None) -> float | None:
-    return b if a is None else a if b is None else pick(a, b)
-
-
-@dataclass(frozen=True)
-class Words:
-    """Full-text match: every word of ``text`` is a word of the field, in any order, case-insensitive (Qdrant's
-    default word tokenizer, with a text index or without one, in every engine)."""
-
-    text: str
-
-
-Condition = str | int | Sequence[str] | Range | Words | None
-Where = Mapping[str | tuple[str, ...], Condition]
-"""Conditions on payload fields, all of which must hold: an exact value, a list of accepted values, a
-:class:`Range`, :class:`Words`, or None: the field is absent (what a schema migration looks for). A tuple of fields
-as the key: the condition holds on any one of them."""
-TABLES: tuple[Table, ...] = ("memories", "recalls", "steps", "episodes")
-EXPIRY = "expires_at"  # float: when a recall may be purged
-IndexKind = Literal["keyword", "float", "integer", "text"]
-INDEXES: dict[Table, dict[str, IndexKind]] = {
-    # q, visits and updated_at: the sort keys of list_memories (order_by needs a range index); task and
-    # experience: its full-text filter.
-    "memories": {
-        "namespace": "keyword",
-        "outcome": "keyword",
-        "q": "float",
-        "visits": "integer",
-        "updated_at": "float",
-        "task": "text",
-        "experience": "text",
-    },
-    "recalls": {"namespace": "keyword", "status": "keyword", EXPIRY: "float"},
-    "steps": {"namespace": "keyword"},
-    "episodes": {"namespace": "keyword", "status": "keyword"},
-}
-PLACEHOLDER = np.ones(1, dtype=np.float32)  # the vector of an episode record: it is only ever looked up by id
-
-
-def vector_size(table: Table, dim: int) -> int:
-    """The vector size of a table for an embedder of ``dim`` dimensions."""
-    return {"steps": 2 * dim, "episodes": 1}.get(table, dim)
-
-
-def is_dot(table: Table) -> bool:
-    """Steps and episodes are scored by dot product (module docstring); memories and recalls by cosine."""
-    return table in ("steps", "episodes")
-
-
-LARGE_FIELDS = ("history", "applied")
-"""Payload fields a search never needs (the Q history, the optimistic bookkeeping: up to 64 operation ids, converted
-per hit): left out of its results."""
-SCROLL_PAGE = 1000
-MB = 1 << 20
 log = logging.getLogger(__name__)
 
 # The embedded engine's HNSW index (EdgeStore)
@@ -152,153 +62,11 @@ FINAL_REPLAY = 64  # logged writes few enough to replay with writers held back
 CHECK_EVERY = 1000  # memories writes between two checks of whether a build is due
 
 
-class StoreLockedError(MemrlError):
-    """The embedded store's folder is held by another process."""
-
-    def __init__(self, path: Path, detail: str) -> None:
-        super().__init__(
-            f"the memory store at {path} is already open in another process ({detail}). An embedded store "
-            "serves one process: share one memory by running a single `memrl-mcp --transport streamable-http` "
-            "server and pointing every client at it, or use a Qdrant server (MEMRL_QDRANT_URL), "
-            "or give this process its own MEMRL_DATA_DIR."
-        )
-
-
-class DiskFullError(MemrlError):
-    """A write was refused: the disk under the embedded store has less free space than ``min_free_disk_mb``."""
-
-
-class DiskRoom:
-    """The free space a write needs under an embedded store's folder, checked before each write.
-
-    One ``statvfs`` per write (3.5 us measured, against 100 us and more for the write itself) keeps the check
-    exact without a cache that a burst of writes could outrun. A new recall may use half of the margin that new
-    memories and updates may not: recall keeps answering on a nearly full disk, and the other half stays for the
-    engine's own growth (WAL pages, a reopen)."""
-
-    def __init__(self, path: Path, min_free_mb: int) -> None:
-        self._path = path
-        self._min_free = min_free_mb * MB
-
-    def check(self, share: float = 1.0) -> None:
-        """Raise :class:`DiskFullError` unless ``share`` of the margin is still free."""
-        if self._min_free == 0:
-            return
-        stats = os.statvfs(self._path)
-        free = stats.f_bavail * stats.f_frsize
-        if free < self._min_free * share:
-            raise DiskFullError(
-                f"the disk holding the memory store ({self._path}) has {free / MB:.1f} MB free, below "
-                f"min_free_disk_mb={self._min_free // MB}: writes are refused until space is freed (recall, "
-                "stats and export still work; forgetting memories is allowed)"
-            )
-
-
-RECALL_SHARE = 0.5  # of the free-space margin, that a new recall may use
-
-
-@dataclass(frozen=True)
-class Point:
-    """A point to write: id, vector, payload (its floats made ones the engines keep: :mod:`memrl_mcp.numbers`)."""
-
-    id: str
-    vector: np.ndarray
-    payload: dict[str, Any]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "payload", kept(self.payload))
-
-
-@dataclass(frozen=True)
-class Hit:
-    """A search result: point id, similarity (cosine; for steps the weighted dot product), payload, and the
-    vector when it was asked for."""
-
-    id: str
-    similarity: float
-    payload: dict[str, Any]
-    vector: np.ndarray | None = None
-
-
-class Store(Protocol):
-    """What the memory service needs from a vector store."""
-
-    def upsert(self, table: Table, points: Sequence[Point]) -> None: ...
-
-    def insert(self, table: Table, point: Point) -> None:
-        """Write ``point`` only if no point has its id (atomically): of racing creators, the first wins and the
-        others change nothing; read it back to learn which."""
-        ...
-
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
-
-    def get_vector(self, table: Table, point_id: str) -> np.ndarray | None: ...
-
-    def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None: ...
-
-    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
-        """Set ``payload`` only if the point still matches ``where``, atomically; read the point back to learn
-        whether it did (Qdrant does not say)."""
-        ...
-
-    def delete(self, table: Table, ids: Sequence[str]) -> None: ...
-
-    def delete_where(self, table: Table, where: Where) -> None: ...
-
-    def purge_recalls(self, expired_before: float) -> None: ...
-
-    def search(
-        self,
-        vector: np.ndarray,
-        limit: int,
-        min_similarity: float,
-        where: Where,
-        table: Table = "memories",
-        with_vectors: bool = False,
-    ) -> list[Hit]:
-        """The nearest points of ``table``, their payloads without :data:`LARGE_FIELDS`."""
-        ...
-
-    def scroll_from(
-        self, table: Table, where: Where, offset: str | None, limit: int
-    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
-        """Up to ``limit`` points in id order from ``offset`` (included), payloads without :data:`LARGE_FIELDS`;
-        and the id the next page starts at (None: no more)."""
-        ...
-
-    def ordered(
-        self, table: Table, where: Where, key: str, descending: bool, limit: int
-    ) -> list[tuple[str, dict[str, Any]]]:
-        """The first ``limit`` points by the value of ``key`` (an indexed number), payloads without
-        :data:`LARGE_FIELDS`; the order of equal values is the engine's, unspecified."""
-        ...
-
-    def scroll(
-        self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Every point matching ``where``, with only ``fields`` of its payload (None: all of it)."""
-        ...
-
-    def vectors(
-        self, table: Table, where: Where, fields: Sequence[str]
-    ) -> Iterator[tuple[str, np.ndarray, dict[str, Any]]]:
-        """Every point matching ``where`` with its vector and only ``fields`` of its payload."""
-        ...
-
-    def count(self, table: Table, where: Where | None = None) -> int: ...
-
-    def tally(self, namespaces: Sequence[str] | None = None) -> Counts:
-        """The memories' counts for ``memory_stats``, of ``namespaces`` (None: all)."""
-        ...
-
-    def close(self) -> None: ...
-
-
 class EdgeStore:
     """Embedded Qdrant (qdrant-edge): one shard folder per table under ``path``.
 
     Memories are searched exactly until ``index_min`` of them are not in an HNSW index; then an index is built in a
-    child process (:mod:`memrl_mcp.edge_index`) while this one keeps serving, and swapped in: the new shard is a
+    child process (:mod:`memrl_mcp.storage.edge_index`) while this one keeps serving, and swapped in: the new shard is a
     generation folder ``memories-<n>`` named by the file ``memories.current`` (replaced atomically, so a crash
     leaves either the old complete generation or the new one; stray folders are removed at the next open). While
     the child builds, every write to the memories is logged, and replayed on the new shard before the swap: the
@@ -466,7 +234,7 @@ class EdgeStore:
         self._room.check()
         with tempfile.TemporaryFile() as errors:  # not a pipe: nobody reads it until the child is done
             child = subprocess.Popen(
-                [sys.executable, "-m", "memrl_mcp.edge_index", str(target), params.to_json()],
+                [sys.executable, "-m", "memrl_mcp.storage.edge_index", str(target), params.to_json()],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
@@ -699,7 +467,7 @@ class EdgeStore:
         )
         with self._reading(table) as shard:
             points = shard.query(request)
-        return [Hit(str(p.id), float(p.score), dict(p.payload or {}), _array(p.vector)) for p in points]
+        return [Hit(str(p.id), float(p.score), dict(p.payload or {}), optional_vector(p.vector)) for p in points]
 
     def vectors(
         self, table: Table, where: Where, fields: Sequence[str]
@@ -809,293 +577,3 @@ class _Live:
     shard: Any
     name: str = ""
     readers: int = 0
-
-
-def _array(vector: Any) -> np.ndarray | None:
-    return None if vector is None else np.asarray(vector, dtype=np.float32)
-
-
-class QdrantClientStore:
-    """qdrant-client: a Qdrant server (``url``) or qdrant-client's local mode (``path``)."""
-
-    def __init__(
-        self,
-        dim: int,
-        collection: str,
-        *,
-        url: str | None = None,
-        api_key: str | None = None,
-        path: Path | None = None,
-        room: DiskRoom | None = None,
-    ) -> None:
-        from qdrant_client import QdrantClient, models
-
-        self._models = models
-        self._room = room
-        self._names = {table: f"{collection}_{table}" for table in TABLES}
-        self._client_is_local = url is None
-        # On a cluster a conditional write is trusted only once read back, so writes are acknowledged after every
-        # replica of the shard applied them in the leader's order, and reads consult a majority of replicas: a
-        # read-back then sees the write it follows (README, "Replicas on one Qdrant server").
-        self._write: dict[str, Any] = {"wait": True, "ordering": models.WriteOrdering.STRONG}
-        self._read: dict[str, Any] = {"consistency": models.ReadConsistencyType.MAJORITY}
-        self._without_large_fields = models.PayloadSelectorExclude(exclude=list(LARGE_FIELDS))
-        # A Qdrant server applies each update atomically; local mode is Python over numpy: one call at a time.
-        self._atomic: AbstractContextManager[Any] = threading.Lock() if url is None else nullcontext()
-        if url is not None:
-            self._client = QdrantClient(url=url, api_key=api_key)
-        elif path is not None:
-            path.mkdir(parents=True, exist_ok=True)
-            try:
-                self._client = QdrantClient(path=str(path))
-            except RuntimeError as error:
-                if "already accessed" in str(error):
-                    raise StoreLockedError(path, "qdrant-client's local storage is locked") from None
-                raise
-        else:
-            raise ValueError("QdrantClientStore needs a url or a path")
-        for table in TABLES:
-            self._ensure_collection(table, dim)
-
-    def _ensure_collection(self, table: Table, dim: int) -> None:
-        """Create the collection if it is missing, then the payload indexes it lacks (server mode: local mode
-        scans everything and warns that indexes do nothing)."""
-        models, name = self._models, self._names[table]
-        size = vector_size(table, dim)
-        if self._client.collection_exists(name):
-            stored_dim = getattr(self._client.get_collection(name).config.params.vectors, "size", None)
-            if stored_dim is not None and stored_dim != size:
-                raise ValueError(
-                    f"collection {name} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones "
-                    f"({size}-d in this table)"
-                )
-        else:
-            distance = models.Distance.DOT if is_dot(table) else models.Distance.COSINE
-            vectors = models.VectorParams(size=size, distance=distance)
-            self._client.create_collection(name, vectors_config=vectors)
-        if self._client_is_local:
-            return
-        indexed = set(self._client.get_collection(name).payload_schema)
-        schemas = {
-            "keyword": models.PayloadSchemaType.KEYWORD,
-            "float": models.PayloadSchemaType.FLOAT,
-            "integer": models.PayloadSchemaType.INTEGER,
-            "text": models.PayloadSchemaType.TEXT,
-        }
-        for key, kind in INDEXES[table].items():
-            if key not in indexed:
-                self._client.create_payload_index(name, key, field_schema=schemas[kind], **self._write)
-
-    def _check_room(self, share: float = 1.0) -> None:
-        if self._room is not None:
-            self._room.check(share)
-
-    def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
-        models = self._models
-        must: list[Any] = []
-        for key, value in (where or {}).items():
-            if isinstance(key, tuple):
-                must.append(models.Filter(should=[self._condition(field, value) for field in key]))
-            else:
-                must.append(self._condition(key, value))
-        if point_id is not None:
-            must.append(models.HasIdCondition(has_id=[point_id]))
-        return models.Filter(must=must) if must else None
-
-    def _condition(self, key: str, value: Condition) -> Any:
-        models = self._models
-        if value is None:
-            return models.IsEmptyCondition(is_empty=models.PayloadField(key=key))
-        if isinstance(value, Range):
-            return models.FieldCondition(
-                key=key, range=models.Range(gte=value.gte, gt=value.gt, lte=value.lte, lt=value.lt)
-            )
-        if isinstance(value, Words):
-            return models.FieldCondition(key=key, match=models.MatchText(text=value.text))
-        if isinstance(value, list | tuple | set | frozenset):
-            return models.FieldCondition(key=key, match=models.MatchAny(any=list(value)))
-        return models.FieldCondition(key=key, match=models.MatchValue(value=value))
-
-    def upsert(self, table: Table, points: Sequence[Point]) -> None:
-        batch = [
-            self._models.PointStruct(id=p.id, vector=p.vector.astype(np.float32).tolist(), payload=p.payload)
-            for p in points
-        ]
-        self._check_room(RECALL_SHARE if table == "recalls" else 1.0)
-        with self._atomic:
-            self._client.upsert(self._names[table], batch, **self._write)
-
-    def insert(self, table: Table, point: Point) -> None:
-        models = self._models
-        batch = [
-            models.PointStruct(id=point.id, vector=point.vector.astype(np.float32).tolist(), payload=point.payload)
-        ]
-        self._check_room()
-        with self._atomic:
-            self._client.upsert(self._names[table], batch, update_mode=models.UpdateMode.INSERT_ONLY, **self._write)
-
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        if not ids:
-            return {}
-        with self._atomic:
-            records = self._client.retrieve(self._names[table], list(ids), with_payload=True, **self._read)
-        return {str(r.id): dict(r.payload or {}) for r in records}
-
-    def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
-        with self._atomic:
-            records = self._client.retrieve(
-                self._names[table], [point_id], with_payload=False, with_vectors=True, **self._read
-            )
-        return np.asarray(records[0].vector, dtype=np.float32) if records else None
-
-    def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
-        self._check_room()
-        with self._atomic:
-            self._client.set_payload(self._names[table], payload=kept(payload), points=[point_id], **self._write)
-
-    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
-        selector = self._models.FilterSelector(filter=self._filter(where, point_id))
-        self._check_room()
-        with self._atomic:
-            self._client.set_payload(self._names[table], payload=kept(payload), points=selector, **self._write)
-
-    def delete(self, table: Table, ids: Sequence[str]) -> None:
-        if ids:
-            selector = self._models.PointIdsList(points=list(ids))
-            with self._atomic:
-                self._client.delete(self._names[table], points_selector=selector, **self._write)
-
-    def delete_where(self, table: Table, where: Where) -> None:
-        selector = self._models.FilterSelector(filter=self._filter(where))
-        with self._atomic:
-            self._client.delete(self._names[table], points_selector=selector, **self._write)
-
-    def purge_recalls(self, expired_before: float) -> None:
-        models = self._models
-        expired = models.Filter(must=[models.FieldCondition(key=EXPIRY, range=models.Range(lt=expired_before))])
-        with self._atomic:
-            self._client.delete(
-                self._names["recalls"], points_selector=models.FilterSelector(filter=expired), **self._write
-            )
-
-    def search(
-        self,
-        vector: np.ndarray,
-        limit: int,
-        min_similarity: float,
-        where: Where,
-        table: Table = "memories",
-        with_vectors: bool = False,
-    ) -> list[Hit]:
-        with self._atomic:
-            response = self._client.query_points(
-                self._names[table],
-                query=vector.astype(np.float32).tolist(),
-                query_filter=self._filter(where),
-                score_threshold=min_similarity,
-                limit=limit,
-                with_payload=self._without_large_fields,
-                with_vectors=with_vectors,
-                **self._read,
-            )
-        return [Hit(str(p.id), float(p.score), dict(p.payload or {}), _array(p.vector)) for p in response.points]
-
-    def vectors(
-        self, table: Table, where: Where, fields: Sequence[str]
-    ) -> Iterator[tuple[str, np.ndarray, dict[str, Any]]]:
-        offset = None
-        while True:
-            with self._atomic:
-                records, offset = self._client.scroll(
-                    self._names[table],
-                    scroll_filter=self._filter(where),
-                    limit=SCROLL_PAGE,
-                    offset=offset,
-                    with_payload=list(fields),
-                    with_vectors=True,
-                    **self._read,
-                )
-            yield from ((str(r.id), np.asarray(r.vector, dtype=np.float32), dict(r.payload or {})) for r in records)
-            if offset is None:
-                return
-
-    def scroll_from(
-        self, table: Table, where: Where, offset: str | None, limit: int
-    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
-        with self._atomic:
-            records, next_offset = self._client.scroll(
-                self._names[table],
-                scroll_filter=self._filter(where),
-                limit=limit,
-                offset=offset,
-                with_payload=self._without_large_fields,
-                **self._read,
-            )
-        return [(str(r.id), dict(r.payload or {})) for r in records], None if next_offset is None else str(next_offset)
-
-    def ordered(
-        self, table: Table, where: Where, key: str, descending: bool, limit: int
-    ) -> list[tuple[str, dict[str, Any]]]:
-        models = self._models
-        direction = models.Direction.DESC if descending else models.Direction.ASC
-        with self._atomic:
-            records, _ = self._client.scroll(
-                self._names[table],
-                scroll_filter=self._filter(where),
-                limit=limit,
-                order_by=models.OrderBy(key=key, direction=direction),
-                with_payload=self._without_large_fields,
-                **self._read,
-            )
-        return [(str(r.id), dict(r.payload or {})) for r in records]
-
-    def scroll(
-        self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
-        payload = True if fields is None else list(fields)
-        offset = None
-        while True:
-            with self._atomic:
-                records, offset = self._client.scroll(
-                    self._names[table],
-                    scroll_filter=self._filter(where),
-                    limit=SCROLL_PAGE,
-                    offset=offset,
-                    with_payload=payload,
-                    **self._read,
-                )
-            yield from ((str(r.id), dict(r.payload or {})) for r in records)
-            if offset is None:
-                return
-
-    def count(self, table: Table, where: Where | None = None) -> int:
-        # Qdrant's count takes no read consistency; counts feed statistics and bounds, never a correctness check.
-        with self._atomic:
-            return int(self._client.count(self._names[table], count_filter=self._filter(where), exact=True).count)
-
-    def tally(self, namespaces: Sequence[str] | None = None) -> Counts:
-        """Counted by reading the memories: replicas share the collection, so no process sees every write."""
-        where = None if namespaces is None else {"namespace": list(namespaces)}
-        return Tally.of(payload for _, payload in self.scroll("memories", where, TALLY_FIELDS)).total()
-
-    def close(self) -> None:
-        with self._atomic:
-            self._client.close()
-
-
-def open_store(settings: Settings, dim: int) -> Store:
-    """The store the settings ask for: a Qdrant server if a URL is set, else an embedded engine."""
-    if settings.qdrant_url:
-        api_key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
-        return QdrantClientStore(dim, settings.collection, url=settings.qdrant_url, api_key=api_key)
-    folder = settings.data_dir / settings.collection
-    if settings.embedded_engine == "qdrant-local":
-        path = folder / "qdrant-local"
-        return QdrantClientStore(dim, settings.collection, path=path, room=DiskRoom(path, settings.min_free_disk_mb))
-    room = DiskRoom(folder / "edge", settings.min_free_disk_mb)
-    return EdgeStore(folder / "edge", dim, room, settings.index_min_memories, settings.hnsw_ef)
-
-
-def new_id() -> str:
-    """Point ids are UUIDs: both engines accept them, and they cannot be guessed."""
-    return str(uuid.uuid4())

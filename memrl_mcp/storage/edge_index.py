@@ -12,7 +12,7 @@ in RAM only the graph, the namespace index and int8 copies of the vectors (:func
 memories the server held 0.9 GB resident, not the 1.5 GB of vectors and more of payloads (README, "A million
 memories").
 
-Run as ``python -m memrl_mcp.edge_index FOLDER PARAMS_JSON`` with pickled batches of ``(id, vector, payload)``
+Run as ``python -m memrl_mcp.storage.edge_index FOLDER PARAMS_JSON`` with pickled batches of ``(id, vector, payload)``
 on stdin (from the parent only: pickle is trusted here because nobody else writes that pipe), ended by ``None``.
 """
 

@@ -29,7 +29,7 @@ SCHEMA_VERSION = 2
 SCHEMA_POINT = str(uuid.uuid5(uuid.NAMESPACE_URL, "memrl-schema"))
 PROGRESS_EVERY = 1000  # records per progress line of a long migration
 
-log = logging.getLogger("memrl_mcp.migrations")
+log = logging.getLogger("memrl_mcp.storage.migrations")
 
 
 class SchemaTooNewError(MemrlError):
@@ -52,9 +52,10 @@ def bookkeeping(store: Store) -> int:
 
 
 def history_as_text(store: Store) -> int:
-    """Every memory's Q history becomes JSON text (:func:`memrl_mcp.records.history_of` says why); the version this
-    step records makes older code, which reads a list, refuse the store instead of misreading it. Each write is
-    conditional on the memory's version: a report that changed the memory meanwhile wrote its history as text."""
+    """Every memory's Q history becomes JSON text (:func:`memrl_mcp.memory.records.history_of` says why); the
+    version this step records makes older code, which reads a list, refuse the store instead of misreading it. Each
+    write is conditional on the memory's version: a report that changed the memory meanwhile wrote its history as
+    text."""
     done = 0
     for memory_id, payload in store.scroll("memories", None, ("history", "version")):
         if isinstance(payload.get("history"), list):

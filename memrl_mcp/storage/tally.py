@@ -13,10 +13,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from memrl_mcp.models import QSummary
-
 Q_STEP = 1e-4
 FIELDS = ("namespace", "outcome", "q", "visits")
 """The payload fields a tally reads."""
@@ -98,29 +94,3 @@ class Tally:
                 successes, failures, visits, Counter({int(s): int(n) for s, n in steps})
             )
         return tally
-
-
-def q_summary(counts: Counts) -> QSummary | None:
-    """Min, quartiles (linear interpolation, as ``numpy.percentile``), max and mean of the histogram's Qs."""
-    if not counts.q_steps:
-        return None
-    steps = np.array(sorted(counts.q_steps), dtype=np.int64)
-    weights = np.array([counts.q_steps[s] for s in steps], dtype=np.int64)
-    ends = np.cumsum(weights)  # the sorted Qs of step i are at ranks ends[i-1] .. ends[i]-1
-    n = int(ends[-1])
-
-    def at(fraction: float) -> float:
-        rank = fraction * (n - 1)
-        low, high = int(np.floor(rank)), int(np.ceil(rank))
-        value_low = steps[np.searchsorted(ends, low, side="right")]
-        value_high = steps[np.searchsorted(ends, high, side="right")]
-        return float(value_low + (value_high - value_low) * (rank - low)) * Q_STEP
-
-    return QSummary(
-        min=float(steps[0]) * Q_STEP,
-        p25=at(0.25),
-        median=at(0.5),
-        p75=at(0.75),
-        max=float(steps[-1]) * Q_STEP,
-        mean=float((steps * weights).sum()) / n * Q_STEP,
-    )

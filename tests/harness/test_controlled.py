@@ -20,8 +20,9 @@ from memrl_harness.benchmarks.controlled import (
     named_procedure,
     success_experience,
 )
-from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder, SimilarityProfile
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.models import RecallQuery
 from tests.conftest import make_service
 
 # The paper's ALFWorld constants (configs/alfworld.yaml), spelled out so the experiment does not move
@@ -227,7 +228,9 @@ def simulate(bench: ControlledBenchmark, mode: str, seed: int, epochs: int, embe
             for task in order:
                 recall, memories = None, []
                 if service is not None:
-                    recall = service.recall(task.intent, q_weight=0.0 if mode == "rag" else None, access=EVERYTHING)
+                    recall = service.recall(
+                        RecallQuery(task.intent, q_weight=0.0 if mode == "rag" else None), access=EVERYTHING
+                    )
                     memories = [
                         Memory(m.id, m.task, m.experience, m.outcome, m.q, m.similarity) for m in recall.memories
                     ]

@@ -1,0 +1,246 @@
+"""The episode memory: MemRL's recall (Phase A by similarity, Phase B by similarity and learned utility), the recall
+records that make a report update exactly the memories it was given, and stored experiences with their merge rule.
+
+Inputs are checked and namespaces resolved by the :class:`~memrl_mcp.memory.service.MemoryService` that owns it:
+everything here already belongs to its caller.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from memrl_mcp.embeddings import Embedder, embed_tasks
+from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.memory import algorithm
+from memrl_mcp.memory.access import Access
+from memrl_mcp.memory.ledger import Ledger
+from memrl_mcp.memory.records import RecallRecord, memory_view
+from memrl_mcp.models import (
+    MemoryView,
+    Outcome,
+    PoolCandidate,
+    RecalledMemory,
+    RecallPool,
+    RecallQuery,
+    RecallResult,
+    SearchResult,
+    StoreResult,
+)
+from memrl_mcp.settings import Settings
+from memrl_mcp.storage import Hit, Point, Store, new_id
+from memrl_mcp.storage.migrations import SCHEMA_POINT
+from memrl_mcp.validation import is_point_id
+
+EVICT_DOWN_TO = 0.9  # of max_pending_recalls: what an eviction leaves, so the next count is a tenth of it away
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The similarity constants in use: the settings' where they are set, else the embedder's measured ones."""
+
+    delta: float
+    merge_threshold: float
+    step_delta: float
+    z_similarity: algorithm.SimilarityScale
+
+    @classmethod
+    def of(cls, settings: Settings, embedder: Embedder) -> Scale:
+        profile, given = embedder.similarity, settings.similarity
+        delta = profile.delta if given.delta is None else given.delta
+        return cls(
+            delta=delta,
+            merge_threshold=profile.merge if given.merge_threshold is None else given.merge_threshold,
+            step_delta=delta if settings.steps.step_delta is None else settings.steps.step_delta,
+            z_similarity=algorithm.SimilarityScale(
+                mode=settings.retrieval.sim_normalization,
+                mean=profile.mean if given.sim_mean is None else given.sim_mean,
+                std=profile.std if given.sim_std is None else given.sim_std,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Found:
+    """Phase A and B of one resolved query: the query embedding, the pool (Phase A's order) and Phase B's choice."""
+
+    query: RecallQuery
+    vector: np.ndarray
+    hits: list[Hit]
+    selection: algorithm.Selection
+
+    @property
+    def namespace(self) -> str:
+        assert self.query.namespace is not None, "a resolved query names its namespace"
+        return self.query.namespace
+
+    def result(self) -> SearchResult:
+        hits, scores = self.hits, self.selection.scores
+        memories = [
+            RecalledMemory(
+                **memory_view(hits[i].id, hits[i].payload).model_dump(),
+                similarity=hits[i].similarity,
+                score=float(scores.total[i]),
+            )
+            for i in self.selection.chosen
+        ]
+        return SearchResult(
+            namespace=self.namespace, candidates=len(hits), explored=self.selection.explored, memories=memories
+        )
+
+    def pool(self) -> RecallPool:
+        chosen, scores = set(self.selection.chosen), self.selection.scores
+        candidates = [
+            PoolCandidate(
+                **memory_view(hit.id, hit.payload).model_dump(),
+                similarity=hit.similarity,
+                z_similarity=float(scores.z_similarity[i]),
+                z_q=float(scores.z_q[i]),
+                score=float(scores.total[i]),
+                chosen=i in chosen,
+            )
+            for i, hit in enumerate(self.hits)
+        ]
+        return RecallPool(query=self.query, namespace=self.namespace, candidates=candidates)
+
+
+class EpisodeMemory:
+    """Recall, report and store over the ``memories`` and ``recalls`` tables (module docstring)."""
+
+    def __init__(
+        self, store: Store, ledger: Ledger, embedder: Embedder, settings: Settings, clock: Callable[[], float]
+    ) -> None:
+        self._store = store
+        self._ledger = ledger
+        self._embedder = embedder
+        self._retrieval = settings.retrieval
+        self._learning = settings.learning
+        self.scale = Scale.of(settings, embedder)
+        self._clock = clock
+        self._rng = random.Random(settings.retrieval.seed)
+        # One store_experience at a time per process, so that two stores of one task make one memory.
+        self._store_lock = threading.Lock()
+        self._pending_budget: dict[str, int] = {}  # per namespace, recalls to go before counting its pending ones
+
+    def find(self, query: RecallQuery, explore: bool) -> Found:
+        """Phase A (the store's search: similarity >= delta, top-k1) then Phase B (:func:`algorithm.select`) for a
+        resolved query; ``explore``: with probability epsilon, k2 candidates drawn uniformly instead."""
+        assert query.namespace is not None and query.k1 is not None and query.k2 is not None
+        assert query.q_weight is not None and query.delta is not None
+        vector = embed_tasks(self._embedder, [query.task], query.namespace)[0]
+        hits = self._store.search(vector, query.k1, query.delta, {"namespace": query.namespace})
+        pool = [algorithm.Candidate(h.similarity, float(h.payload["q"])) for h in hits]
+        epsilon = self._retrieval.epsilon if explore else 0.0
+        selection = algorithm.select(pool, query.k2, query.q_weight, self.scale.z_similarity, epsilon, self._rng)
+        return Found(query, vector, hits, selection)
+
+    def recall(self, query: RecallQuery) -> RecallResult:
+        """:meth:`find`, then log the recall so that its report updates exactly the memories it returned."""
+        found = self.find(query, explore=True)
+        result = found.result()
+        now = self._clock()
+        record = RecallRecord(
+            namespace=found.namespace,
+            task=query.task,
+            memory_ids=[m.id for m in result.memories],
+            twins={
+                h.payload["outcome"]: h.id for h in reversed(found.hits) if h.similarity >= self.scale.merge_threshold
+            },
+            status="pending",
+            created_at=now,
+            expires_at=now + self._learning.recall_ttl_seconds,
+        )
+        recall_id = new_id()
+        self._store.upsert("recalls", [Point(recall_id, found.vector, record.payload())])
+        self._bound_pending(found.namespace)
+        return RecallResult(recall_id=recall_id, **result.model_dump())
+
+    def _bound_pending(self, namespace: str) -> None:
+        """Keep at most ``max_pending_recalls`` pending recalls in the namespace: over the bound, drop the oldest
+        down to :data:`EVICT_DOWN_TO` of it (reporting one of them is then refused as expired).
+
+        Counting is a scan in qdrant-client's local mode (160 ms at 1000 recalls, against 0.2 ms on qdrant-edge),
+        so a process counts a namespace's pending recalls only once its recalls since the last count could have
+        reached the bound (reports only lower the count). Replicas on one Qdrant server may each add that many
+        between counts."""
+        budget = self._pending_budget.get(namespace, 0)
+        if budget > 0:
+            self._pending_budget[namespace] = budget - 1
+            return
+        bound = self._learning.max_pending_recalls
+        where = {"namespace": namespace, "status": "pending"}
+        pending = self._store.count("recalls", where)
+        if pending > bound:
+            ages = sorted(
+                (float(payload["created_at"]), recall_id)
+                for recall_id, payload in self._store.scroll("recalls", where, ("created_at",))
+            )
+            keep = int(bound * EVICT_DOWN_TO)
+            self._store.delete("recalls", [recall_id for _, recall_id in ages[: max(len(ages) - keep, 0)]])
+            pending = min(pending, keep)
+        self._pending_budget[namespace] = bound - pending
+
+    def reportable(self, recall_id: str, access: Access) -> RecallRecord:
+        """The pending recall ``recall_id`` of the caller, or a refusal that says why it cannot be reported (another
+        tenant's recall is as unknown as one never issued)."""
+        payload = self._store.get("recalls", [recall_id]).get(recall_id) if is_point_id(recall_id) else None
+        recall = None if payload is None or recall_id == SCHEMA_POINT else RecallRecord.model_validate(payload)
+        learning = self._learning
+        if recall is None or not access.allows(recall.namespace):
+            raise MemoryRequestError(
+                f"recall_id: unknown recall {recall_id!r} (never issued, or no longer reportable: it expired after "
+                f"recall_ttl_seconds={learning.recall_ttl_seconds:g}, was among the oldest beyond "
+                f"max_pending_recalls={learning.max_pending_recalls} of its namespace, or its namespace was forgotten)"
+            )
+        if recall.status != "pending":
+            shown = f" (reward {recall.report.reward:g})" if recall.report else ""
+            raise MemoryRequestError(
+                f"recall_id: recall {recall_id} was already reported{shown}; a recall is reported once"
+            )
+        if recall.expires_at < self._clock():
+            raise MemoryRequestError(
+                f"recall_id: recall {recall_id} expired (recall_ttl_seconds={learning.recall_ttl_seconds:g})"
+            )
+        return recall
+
+    def store(
+        self,
+        namespace: str,
+        task: str,
+        experience: str,
+        outcome: Outcome,
+        q: float | None,
+        metadata: Mapping[str, Any],
+    ) -> StoreResult:
+        """Add a memory; a near-duplicate task of the same outcome (similarity >= merge_threshold) in the namespace
+        takes the new experience instead and keeps its learned Q (the merge rule)."""
+        vector = embed_tasks(self._embedder, [task], namespace)[0]
+        with self._store_lock:
+            now = self._clock()
+            twins = self._store.search(
+                vector, 1, self.scale.merge_threshold, {"namespace": namespace, "outcome": outcome}
+            )
+            if twins:
+                merged = self._ledger.merge(twins[0].id, f"merge:{new_id()}", experience, metadata, now)
+                if merged is not None:
+                    return merged
+            memory = MemoryView(
+                id=new_id(),
+                namespace=namespace,
+                task=task,
+                experience=experience,
+                outcome=outcome,
+                q=self._learning.q_init(outcome) if q is None else q,
+                visits=0,
+                last_reward=None,
+                merges=0,
+                created_at=now,
+                updated_at=now,
+                metadata=dict(metadata),
+            )
+            return self._ledger.add(memory, vector)

@@ -1,0 +1,232 @@
+"""The store port: four tables of points with a vector and a JSON payload, and the few primitives the memory needs.
+
+- ``memories`` and ``recalls``: the episode memory (MemRL), cosine over task embeddings;
+- ``steps``: the step memory (Rememberer), one record per (namespace, task, observation), whose vector is the
+  task's and the observation's unit embeddings side by side, searched by dot product: a query
+  ``[(1 - w) g, w o]`` then scores ``(1 - w) cos(g, g') + w cos(o, o')``, the weighted match of both parts in one
+  search, with the weight chosen per query (nothing stored depends on it);
+- ``episodes``: the once-only ledger of reported trajectories, keyed by episode id (a 1-d placeholder vector).
+
+Two engines implement :class:`Store`: :class:`~memrl_mcp.storage.edge.EdgeStore` (qdrant-edge, Qdrant's Rust engine
+in process: the embedded default) and :class:`~memrl_mcp.storage.qdrant.QdrantClientStore` (qdrant-client, against a
+Qdrant server or its own local mode).
+
+Both keep the utility ``q`` and the bookkeeping in the payload; the fields that searches, counts and purges filter
+on are indexed (:data:`INDEXES`), each table only its own: every index costs RAM, and on tmpfs several MB of disk.
+A recall is stored as a point whose vector is the query embedding, so reporting it can store the new experience
+without embedding the task again. Every open creates the payload indexes a table lacks: a process killed during the
+first open of a fresh store (between creating a table and indexing it) would otherwise leave it unindexed for good.
+
+:meth:`Store.set_payload_if` is the one primitive for writers that share a store (threads, or replicas on one
+Qdrant server): a write applied only while the point still matches a condition. Qdrant applies the update
+operations of a shard one after another, so the condition and the write cannot be split by another writer;
+qdrant-client's local mode is plain Python, so its adapter makes each of its calls atomic with a lock.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from memrl_mcp.errors import MemrlError
+from memrl_mcp.storage.numbers import kept
+from memrl_mcp.storage.tally import Counts
+
+Table = Literal["memories", "recalls", "steps", "episodes"]
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric field within bounds (each optional, inclusive ``gte``/``lte`` or strict ``gt``/``lt``)."""
+
+    gte: float | None = None
+    gt: float | None = None
+    lte: float | None = None
+    lt: float | None = None
+
+    def __and__(self, other: Range) -> Range:
+        """Values within both ranges."""
+        return Range(
+            gte=_tighter(max, self.gte, other.gte),
+            gt=_tighter(max, self.gt, other.gt),
+            lte=_tighter(min, self.lte, other.lte),
+            lt=_tighter(min, self.lt, other.lt),
+        )
+
+
+def _tighter(pick: Callable[[float, float], float], a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else pick(a, b)
+
+
+@dataclass(frozen=True)
+class Words:
+    """Full-text match: every word of ``text`` is a word of the field, in any order, case-insensitive (Qdrant's
+    default word tokenizer, with a text index or without one, in every engine)."""
+
+    text: str
+
+
+Condition = str | int | Sequence[str] | Range | Words | None
+Where = Mapping[str | tuple[str, ...], Condition]
+"""Conditions on payload fields, all of which must hold: an exact value, a list of accepted values, a
+:class:`Range`, :class:`Words`, or None: the field is absent (what a schema migration looks for). A tuple of fields
+as the key: the condition holds on any one of them."""
+TABLES: tuple[Table, ...] = ("memories", "recalls", "steps", "episodes")
+EXPIRY = "expires_at"  # float: when a recall may be purged
+IndexKind = Literal["keyword", "float", "integer", "text"]
+INDEXES: dict[Table, dict[str, IndexKind]] = {
+    # q, visits and updated_at: the sort keys of list_memories (order_by needs a range index); task and
+    # experience: its full-text filter.
+    "memories": {
+        "namespace": "keyword",
+        "outcome": "keyword",
+        "q": "float",
+        "visits": "integer",
+        "updated_at": "float",
+        "task": "text",
+        "experience": "text",
+    },
+    "recalls": {"namespace": "keyword", "status": "keyword", EXPIRY: "float"},
+    "steps": {"namespace": "keyword"},
+    "episodes": {"namespace": "keyword", "status": "keyword"},
+}
+PLACEHOLDER = np.ones(1, dtype=np.float32)  # the vector of an episode record: it is only ever looked up by id
+
+
+def vector_size(table: Table, dim: int) -> int:
+    """The vector size of a table for an embedder of ``dim`` dimensions."""
+    return {"steps": 2 * dim, "episodes": 1}.get(table, dim)
+
+
+def is_dot(table: Table) -> bool:
+    """Steps and episodes are scored by dot product (module docstring); memories and recalls by cosine."""
+    return table in ("steps", "episodes")
+
+
+LARGE_FIELDS = ("history", "applied")
+"""Payload fields a search never needs (the Q history, the optimistic bookkeeping: up to 64 operation ids, converted
+per hit): left out of its results."""
+SCROLL_PAGE = 1000
+
+
+class StoreLockedError(MemrlError):
+    """The embedded store's folder is held by another process."""
+
+    def __init__(self, path: Path, detail: str) -> None:
+        super().__init__(
+            f"the memory store at {path} is already open in another process ({detail}). An embedded store "
+            "serves one process: share one memory by running a single `memrl-mcp --transport streamable-http` "
+            "server and pointing every client at it, or use a Qdrant server (MEMRL_QDRANT_URL), "
+            "or give this process its own MEMRL_DATA_DIR."
+        )
+
+
+@dataclass(frozen=True)
+class Point:
+    """A point to write: id, vector, payload (its floats made ones the engines keep: :mod:`memrl_mcp.storage.numbers`)."""
+
+    id: str
+    vector: np.ndarray
+    payload: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "payload", kept(self.payload))
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A search result: point id, similarity (cosine; for steps the weighted dot product), payload, and the
+    vector when it was asked for."""
+
+    id: str
+    similarity: float
+    payload: dict[str, Any]
+    vector: np.ndarray | None = None
+
+
+def optional_vector(vector: Any) -> np.ndarray | None:
+    return None if vector is None else np.asarray(vector, dtype=np.float32)
+
+
+class Store(Protocol):
+    """What the memory service needs from a vector store."""
+
+    def upsert(self, table: Table, points: Sequence[Point]) -> None: ...
+
+    def insert(self, table: Table, point: Point) -> None:
+        """Write ``point`` only if no point has its id (atomically): of racing creators, the first wins and the
+        others change nothing; read it back to learn which."""
+        ...
+
+    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
+
+    def get_vector(self, table: Table, point_id: str) -> np.ndarray | None: ...
+
+    def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None: ...
+
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
+        """Set ``payload`` only if the point still matches ``where``, atomically; read the point back to learn
+        whether it did (Qdrant does not say)."""
+        ...
+
+    def delete(self, table: Table, ids: Sequence[str]) -> None: ...
+
+    def delete_where(self, table: Table, where: Where) -> None: ...
+
+    def purge_recalls(self, expired_before: float) -> None: ...
+
+    def search(
+        self,
+        vector: np.ndarray,
+        limit: int,
+        min_similarity: float,
+        where: Where,
+        table: Table = "memories",
+        with_vectors: bool = False,
+    ) -> list[Hit]:
+        """The nearest points of ``table``, their payloads without :data:`LARGE_FIELDS`."""
+        ...
+
+    def scroll_from(
+        self, table: Table, where: Where, offset: str | None, limit: int
+    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        """Up to ``limit`` points in id order from ``offset`` (included), payloads without :data:`LARGE_FIELDS`;
+        and the id the next page starts at (None: no more)."""
+        ...
+
+    def ordered(
+        self, table: Table, where: Where, key: str, descending: bool, limit: int
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """The first ``limit`` points by the value of ``key`` (an indexed number), payloads without
+        :data:`LARGE_FIELDS`; the order of equal values is the engine's, unspecified."""
+        ...
+
+    def scroll(
+        self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Every point matching ``where``, with only ``fields`` of its payload (None: all of it)."""
+        ...
+
+    def vectors(
+        self, table: Table, where: Where, fields: Sequence[str]
+    ) -> Iterator[tuple[str, np.ndarray, dict[str, Any]]]:
+        """Every point matching ``where`` with its vector and only ``fields`` of its payload."""
+        ...
+
+    def count(self, table: Table, where: Where | None = None) -> int: ...
+
+    def tally(self, namespaces: Sequence[str] | None = None) -> Counts:
+        """The memories' counts for ``memory_stats``, of ``namespaces`` (None: all)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def new_id() -> str:
+    """Point ids are UUIDs: both engines accept them, and they cannot be guessed."""
+    return str(uuid.uuid4())
