@@ -481,7 +481,7 @@ class Runner:
 
         overrides = yaml.safe_load(Path(self.config.memory_config).read_text()) if self.config.memory_config else {}
         settings = load_settings(**(overrides or {}))
-        embedder = create_embedder(settings)
+        embedder = create_embedder(settings.embeddings, settings.similarity)
         vectors = embedder.embed([t.intent for t in self.tasks])
         similarity = TaskSimilarity(
             embedder=embedder.name, tasks=len(self.tasks), mean_pairwise=mean_pairwise_similarity(vectors)

@@ -291,7 +291,7 @@ def test_minilm_refuses_a_tampered_file(name: str, tmp_path: Path) -> None:
 
 def test_fastembed_local_folder_gives_the_default_vectors(embedder: Embedder, tmp_path: Path) -> None:
     settings = load_settings(data_dir=tmp_path, embedder="fastembed", embedding_model_path=MINILM_FOLDER)
-    e = create_embedder(settings)
+    e = create_embedder(settings.embeddings, settings.similarity)
     assert isinstance(e, CachedEmbedder) and isinstance(e.inner, FastEmbedEmbedder)
     assert (e.name, e.dim, e.similarity) == ("fastembed:sentence-transformers/all-MiniLM-L6-v2", 384, MINILM_PROFILE)
     # The same int8 file through FastEmbed's tokenizer and pooling: the same vectors (texts under 256 tokens).
@@ -307,17 +307,21 @@ def test_fastembed_model_without_constants_needs_calibration(tmp_path: Path) -> 
     common = {"data_dir": tmp_path, "embedder": "fastembed", "embedding_model_path": folder}
     settings = load_settings(**common, embedding_model="BAAI/bge-small-en-v1.5")
     with pytest.raises(UncalibratedModelError, match=r"fastembed:BAAI/bge-small-en-v1.5: .*memrl-mcp calibrate"):
-        create_embedder(settings)
-    assert load_model(settings).embed(["x"]).shape == (1, 384)  # what calibrate measures with
+        create_embedder(settings.embeddings, settings.similarity)
+    assert load_model(settings.embeddings, settings.similarity).embed(["x"]).shape == (
+        1,
+        384,
+    )  # what calibrate measures with
     measured = {"sim_mean": 0.3, "sim_std": 0.1, "delta": 0.6, "merge_threshold": 0.97}
-    e = create_embedder(load_settings(**common, embedding_model="BAAI/bge-small-en-v1.5", **measured))
+    settings = load_settings(**common, embedding_model="BAAI/bge-small-en-v1.5", **measured)
+    e = create_embedder(settings.embeddings, settings.similarity)
     assert e.similarity == SimilarityProfile(mean=0.3, std=0.1, delta=0.6, merge=0.97)
 
 
 def test_fastembed_unknown_model_name_is_a_clear_error(tmp_path: Path) -> None:
     settings = load_settings(data_dir=tmp_path, embedder="fastembed", embedding_model="no-such/model")
     with pytest.raises(ValueError, match=r"no-such/model.*not supported"):
-        load_model(settings)
+        load_model(settings.embeddings, settings.similarity)
 
 
 # -- OpenAI embedder against the fake -------------------------------------------------------------
@@ -441,7 +445,7 @@ def test_create_embedder_builds_the_openai_embedder_from_settings(fake_api: Fake
         openai_api_key="sk-settings",
         data_dir=tmp_path,
     )
-    e = create_embedder(settings)
+    e = create_embedder(settings.embeddings, settings.similarity)
     assert isinstance(e, CachedEmbedder) and isinstance(e.inner, OpenAIEmbedder)
     assert (e.name, e.dim) == ("openai:my-model:24", 24)
     assert_unit_rows(e.embed(["hello world"]), 1, 24)
@@ -485,7 +489,8 @@ def test_cache_forgets_the_least_recently_used_text(fake_api: FakeEmbeddingsAPI)
 
 
 def test_cache_is_off_with_size_zero(tmp_path: Path) -> None:
-    assert isinstance(create_embedder(load_settings(data_dir=tmp_path, embedding_cache=0)), MiniLMEmbedder)
+    settings = load_settings(data_dir=tmp_path, embedding_cache=0)
+    assert isinstance(create_embedder(settings.embeddings, settings.similarity), MiniLMEmbedder)
 
 
 # -- end to end: MemoryService.open with the OpenAI embedder --------------------------------------

@@ -193,5 +193,5 @@ def test_a_bad_tokens_file_is_named(tmp_path: Path, content: object, named: str)
     path = tmp_path / "tokens.yaml"
     path.write_text(yaml.safe_dump(content))
     with pytest.raises(SettingsError, match="tokens") as error:
-        load_grants(load_settings(data_dir=tmp_path, tokens_file=path))
+        load_grants(load_settings(data_dir=tmp_path, tokens_file=path).serving)
     assert named in str(error.value)

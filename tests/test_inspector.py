@@ -209,9 +209,9 @@ def test_every_answer_carries_the_security_headers(with_tokens: Seeded) -> None:
         assert http.get("/ui/app.js").headers["content-type"].startswith("text/javascript")
         assert http.get("/ui/../ui/secrets.txt").status_code == 404
         assert http.get("/ui/index.htm").status_code == 404
-    script = (ROOT / "memrl_mcp" / "ui" / "app.js").read_text()
+    script = (ROOT / "memrl_mcp" / "serving" / "ui" / "app.js").read_text()
     assert not re.search(r"\.(inner|outer)HTML\b|insertAdjacentHTML|document\.write|\beval\(", script)
-    assert "<script>" not in (ROOT / "memrl_mcp" / "ui" / "index.html").read_text()  # no inline script
+    assert "<script>" not in (ROOT / "memrl_mcp" / "serving" / "ui" / "index.html").read_text()  # no inline script
 
 
 def test_a_server_without_tokens_answers_loopback_names_only(without_tokens: Seeded) -> None:

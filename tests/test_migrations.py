@@ -50,7 +50,7 @@ def old_payload(namespace: str, task: str, q: float = 0.25) -> dict[str, Any]:
 
 
 def write_old_store(data_dir: Path, engine: str, points: list[Point]) -> None:
-    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine), 384)
+    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, 384)
     for start in range(0, len(points), 1000):
         store.upsert("memories", points[start : start + 1000])
     store.close()
@@ -58,7 +58,7 @@ def write_old_store(data_dir: Path, engine: str, points: list[Point]) -> None:
 
 def old_fields_left(data_dir: Path, engine: str = "edge") -> tuple[int, int]:
     """(memories still without ``version``, schema version recorded), read from the closed store."""
-    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine), 384)
+    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, 384)
     try:
         return store.count("memories", {"version": None}), schema_version(store)
     finally:
@@ -111,12 +111,12 @@ async def test_a_version_1_store_gets_its_q_histories_as_text_and_they_go_on(
     payload = {**old_payload("team", TASKS[0]), "version": 1, "applied": ["report:x"], "history": [event]}
     point = Point(new_id(), embedder.embed([TASKS[0]])[0], payload)
     write_old_store(data_dir, engine, [point])
-    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine), 384)
+    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, 384)
     store.upsert("recalls", [Point(SCHEMA_POINT, np.eye(1, 384, dtype=np.float32)[0], {"schema_version": 1})])
     store.close()
 
     def stored_history() -> Any:
-        store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine), 384)
+        store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, 384)
         try:
             assert schema_version(store) == SCHEMA_VERSION == 2
             return store.get("memories", [point.id])[point.id]["history"]
@@ -179,7 +179,7 @@ def test_a_migration_killed_midway_completes_at_the_next_open(embedder: Embedder
 def test_a_store_of_a_newer_schema_is_refused_untouched(embedder: Embedder, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     write_old_store(data_dir, "edge", [Point(new_id(), embedder.embed([TASKS[0]])[0], old_payload("team", TASKS[0]))])
-    store = open_store(load_settings(data_dir=data_dir), 384)
+    store = open_store(load_settings(data_dir=data_dir).storage, 384)
     marker = np.eye(1, 384, dtype=np.float32)[0]
     store.upsert("recalls", [Point(SCHEMA_POINT, marker, {"schema_version": SCHEMA_VERSION + 1})])
     store.close()

@@ -55,7 +55,7 @@ def test_the_edge_engine_moves_floats_and_the_kept_ones_come_back_exact(tmp_path
 
 @pytest.mark.parametrize("engine", ["edge", "qdrant-local"])
 def test_every_write_of_the_store_keeps_its_floats(tmp_path: Path, engine: str) -> None:
-    store = open_store(load_settings(data_dir=tmp_path, embedded_engine=engine), 4)
+    store = open_store(load_settings(data_dir=tmp_path, embedded_engine=engine).storage, 4)
     try:
         floats = hard_floats(200)
         payload = {"namespace": "n", "q": MOVED_SHARE, "history": [{"at": x, "q": -x} for x in floats]}

@@ -34,5 +34,5 @@ async def test_the_server_tells_its_version(embedder: Embedder, tmp_path) -> Non
 def test_package_data_is_found_through_the_package() -> None:
     configs = resources.files("memrl_harness") / "configs"
     assert {p.name for p in configs.iterdir() if p.name.endswith(".yaml")} >= {"alfworld.yaml", "llb.yaml"}
-    models = resources.files("memrl_mcp") / "embedding_models"
+    models = resources.files("memrl_mcp") / "embeddings" / "models"
     assert any((folder / "model.onnx").is_file() for folder in models.iterdir())

@@ -180,6 +180,7 @@ CRASHING_WRITER = """
 import os, sys
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 service = MemoryService.open(load_settings(data_dir=sys.argv[1]))
 for i in range(5):

@@ -30,6 +30,7 @@ CHILD = """
 import os, signal, sys
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import open_store
 from tests.test_steps import MUG, SUCCESS

@@ -217,9 +217,16 @@ def _typed(model: type[Any], data: Any) -> Any:
     try:
         return TypeAdapter(model).validate_python(data)
     except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "body"
-        raise Refusal(400, "bad_request", f"{field}: {first['msg']}") from None
+        raise _bad_request(error) from None
+
+
+def _bad_request(error: ValidationError) -> Refusal:
+    """The first problem, named by its field."""
+    first = error.errors()[0]
+    if first["type"] == "json_invalid":
+        return Refusal(400, "bad_request", "body: not JSON")
+    field = ".".join(str(part) for part in first["loc"]) or "body"
+    return Refusal(400, "bad_request", f"{field}: {first['msg']}")
 
 
 def _json(model: BaseModel | dict[str, Any], status: int = 200) -> Response:
@@ -255,11 +262,10 @@ async def _body(request: Request, model: type[Any]) -> Any:
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
         raise Refusal(413, "too_large", f"body: at most {MAX_BODY_BYTES} bytes")
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise Refusal(400, "bad_request", "body: not JSON") from None
-    return _typed(model, data)
+    try:  # JSON to typed values in one strict pass: a JSON object becomes the model (a dataclass too)
+        return TypeAdapter(model).validate_json(raw)
+    except ValidationError as error:
+        raise _bad_request(error) from None
 
 
 def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) -> None:
