@@ -33,8 +33,8 @@ import platformdirs
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
-from memrl_mcp.errors import MemrlError
-from memrl_mcp.validation import MAX_K, NAMESPACE_PATTERN, NamespaceName
+from memrl_mcp.errors import MemoryRequestError, MemrlError
+from memrl_mcp.validation import MAX_K, NAMESPACE, NAMESPACE_PATTERN, NamespaceName
 
 ALL_NAMESPACES = "*"
 MIN_TOKEN_CHARS = 16
@@ -301,14 +301,18 @@ class TokenGrant(BaseModel):
     name: str = Field(pattern=NAMESPACE_PATTERN, description="Who holds the token (logs, metrics).")
     token: SecretStr | None = Field(None, min_length=MIN_TOKEN_CHARS, description="The bearer token.")
     token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the bearer token.")
-    namespaces: list[Literal["*"] | NamespaceName] = Field(
-        min_length=1, description='Namespaces this token may use; "*": all.'
-    )
+    namespaces: list[str] = Field(min_length=1, description='Namespaces this token may use; "*": all.')
 
     @model_validator(mode="after")
     def _one_secret(self) -> TokenGrant:
         if (self.token is None) == (self.token_sha256 is None):
             raise ValueError(f"token {self.name!r}: give exactly one of token or token_sha256")
+        for namespace in self.namespaces:
+            if namespace != ALL_NAMESPACES:
+                try:
+                    NAMESPACE.check("namespace", namespace)
+                except MemoryRequestError as error:
+                    raise ValueError(f"token {self.name!r}: {error}") from None
         return self
 
 

@@ -325,6 +325,6 @@ def test_the_pages_files_ship_as_package_data() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     globs = config["tool"]["setuptools"]["package-data"]["memrl_mcp"]
     shipped = {path.relative_to(ROOT / "memrl_mcp") for pattern in globs for path in (ROOT / "memrl_mcp").glob(pattern)}
-    assert {Path("ui/index.html"), Path("ui/app.js"), Path("ui/app.css")} <= shipped
+    assert {Path(f"serving/ui/{name}") for name in ("index.html", "app.js", "app.css")} <= shipped
     dev = config["project"]["optional-dependencies"]["dev"]
     assert any(requirement.startswith("playwright") for requirement in dev)
