@@ -128,7 +128,7 @@ class StoreLockedError(MemrlError):
 
 @dataclass(frozen=True)
 class Point:
-    """A point to write: id, vector, payload (its floats made ones the engines keep: :mod:`~memrl_mcp.storage.numbers`)."""
+    """A point to write: id, vector, payload (its floats made ones the engines keep: :mod:`.numbers`)."""
 
     id: str
     vector: np.ndarray
