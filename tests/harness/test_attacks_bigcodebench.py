@@ -13,6 +13,7 @@ import re
 import socket
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -22,7 +23,7 @@ from memrl_harness.benchmarks.bigcodebench import BigCodeBenchmark
 from memrl_harness.llm import LLM
 from memrl_harness.results import EpisodeRecord, RunConfig, RunDir
 from memrl_harness.runner import Runner
-from tests.harness.conftest import alive_processes
+from tests.harness.conftest import alive_processes, venv_under
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 TASK = "BigCodeBench/2"  # its canonical solution passes; the code below does not solve it
@@ -52,9 +53,25 @@ def probe(trajectory: str) -> dict:
     return json.loads(found[-1])
 
 
+@pytest.fixture(params=["this-python", "venv-in-tmp"])
+def checks_python(request: pytest.FixtureRequest) -> Iterator[Path | None]:
+    """The virtualenv whose Python runs the checks: none (this interpreter's), or one under the host's /tmp,
+    beside a file of the host's, which the jail binds over its own /tmp."""
+    if request.param == "this-python":
+        yield None
+        return
+    with venv_under("/tmp") as venv:
+        (venv.parent / "host-secret").write_text(f"secret-{uuid.uuid4().hex}")
+        yield venv
+
+
 @pytest.mark.anyio
 async def test_host_files_and_secrets_are_out_of_reach(
-    fake_llm: FakeLLMServer, llm: LLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake_llm: FakeLLMServer,
+    llm: LLM,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    checks_python: Path | None,
 ) -> None:
     secret, key = f"token-{uuid.uuid4().hex}", f"sk-{uuid.uuid4().hex}"
     monkeypatch.setenv("MEMRL_MEMORY_TOKEN", secret)
@@ -62,9 +79,23 @@ async def test_host_files_and_secrets_are_out_of_reach(
     name = f"bcb-escape-{uuid.uuid4().hex}"
     store = Path(tempfile.mkdtemp(prefix="memory-store-"))  # stands for a memory store folder on the host
     targets = [f"/root/{name}", f"/tmp/{name}", f"{store}/{name}", f"/etc/{name}", f"/{name}"]
+    beside = []  # the host's /tmp around the checks' virtualenv
+    if checks_python is not None:
+        targets += [f"{checks_python}/{name}", f"{checks_python}/bin/{name}", f"{checks_python.parent}/{name}"]
+        beside = [str(checks_python.parent / "host-secret"), str(store), str(tmp_path)]
     code = f"""
-import glob, json, os
+import glob, json, os, sys
 report = {{"written": [], "values": [], "pids": sorted(glob.glob("/proc/[0-9]*")), "env": sorted(os.environ)}}
+report["tmp"] = []  # what the jail's /tmp holds before it writes there; nothing inside the environment
+for folder, dirs, files in os.walk("/tmp"):
+    report["tmp"] += [os.path.join(folder, entry) for entry in dirs + files]
+    dirs[:] = [entry for entry in dirs if os.path.join(folder, entry) != sys.prefix]
+report["read"] = []
+for path in {beside!r}:
+    try:
+        report["read"].append([path, open(path).read() if os.path.isfile(path) else os.listdir(path)])
+    except OSError:
+        pass
 for path in {targets!r}:
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -82,14 +113,21 @@ for environ in glob.glob("/proc/*/environ") + glob.glob("/proc/*/task/*/environ"
         pass
 raise ValueError("PROBE " + json.dumps(report))
 """
-    record, trajectory = await play(fake_llm, llm, tmp_path, code)
+    python = str(checks_python / "bin" / "python") if checks_python else None
+    record, trajectory = await play(fake_llm, llm, tmp_path, code, python=python)
     report = probe(trajectory)
     assert record.success is False
     for path in targets:
         assert not Path(path).exists(), path
     assert list(store.iterdir()) == []
     store.rmdir()
-    assert report["written"] == [f"/tmp/{name}", f"{store}/{name}"]  # inside the jail's private /tmp only
+    # The jail's /tmp shows the folders leading to the virtualenv, nothing else of the host's /tmp.
+    assert report["tmp"] == ([str(checks_python.parent), str(checks_python)] if checks_python else [])
+    assert report["read"] == []
+    written = [f"/tmp/{name}", f"{store}/{name}"]  # inside the jail's private /tmp only
+    if checks_python is not None:
+        written.append(f"{checks_python.parent}/{name}")  # its own tmpfs too; the virtualenv is read-only
+    assert report["written"] == written
     assert report["values"] == [] and secret not in trajectory and key not in trajectory
     assert report["pids"] == ["/proc/1", "/proc/2"]  # bwrap's init and the check: no host process
     assert set(report["env"]) <= {"PATH", "HOME", "TMPDIR", "LANG", "OMP_NUM_THREADS", "PYTHONDONTWRITEBYTECODE", "PWD"}
