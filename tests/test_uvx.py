@@ -50,7 +50,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def readme_client_entries() -> list[dict[str, Any]]:
     """Every server entry of the README's JSON client configurations (Claude Desktop and Cursor's ``mcpServers``,
     VS Code's ``servers``) and of its inline ones (`{"mcpServers": ...}`)."""
-    blocks = re.findall(r"```json\n(.*?)```", README, re.S) + re.findall(r"`(\{.*?\})`", README)
+    blocks = re.findall(r"```json\n(.*?)```", README, re.S) + re.findall(r'`(\{"(?:mcpServers|servers)".*?\})`', README)
     configs = [json.loads(block) for block in blocks]
     return [entry for config in configs for entry in (config.get("mcpServers") or config["servers"]).values()]
 
