@@ -1,7 +1,7 @@
 """Measure the embedders: query latency against FastEmbed fp32, int8-vs-fp32 agreement, similarity constants.
 
 Not a test: a script whose printout chose the default embedder stack and justifies the MiniLM
-``SimilarityProfile`` constants in ``memrl_mcp/embeddings.py`` (corpus mean/std for z(sim), the Phase-A
+``SimilarityProfile`` constants in ``memrl_mcp/embeddings/`` (corpus mean/std for z(sim), the Phase-A
 ``delta``, the ``merge`` threshold). Task texts come from the benchmark data in ``$MEMRL_SHARED_DATA``
 (default ``../shared/data`` next to the repository).
 
@@ -329,7 +329,7 @@ def diff_view(a: str, b: str, width: int = 60) -> str:
 
 def calibration_report(label: str, vectors: dict[str, np.ndarray], distinct: dict[str, list[str]]) -> None:
     """What ``memrl-mcp calibrate`` says, per benchmark and for all benchmarks' tasks mixed."""
-    print(f"\n(e) memrl-mcp calibrate's rules (memrl_mcp/calibrate.py), {label}")
+    print(f"\n(e) memrl-mcp calibrate's rules (memrl_mcp/embeddings/calibrate.py), {label}")
     found = [calibrate.measure(vecs, distinct[name], label, name) for name, vecs in vectors.items()]
     print(
         f"  benchmark-averaged sim_mean={np.mean([c.sim_mean for c in found]):.4f} "

@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "calibrate",
         help="Measure delta, sim_mean, sim_std and merge_threshold for the configured embedder.",
         description="Measure the similarity constants of the configured embedder on your own task texts and "
-        "print them as YAML settings (see memrl_mcp/calibrate.py for the method).",
+        "print them as YAML settings (see memrl_mcp/embeddings/calibrate.py for the method).",
     )
     source = calibrate.add_mutually_exclusive_group(required=True)
     source.add_argument(
