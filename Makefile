@@ -16,7 +16,7 @@ MARIADB_STAMP := $(VENV)/.mariadb-installed
 LLB_ROOTFS ?= $(VENV)/llb-rootfs
 LLB_PACKAGES := python3,git,vim,curl,wget,zip,unzip,tree,zsh,passwd,procps
 SANDBOX_STAMP := $(VENV)/.llb-rootfs-shifted
-# The official Qdrant MCP server, the peer benchmarks/peer.py measures against, in a virtualenv of its own.
+# The official Qdrant MCP server, the peer perf/peer.py measures against, in a virtualenv of its own.
 PEER_VENV ?= .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
@@ -102,10 +102,10 @@ demo: setup
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
 test: setup llm alfworld sandbox mariadb docker peer browser
-	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests benchmarks
-	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests benchmarks
+	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests perf
+	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests perf
 	$(PY) -m pytest -q
 
 bench: setup
-	$(PY) benchmarks/backends.py
-	$(PY) benchmarks/latency.py
+	$(PY) perf/backends.py
+	$(PY) perf/latency.py

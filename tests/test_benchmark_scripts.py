@@ -1,5 +1,5 @@
-"""Every benchmark script runs at a tiny size, so that a change of the service breaks the build, not the next
-measurement (the figures in the README come from the same scripts at full size)."""
+"""Every benchmark script of perf/ runs at a tiny size, so that a change of the service breaks the build, not the
+next measurement (the figures of docs/performance.md come from the same scripts at full size)."""
 
 import os
 import subprocess
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+PERF = Path(__file__).resolve().parents[1] / "perf"
 
 
 def run(script: str, *args: str, timeout: float = 600) -> str:
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(PERF / script), *args], capture_output=True, text=True, timeout=timeout
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -53,7 +53,7 @@ def test_the_benchmark_runs_at_a_tiny_size(script: str, args: tuple[str, ...], p
 
 
 def test_the_peer_comparison_runs_at_a_tiny_size() -> None:
-    peer = Path(os.environ.get("MEMRL_PEER", BENCHMARKS.parent / ".venv-peer" / "bin" / "mcp-server-qdrant"))
+    peer = Path(os.environ.get("MEMRL_PEER", PERF.parent / ".venv-peer" / "bin" / "mcp-server-qdrant"))
     assert peer.is_file(), f"the peer (mcp-server-qdrant) is not installed at {peer}: run `make peer`"
     printed = run("peer.py", "--sizes", "300", "--queries", "3", "--peer", str(peer))
     assert "our recall p50 below the peer's find p50" in printed

@@ -194,7 +194,7 @@ async def test_concurrent_edits_and_reports_lose_nothing(client: Client, service
 
 
 def test_the_benchmark_runs_at_a_tiny_size() -> None:
-    """benchmarks/list_memories.py (the README's figures) checks its pages against a scan-and-sort baseline."""
+    """perf/list_memories.py (the README's figures) checks its pages against a scan-and-sort baseline."""
     printed = run("list_memories.py", "--sizes", "200", "--runs", "2")
     assert "scan+sort" in printed and "qdrant-local" in printed
 

@@ -1,4 +1,4 @@
-"""The embedded engine at scale, for correctness (speed is benchmarks/scale.py's): the HNSW index returns what exact
+"""The embedded engine at scale, for correctness (speed is perf/scale.py's): the HNSW index returns what exact
 search returns and keeps the namespace filter, writes made while it is built survive its swap, ``memory_stats``
 from maintained counts equals a full count after concurrent reports and after a crash, and an import reports its
 progress on stderr and imports everything."""

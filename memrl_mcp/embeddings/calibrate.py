@@ -3,7 +3,7 @@
 Every embedder has its own similarity scale, and the constants of retrieval depend on it (MEMRL.md,
 Phase A and B; :class:`memrl_mcp.embeddings.SimilarityProfile`). This measures them from the task
 texts an agent actually sends, by the method that fixed the shipped MiniLM constants
-(``benchmarks/embedders.py``), and writes them as YAML settings:
+(``perf/embedders.py``), and writes them as YAML settings:
 
 - ``sim_mean``, ``sim_std``: mean and standard deviation of the cosine similarity over all pairs of
   distinct task texts (the corpus statistics that z(sim) uses).

@@ -1,6 +1,6 @@
 """The default embedder, ``minilm``: all-MiniLM-L6-v2 (Apache-2.0) as an int8 ONNX model shipped inside the
 package (``memrl_mcp/embeddings/models/all-MiniLM-L6-v2-int8``, 23 MB) and run by onnxruntime: offline, no PyTorch,
-nothing downloaded at run time. Why this stack, as measured by ``benchmarks/embedders.py``:
+nothing downloaded at run time. Why this stack, as measured by ``perf/embedders.py``:
 
 - Provenance a user can check. The model file is not a third party's upload: ``memrl_mcp.embeddings.minilm_build``
   writes the BERT graph from the model's published ``model.safetensors`` (its SHA-256 is pinned) and
@@ -32,7 +32,7 @@ import numpy as np
 
 from memrl_mcp.embeddings.base import ModelIntegrityError, SimilarityProfile, normalise
 
-# Measured by benchmarks/embedders.py (the shipped int8 model, re-measured when it replaced the
+# Measured by perf/embedders.py (the shipped int8 model, re-measured when it replaced the
 # former one; ALFWorld goals, LLB os/db instructions, BigCodeBench instruct prompts cut at 300
 # chars, from ../shared/data; 2,122 distinct texts):
 # - speed, one query on one thread, median of 5 rounds on a busy 2-core machine, CPU time: 3.9 ms

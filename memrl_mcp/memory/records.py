@@ -87,7 +87,7 @@ def memory_detail(memory_id: str, payload: Mapping[str, Any]) -> MemoryDetail:
 def history_of(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A memory's Q history, oldest first. It is stored as JSON text (schema version 2): qdrant-edge's Python binding
     converts a nested payload value by value, and a Q update's write with a history of 50 events took 2.0 ms as a
-    list, 0.19 ms as text with its encoding (benchmarks/history_cost.py). Stores older than version 2 held a list,
+    list, 0.19 ms as text with its encoding (perf/history_cost.py). Stores older than version 2 held a list,
     which is still read."""
     history = payload.get("history") or []
     return json.loads(history) if isinstance(history, str) else list(history)

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 CURRENT = "memories.current"  # names the memories' generation folder in use
 TALLY = "memories.tally.json"  # the counts of memory_stats, saved at a clean close
 # Rebuild once the memories outside the index (new ones: payload updates stay in it) reach this share of the indexed
-# ones: at 1M, 20,000 searched exactly, ~3 ms (benchmarks/scale.py, settings.index_min_memories).
+# ones: at 1M, 20,000 searched exactly, ~3 ms (perf/scale.py, settings.index_min_memories).
 REBUILD_SHARE = 0.02
 FULL_SCAN_KB = 10_000  # Qdrant's default: a filter matching fewer vectors than this (6,500 at 384-d) is scanned
 # Memories streamed to the builder per page. A page holds the GIL while it is read and pickled (1,000 points with
@@ -84,7 +84,7 @@ class EdgeStore:
 
     The recalls table keeps its vectors and payload in memory-mapped files (``Memory.Cold``): a pending recall
     is read once, when it is reported, so its bytes need not stay resident (a restarted server holding 50,000
-    pending recalls: 164 MB resident instead of 272, benchmarks/recall_rss.py)."""
+    pending recalls: 164 MB resident instead of 272, perf/recall_rss.py)."""
 
     def __init__(
         self, path: Path, dim: int, room: DiskRoom | None = None, index_min: int = 0, hnsw_ef: int = 128

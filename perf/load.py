@@ -26,9 +26,9 @@ Mcp-Session-Id) with httpx, so that the clients' own CPU stays small on a shared
 uses the MCP SDK's ``mcp.Client``. ``--py-spy FILE`` (``pip install py-spy``) samples the own server during
 the timed runs and prints where its busy time goes; ``--server-env KEY=VALUE`` configures the own server.
 
-    .venv/bin/python benchmarks/load.py                       # 8 clients, 30 s, own server
-    .venv/bin/python benchmarks/load.py --clients 8 --seconds 30 --runs 3 --py-spy /tmp/server.txt
-    .venv/bin/python benchmarks/load.py --url http://127.0.0.1:8765/mcp --token SECRET
+    .venv/bin/python perf/load.py                       # 8 clients, 30 s, own server
+    .venv/bin/python perf/load.py --clients 8 --seconds 30 --runs 3 --py-spy /tmp/server.txt
+    .venv/bin/python perf/load.py --url http://127.0.0.1:8765/mcp --token SECRET
 """
 
 from __future__ import annotations

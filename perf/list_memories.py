@@ -10,7 +10,7 @@ through the Store API; then, in the same process over the same store:
 
 Every page is checked against the baseline's. Prints median milliseconds over ``--runs`` runs, and the ratio.
 
-    .venv/bin/python benchmarks/list_memories.py [--sizes 1000,10000,100000] [--runs 30]
+    .venv/bin/python perf/list_memories.py [--sizes 1000,10000,100000] [--runs 30]
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Vectors: the real MiniLM embeddings of the distinct task texts of the shared ben
 perturbed copy of one (cosine 0.78-0.96 to its text), so that 100k memories need only ~2k embeddings;
 queries are real task texts embedded by the server. Without the shared data: synthetic texts.
 
-    .venv/bin/python benchmarks/latency.py --sizes 1000,10000,100000 --queries 200
+    .venv/bin/python perf/latency.py --sizes 1000,10000,100000 --queries 200
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ Phases, each printed as it ends:
 6. over MCP stdio (a spawned ``memrl-mcp`` on the store): ``recall_experience`` against the query embedding plus a
    round trip (``memory_stats``, whose own work is the counts' few ms at most), alternating query by query.
 
-    .venv/bin/python benchmarks/scale.py --size 1000000 --store /tmp/memrl-scale-1m
-    .venv/bin/python benchmarks/scale.py --size 3000 --queries 20 --import-size 200     # a tiny run (tests)
+    .venv/bin/python perf/scale.py --size 1000000 --store /tmp/memrl-scale-1m
+    .venv/bin/python perf/scale.py --size 3000 --queries 20 --import-size 200     # a tiny run (tests)
 """
 
 from __future__ import annotations
@@ -424,7 +424,7 @@ def main() -> None:
     if args.store is None:
         temporary = tempfile.TemporaryDirectory()
         args.store = temporary.name
-    print(f"benchmarks/scale.py: {args.size} memories, {args.queries} queries; {B.machine()}")
+    print(f"perf/scale.py: {args.size} memories, {args.queries} queries; {B.machine()}")
     embedder = MiniLMEmbedder()
     pairs, base, source = corpus(embedder, args.seed, B.shared_data_dir())
     print(f"texts: {source}")

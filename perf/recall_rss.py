@@ -7,8 +7,8 @@ process that opens that store: right after the open (what a restarted server car
 (what a running server carries). Figures are from ``/proc/self/status``: ``RssAnon`` (heap: the engine's RAM
 structures) and ``RssFile`` (mapped store files the kernel may drop at will).
 
-    .venv/bin/python benchmarks/recall_rss.py --recalls 50000
-    .venv/bin/python benchmarks/recall_rss.py --recalls 50000 --memories 10000 --engine qdrant-local
+    .venv/bin/python perf/recall_rss.py --recalls 50000
+    .venv/bin/python perf/recall_rss.py --recalls 50000 --memories 10000 --engine qdrant-local
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@
    every memory's history is full): CPU per recall + report cycle with ``q_history_size = --events`` against the
    same cycle with no history kept (``q_history_size = 0``), alternating rounds in one process, medians.
 
-    .venv/bin/python benchmarks/history_cost.py
-    .venv/bin/python benchmarks/history_cost.py --events 5 --rounds 2 --cycles 20     # a tiny run (tests)
+    .venv/bin/python perf/history_cost.py
+    .venv/bin/python perf/history_cost.py --events 5 --rounds 2 --cycles 20     # a tiny run (tests)
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ top-5 search with a namespace filter and a score threshold (p50/p95), ``set_payl
 latency; and, in the same process over the same vectors, a numpy brute-force search as the baseline
 (matrix @ query, mask, argpartition). Every engine answer is checked against the baseline's.
 
-    .venv/bin/python benchmarks/backends.py [--sizes 1000,10000,100000] [--queries 200]
+    .venv/bin/python perf/backends.py [--sizes 1000,10000,100000] [--queries 200]
 
 qdrant-client's local mode is slow (pure Python/numpy: ~1.6 s per 1k points to load with a path),
 so its search is timed on fewer queries when they would exceed ``--budget`` seconds per cell,

