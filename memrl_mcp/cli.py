@@ -28,8 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="memrl-mcp", description="MemRL episodic memory as an MCP server.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--transport", choices=("stdio", "streamable-http", "sse"), default="stdio")
-    parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1).")
-    parser.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765).")
+    parser.add_argument("--host", help="HTTP bind address (default: the host setting, 127.0.0.1).")
+    parser.add_argument("--port", type=int, help="HTTP port (default: the port setting, 8765).")
     _store_options(parser, default=None)
     commands = parser.add_subparsers(dest="command", title="backups (instead of serving)")
     export = commands.add_parser(
@@ -87,7 +87,9 @@ def _store_options(parser: argparse.ArgumentParser, default: str | None) -> None
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(args.config, **({"data_dir": args.data_dir} if args.data_dir else {}))
+    """The settings, with the options given on the command line as explicit values (they win)."""
+    given = {name: getattr(args, name, None) for name in ("data_dir", "host", "port")}
+    return load_settings(args.config, **{name: value for name, value in given.items() if value is not None})
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -111,7 +113,7 @@ def serve(args: argparse.Namespace) -> int:
         serving = settings.serving
         log_calls = serving.log_calls if serving.log_calls is not None else args.transport != "stdio"
         configure_logging(serving.log_format, log_calls)
-        tokens = http.tokens_for(serving, args.transport, args.host)
+        tokens = http.tokens_for(serving, args.transport, serving.host)
         service = MemoryService.open(settings)
     except (SettingsError, MemrlError) as error:  # a locked store, a full disk, a tampered or uncalibrated model
         print(f"memrl-mcp: {error}", file=sys.stderr)
@@ -124,13 +126,13 @@ def serve(args: argparse.Namespace) -> int:
         args.transport,
         ""
         if args.transport == "stdio"
-        else f" on {args.host}:{args.port}, {'bearer tokens' if tokens else 'no token'}",
+        else f" on {serving.host}:{serving.port}, {'bearer tokens' if tokens else 'no token'}",
     )
     # SIGTERM (service managers, uvicorn re-raising it after its own shutdown) must still close the
     # store cleanly: turn it into the KeyboardInterrupt that the finally clause below handles.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        http.serve(service, args.transport, args.host, args.port, tokens)
+        http.serve(service, args.transport, serving.host, serving.port, tokens)
     except KeyboardInterrupt:
         pass
     finally:

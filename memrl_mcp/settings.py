@@ -49,10 +49,14 @@ OTHER_VARIABLES = frozenset(
         "MEMRL_MEMORY_TOKEN",
         "MEMRL_SHARED_DATA",
         "MEMRL_LLB_ROOTFS",
+        "MEMRL_JUDGE_BASE_URL",
+        "MEMRL_JUDGE_MODEL",
+        "MEMRL_JUDGE_API_KEY",
+        "MEMRL_PEER",
     }
 )
-"""``MEMRL_*`` variables that are not settings of the server: memrl-harness's own, which a harness run's environment
-holds when it starts a server."""
+"""``MEMRL_*`` variables that are not settings of the server: memrl-harness's own and the peer benchmark's, which the
+environment of a harness run or a test holds when it starts a server."""
 
 
 class SettingsError(MemrlError, ValueError):
@@ -319,6 +323,8 @@ class TokenGrant(BaseModel):
 class ServingSettings(Group):
     """The HTTP transports (tokens, sessions, hosts), logs, and what the server offers."""
 
+    host: str = Field("127.0.0.1", description="HTTP bind address (the --host option wins).")
+    port: int = Field(8765, ge=1, le=65535, description="HTTP port (the --port option wins).")
     tokens: list[TokenGrant] = Field(
         default_factory=list,
         description="Bearer tokens of the HTTP transports, each with its namespaces (env: a JSON list).",
