@@ -35,9 +35,8 @@ from memrl_mcp.embeddings.base import ModelIntegrityError, SimilarityProfile, no
 # Measured by perf/embedders.py (the shipped int8 model, re-measured when it replaced the
 # former one; ALFWorld goals, LLB os/db instructions, BigCodeBench instruct prompts cut at 300
 # chars, from ../shared/data; 2,122 distinct texts):
-# - speed, one query on one thread, median of 5 rounds on a busy 2-core machine, CPU time: 3.9 ms
-#   for an ALFWorld goal, 12.3 ms for an LLB instruction, 15.4 ms for 300 chars, i.e. 1.5-1.7x
-#   faster than FastEmbed running the fp32 graph (6.2, 18.4, 22.3 ms) in the same run.
+# - speed: 1.5-1.7x faster than FastEmbed running the fp32 graph, one query on one thread (the figures, with their
+#   date: docs/performance.md).
 # - agreement with fp32 (whose graph matches sentence-transformers to 2.6e-7): cosine mean 0.9925,
 #   min 0.980; the nearest other task is fp32's own for 84-92% of tasks per benchmark, within 0.01
 #   of fp32's best for 92-98%, in fp32's top 5 for 99.6-100%; top-5 overlap 0.89-0.90.
