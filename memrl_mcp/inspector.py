@@ -32,14 +32,13 @@ from urllib.parse import urlsplit
 import anyio.to_thread
 import numpy as np
 from mcp.server import MCPServer
-from mcp.server.auth.middleware.auth_context import get_access_token
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from memrl_mcp import algorithm
 from memrl_mcp.access import Access
-from memrl_mcp.auth import TokenTable, access_of, is_loopback
+from memrl_mcp.auth import TokenTable, caller, is_loopback
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.models import EffectiveSettings, MemoryDetail, Outcome, SortKey
@@ -396,12 +395,12 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
                 try:
                     if tokens is None and not _host_is_loopback(request):
                         raise Refusal(421, "misdirected", "host: this server without tokens answers loopback only")
-                    token = get_access_token()
-                    if tokens is not None and token is None:
+                    access = caller(request, tokens)
+                    if access is None:
                         raise Refusal(401, "invalid_token", "authorization: a valid bearer token is required")
                     if request.method != "GET" and not _same_origin(request):
                         raise Refusal(403, "cross_site", "origin: changes are accepted from this page only")
-                    return await handler(request, access_of(token))
+                    return await handler(request, access)
                 except Refusal as refusal:
                     return _refusal(refusal)
                 except MemoryRequestError as error:

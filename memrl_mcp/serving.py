@@ -84,8 +84,13 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
             per_token,
             settings.session_idle_seconds,
         )
-    # Our handlers' format for uvicorn's own logs; the per-call JSON log replaces its access log.
-    uvicorn.run(HostCheck(app, security), host=host, port=port, log_config=None, access_log=False)
+    # Our handlers' format for uvicorn's own logs; the per-call JSON log replaces its access log. Each request
+    # starts from an empty context: by default uvicorn's request task copies the context of whatever callback
+    # read its bytes, which after a large body or a pipelined request is the previous request's task (see
+    # docs/security.md, "Identity per request").
+    uvicorn.run(
+        HostCheck(app, security), host=host, port=port, log_config=None, access_log=False, reset_contextvars=True
+    )
 
 
 class HostCheck:
