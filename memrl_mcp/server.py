@@ -150,7 +150,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         """A tool's caller: the token of the request that carried the call, and, when neither that token nor
         the settings name a default namespace, the one of the client's project root."""
         access = caller(ctx.request_context.request, tokens)
-        if access is None:  # the SDK refuses such a request before any tool runs: a second lock on the door
+        if access is None:  # over HTTP the SDK answered 401 already; this is a call without HTTP, or a bug
             raise MemoryRequestError(TOKEN_REQUIRED)
         if access.default is not None or not from_roots:
             return access

@@ -17,10 +17,12 @@ from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from memrl_mcp.access import Access
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory import MemoryService
+from memrl_mcp.observability import Metrics
 from memrl_mcp.roots import project_namespace
-from memrl_mcp.server import create_server
+from memrl_mcp.server import _served, create_server
 from memrl_mcp.validation import NAMESPACE_PATTERN
 from tests.conftest import call, make_service, refused
 from tests.test_transports import DEADLINE_S, http_server
@@ -167,3 +169,17 @@ async def test_the_step_memory_keeps_projects_apart_too(service: MemoryService) 
         report = await call(alpha, "report_outcome", recall_id=recall["recall_id"], reward=1.0, experience="pw")
         assert report["stored"]["memory"]["namespace"] == project_namespace(ALPHA)
         assert (await call(beta, "list_memories"))["total"] == 0
+
+
+def test_a_tool_that_does_not_take_its_callers_access_cannot_be_served(service: MemoryService) -> None:
+    """Every tool is served through one wrapper that resolves its caller; a tool body that would look its caller
+    (or its default namespace) up by itself does not get past it."""
+
+    def careless(task: str) -> dict[str, str]:
+        return {"task": task}
+
+    async def identify(ctx: Any) -> Access:
+        raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match="the tool careless must take its caller's access"):
+        _served(careless, identify, Metrics(service))
