@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, with_config
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, with_config
 
 from memrl_mcp.storage.numbers import KeptFloat, KeptJson
 from memrl_mcp.validation import Outcome
@@ -70,19 +70,19 @@ class SearchResult(BaseModel):
     memories: list[RecalledMemory]
 
 
-@with_config(ConfigDict(extra="forbid", strict=True))  # as a JSON body (the inspector): no coercion, no stray key
+@with_config(ConfigDict(extra="forbid"))  # as a JSON body (the inspector): no stray key; no coercion (Strict*)
 @dataclass(frozen=True)
 class RecallQuery:
     """What a recall (or a search, or a preview of either) is asked: the task, and optionally the namespace and
     Phase A and B's numbers; ``None`` is the server's setting. The service checks every field and fills in the
     settings: the query it hands on is resolved (no ``None``)."""
 
-    task: str
-    namespace: str | None = None
-    k1: int | None = None
-    k2: int | None = None
-    q_weight: float | None = None
-    delta: float | None = None
+    task: StrictStr
+    namespace: StrictStr | None = None
+    k1: StrictInt | None = None
+    k2: StrictInt | None = None
+    q_weight: StrictFloat | None = None
+    delta: StrictFloat | None = None
 
 
 class PoolCandidate(MemoryView):

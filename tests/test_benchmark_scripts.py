@@ -12,9 +12,7 @@ PERF = Path(__file__).resolve().parents[1] / "perf"
 
 
 def run(script: str, *args: str, timeout: float = 600) -> str:
-    done = subprocess.run(
-        [sys.executable, str(PERF / script), *args], capture_output=True, text=True, timeout=timeout
-    )
+    done = subprocess.run([sys.executable, str(PERF / script), *args], capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
