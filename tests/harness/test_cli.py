@@ -196,10 +196,10 @@ def test_a_run_resumed_under_other_memory_settings_is_refused(tmp_path: Path) ->
     """Same arguments, but the settings file behind --config was edited: the constants differ, so it is not the
     same run (an upgrade that changes a default is caught the same way)."""
     settings = tmp_path / "memory.yaml"
-    settings.write_text("alpha: 0.3\n")
+    settings.write_text("learning:\n  alpha: 0.3\n")
     args = ["run", "controlled", "--mode", "memrl", "--run-dir", str(tmp_path / "run"), "--tasks", "4"]
     args += ["--epochs", "1", "--config", str(settings)]
     assert harness(*args, cwd=tmp_path).returncode == 0
-    settings.write_text("alpha: 0.9\n")
+    settings.write_text("learning:\n  alpha: 0.9\n")
     again = harness(*args, cwd=tmp_path)
     assert again.returncode == 2 and "settings changed since this run began (alpha)" in again.stderr
