@@ -1,4 +1,5 @@
-"""``memrl-harness``: run a benchmark through memrl-mcp (``run``) and turn runs into a report (``report``).
+"""``memrl-harness``: run a benchmark through memrl-mcp (``run``), turn runs into a report (``report``), list a
+benchmark's options (``options``).
 
 One ``run`` command may run several modes and seeds (``--mode none rag memrl --seed 0 1 2``), one run folder each,
 one after another; ``report`` takes them all and aggregates the seeds of each setting.
@@ -16,8 +17,9 @@ from tqdm import tqdm
 
 from memrl_harness.backends.sandbox import SandboxError
 from memrl_harness.backends.sql import SQLServerError
-from memrl_harness.benchmarks import REGISTRY, load_benchmark, memory_config
+from memrl_harness.benchmarks import REGISTRY, load_benchmark, memory_config, options_model
 from memrl_harness.benchmarks.base import Benchmark
+from memrl_harness.benchmarks.options import OptionError
 from memrl_harness.llm import LLM, LLMError
 from memrl_harness.metrics import write_summary
 from memrl_harness.report import build_report, load_run
@@ -65,7 +67,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--runs", default="runs", help="folder of run folders (default: runs)")
     run.add_argument("--run-dir", help="this run's folder (default: RUNS/BENCHMARK-MODE-seedS); resumes if present")
     run.add_argument("--data", help="the benchmark's data file or folder (same as --option data=PATH)")
-    run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="benchmark option")
+    run.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="benchmark option (memrl-harness options BENCHMARK lists them)",
+    )
+
+    options = commands.add_parser("options", help="the options of a benchmark, with their defaults and limits")
+    options.add_argument("benchmark", choices=sorted(REGISTRY))
 
     report = commands.add_parser("report", help="markdown table and plots of one or several runs")
     report.add_argument("runs", nargs="+", type=Path)
@@ -122,7 +133,10 @@ def run_command(args: argparse.Namespace) -> int:
             for mode in modes
             for seed in seeds
         ]
-    # A bad --option, no LLM configured, inconsistent settings, a sandbox or database server that cannot run here.
+    except OptionError as error:
+        print(f"memrl-harness: {error}\n(memrl-harness options {args.benchmark} lists its options)", file=sys.stderr)
+        return 2
+    # Missing data, no LLM configured, inconsistent settings, a sandbox or database server that cannot run here.
     except (ValueError, LLMError, SandboxError, SQLServerError) as error:
         print(f"memrl-harness: {error}", file=sys.stderr)
         return 2
@@ -175,9 +189,16 @@ def report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def options_command(args: argparse.Namespace) -> int:
+    print(f"{args.benchmark} --option KEY=VALUE (an empty VALUE is the default):")
+    print(options_model(args.benchmark).describe())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return run_command(args) if args.command == "run" else report_command(args)
+    commands = {"run": run_command, "report": report_command, "options": options_command}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

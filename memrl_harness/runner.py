@@ -53,7 +53,6 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-import yaml
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -479,8 +478,7 @@ class Runner:
         from memrl_mcp.embeddings import create_embedder  # the model is loaded only here, and only once
         from memrl_mcp.settings import load_settings
 
-        overrides = yaml.safe_load(Path(self.config.memory_config).read_text()) if self.config.memory_config else {}
-        settings = load_settings(**(overrides or {}))
+        settings = load_settings(self.config.memory_config)
         embedder = create_embedder(settings.embeddings, settings.similarity)
         vectors = embedder.embed([t.intent for t in self.tasks])
         similarity = TaskSimilarity(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+FLOORS = {"memory_mb": 32, "pids": 8, "disk_mb": 1}  # the least a sandbox may be given (:class:`Limits` refuses less)
 
 
 class CgroupError(RuntimeError):
@@ -35,7 +36,7 @@ class Limits:
     disk_mb: int = 512
 
     def __post_init__(self) -> None:
-        for name, low in (("memory_mb", 32), ("pids", 8), ("disk_mb", 1)):
+        for name, low in FLOORS.items():
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
 

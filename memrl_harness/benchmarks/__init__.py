@@ -1,5 +1,5 @@
-"""The benchmarks the harness knows, imported only when asked for (each brings its own dependencies), and the
-memory constants each one runs with."""
+"""The benchmarks the harness knows, imported only when asked for (each brings its own dependencies), their options,
+and the memory constants each one runs with."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from memrl_harness.benchmarks.base import Benchmark
+from memrl_harness.benchmarks.options import BenchmarkOptions
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A benchmark class (``module:Class``) and the packaged memrl-mcp settings with the paper's constants for it
+    """A benchmark class (``module:Class``, built from its options as keyword arguments, with its options model as
+    ``Options``) and the packaged memrl-mcp settings with the paper's constants for it
     (``memrl_harness/configs/<memory_config>.yaml``; LLB's OS and DB tasks share one)."""
 
     target: str
@@ -38,10 +40,19 @@ def _entry(name: str) -> Entry:
     return REGISTRY[name]
 
 
-def load_benchmark(name: str, **options: Any) -> Benchmark:
-    """The benchmark called ``name``, built with its options (data paths and the like)."""
+def _class(name: str) -> Any:
     module_name, class_name = _entry(name).target.split(":")
-    return getattr(importlib.import_module(module_name), class_name)(**options)
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def load_benchmark(name: str, **options: Any) -> Benchmark:
+    """The benchmark called ``name``, built with its options (text or typed; an OptionError refuses a bad one)."""
+    return _class(name)(**options)
+
+
+def options_model(name: str) -> type[BenchmarkOptions]:
+    """The options of benchmark ``name``: their types, defaults, bounds and descriptions."""
+    return _class(name).Options
 
 
 def memory_config(name: str) -> Path:

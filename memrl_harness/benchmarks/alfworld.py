@@ -44,7 +44,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from memrl_harness.benchmarks.base import (
     Episode,
@@ -54,10 +56,10 @@ from memrl_harness.benchmarks.base import (
     StepwiseBenchmark,
     Task,
 )
+from memrl_harness.benchmarks.options import BenchmarkOptions
 from memrl_harness.install import data_hint, shared_data_root
 from memrl_harness.llm import LLM, LLMFormatError, Usage
 
-SPLITS = ("valid_seen", "valid_train")
 TYPES = {  # ALFWorld's task folders -> the example keys of alfworld_examples.json
     "pick_and_place_simple": "put",
     "look_at_obj_in_light": "examine",
@@ -193,33 +195,35 @@ class Game:
 Policy = Callable[[str, GameState, list[tuple[str, str]], StepAdvice], tuple[str, str, Usage]]
 
 
+class AlfworldOptions(BenchmarkOptions):
+    """ALFWorld's options."""
+
+    split: Literal["valid_seen", "valid_train"] = Field(
+        "valid_seen", description="the games of this split of the shared data (140 / 200 games)"
+    )
+    games: Path | None = Field(None, description="the games of this folder instead, laid out like a split")
+    max_steps: int = Field(30, ge=1, description="decisions per game before it counts as lost")
+    history: int = Field(6, ge=1, description="the last steps shown in each prompt")
+    limit: int | None = Field(None, ge=1, description="the first N games only")
+    examples: Path | None = Field(None, description="few-shot examples by task type (default: alfworld_examples.json)")
+
+
 class AlfworldBenchmark(StepwiseBenchmark):
     """ALFWorld games with a ReAct-style LLM agent; see the module docstring."""
 
     name = "alfworld"
     needs_llm = True
+    Options = AlfworldOptions
 
-    def __init__(
-        self,
-        split: str = "valid_seen",
-        games: str | Path | None = None,
-        max_steps: int | str = 30,
-        history: int | str = 6,
-        limit: int | str | None = None,
-        examples: str | Path | None = None,
-    ) -> None:
+    def __init__(self, **values: Any) -> None:
+        """``values``: the :class:`AlfworldOptions`, as text (``--option max_steps=20``) or typed."""
+        options = self.options = AlfworldOptions.parse(self.name, values)
         root = shared_data_root() / "alfworld"
-        if games is None:
-            if split not in SPLITS:
-                raise ValueError(f"split: must be one of {', '.join(SPLITS)}, got {split!r}")
-            games = root / split
-        self.games_dir = Path(games)
+        self.games_dir = options.games or root / options.split
         if not self.games_dir.is_dir():
             raise ValueError(data_hint("ALFWorld games folder", self.games_dir) + " (or games=PATH)")
-        self.max_steps = _positive("max_steps", max_steps)
-        self.history = _positive("history", history)
-        self.examples_file = Path(examples) if examples else root / "alfworld_examples.json"
-        self._tasks = self._collect(None if limit in (None, "") else _positive("limit", limit))
+        self.examples_file = options.examples or root / "alfworld_examples.json"
+        self._tasks = self._collect(options.limit)
 
     def _collect(self, limit: int | None) -> list[Task]:
         tasks = []
@@ -271,7 +275,7 @@ class AlfworldBenchmark(StepwiseBenchmark):
         if avoid:
             parts.append("Mistakes on similar tasks (avoid them):\n- " + "\n- ".join(avoid))
         parts.append(f"Your task is to: {task.intent}\nRoom: {_cut(room, ROOM_CHARS)}")
-        shown = past[-self.history :]
+        shown = past[-self.options.history :]
         if shown:
             skipped = len(past) - len(shown)
             lines = [f"({skipped} earlier steps not shown)"] if skipped else []
@@ -279,7 +283,8 @@ class AlfworldBenchmark(StepwiseBenchmark):
             parts.append("Recent steps:\n" + "\n".join(lines))
         if advice:
             parts.append(advice.section())
-        parts.append(f"Step {len(past) + 1} of {self.max_steps}. Admissible commands: " + ", ".join(state.admissible))
+        admissible = ", ".join(state.admissible)
+        parts.append(f"Step {len(past) + 1} of {self.options.max_steps}. Admissible commands: {admissible}")
         return "\n\n".join(parts)
 
     def play(self, task: Task, act: Policy, steps: Steps | None = None) -> Episode:
@@ -292,7 +297,7 @@ class AlfworldBenchmark(StepwiseBenchmark):
         with Game(task.data["game_file"]) as game:
             state = game.reset()
             room = state.observation.split("Your task is to:")[0].strip()
-            while len(past) < self.max_steps and not state.done and not state.won:
+            while len(past) < self.options.max_steps and not state.done and not state.won:
                 thought, action, spent = act(room, state, past, steps.advise(state.observation))
                 steps.took(state.observation, action)
                 usage = usage + spent
@@ -338,13 +343,3 @@ class AlfworldBenchmark(StepwiseBenchmark):
             return str(reply.data.get("thought", "")), reply.data["action"], reply.usage
 
         return self.play(task, act, steps)
-
-
-def _positive(label: str, value: int | str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{label}: must be a positive integer, got {value!r}") from None
-    if number < 1:
-        raise ValueError(f"{label}: must be a positive integer, got {value!r}")
-    return number

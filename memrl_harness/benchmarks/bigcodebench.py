@@ -59,9 +59,7 @@ another pandas, 286 failed once (it passes alone: 3 of 3). Stub bodies
 (``code_prompt`` + ``pass``) pass 1/327: 272, whose tests mock everything. Oracle and stubs together took 504-523 s
 on 2 busy cores; a trivial check costs about 0.25 s (jail start and teardown included).
 
-Options (``--option KEY=VALUE``): ``data``, ``split``, ``ids`` (comma-separated task ids),
-``limit`` (the first N tasks), ``timeout``, ``memory_mb``, ``pids``, ``intent_chars``, ``max_tokens`` (2048),
-``python`` (the interpreter that runs the checks; default this one).
+Options (``--option KEY=VALUE``): :class:`BigCodeBenchOptions` (``memrl-harness options bigcodebench``).
 """
 
 from __future__ import annotations
@@ -85,10 +83,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memrl_harness.backends.cgroups import Cgroups, Limits
+from pydantic import Field, field_validator
+
+from memrl_harness.backends.cgroups import FLOORS, Cgroups, Limits
 from memrl_harness.backends.jail import Staging, launch, require_jail
 from memrl_harness.backends.seccomp import bpf_program
 from memrl_harness.benchmarks.base import Episode, Memory, Task, memory_sections
+from memrl_harness.benchmarks.options import BenchmarkOptions, TaskIds
 from memrl_harness.install import data_hint, shared_data_root
 from memrl_harness.llm import LLM
 
@@ -368,51 +369,56 @@ def load_rows(path: Path) -> dict[str, dict[str, Any]]:
     return rows
 
 
+class BigCodeBenchOptions(BenchmarkOptions):
+    """BigCodeBench's options; the module docstring says what the checks' limits guard."""
+
+    data: Path | None = Field(None, description=f"the tasks' jsonl (default: {DATA_FILE} of the shared data)")
+    split: str | None = Field(
+        None, description="one of MemRL's id splits, NAME[:train|val] (default: the stdlib-only tasks)"
+    )
+    ids: TaskIds | None = Field(None, description="these tasks only, comma-separated (over split)")
+    limit: int | None = Field(None, ge=1, description="the first N tasks only")
+    timeout: float = Field(60.0, gt=0, description="seconds a check may run")
+    memory_mb: int = Field(4096, ge=64, description="memory of a check, all its processes together")
+    pids: int = Field(512, ge=FLOORS["pids"], description="processes and threads of a check")
+    intent_chars: int = Field(300, ge=20, description="the memory key: the prompt cut to this many characters")
+    max_tokens: int = Field(2048, ge=1, description="the answer's length limit")
+    python: str | None = Field(None, description="the interpreter that runs the checks (default: this one)")
+
+    @field_validator("split")
+    @classmethod
+    def _train_or_val(cls, split: str | None) -> str | None:
+        part = (split or "").partition(":")[2]
+        if part not in ("", "train", "val"):
+            raise ValueError(f"the part after ':' must be train or val, got {part!r}")
+        return split
+
+
 class BigCodeBenchmark:
     """BigCodeBench instruct tasks, checked by their unit tests in an isolated process."""
 
     name = "bigcodebench"
     needs_llm = True
+    Options = BigCodeBenchOptions
 
-    def __init__(
-        self,
-        data: str | None = None,
-        split: str | None = None,
-        limit: int | str | None = None,
-        ids: str | Sequence[str] | None = None,
-        timeout: float | str = 60.0,
-        memory_mb: int | str = 4096,
-        pids: int | str = 512,
-        intent_chars: int | str = 300,
-        max_tokens: int | str = 2048,
-        python: str | None = None,
-    ) -> None:
+    def __init__(self, **values: Any) -> None:
+        """``values``: the :class:`BigCodeBenchOptions`, as text (``--option limit=20``) or typed."""
+        options = self.options = BigCodeBenchOptions.parse(self.name, values)
         root = shared_data_root()
-        data_file = Path(data) if data else root / DATA_FILE
+        data_file = options.data or root / DATA_FILE
         if not data_file.is_file():
             raise ValueError(data_hint("BigCodeBench data", data_file))
-        self.timeout = float(timeout)
-        self.memory_mb = int(memory_mb)
-        self.pids = int(pids)
-        self.intent_chars = int(intent_chars)
-        self.max_tokens = int(max_tokens)
-        self.python = python
-        if self.timeout <= 0 or self.memory_mb < 64 or self.intent_chars < 20:
-            raise ValueError("timeout must be > 0, memory_mb >= 64, intent_chars >= 20")
-        python_folders(python or sys.executable)  # an interpreter the jail cannot hold fails here, clearly
+        python_folders(options.python or sys.executable)  # an interpreter the jail cannot hold fails here
         require_jail()  # fails here, clearly, rather than every check
         rows = load_rows(data_file)
-        if ids is not None:
-            wanted = [i.strip() for i in ids.split(",")] if isinstance(ids, str) else list(ids)
-            unknown = [i for i in wanted if i not in rows]
+        if options.ids is not None:
+            unknown = [i for i in options.ids if i not in rows]
             if unknown:
                 raise ValueError(f"ids: not in the data: {', '.join(unknown)}")
-            chosen = wanted
+            chosen = list(options.ids)
         else:
-            chosen = self._ids(split, data_file.parent if data else root / "bigcodebench", rows)
-        if limit is not None:
-            chosen = chosen[: int(limit)]
-        self._tasks = [self._task(rows[i]) for i in chosen]
+            chosen = self._ids(options.split, data_file.parent if options.data else root / "bigcodebench", rows)
+        self._tasks = [self._task(rows[i]) for i in chosen[: options.limit]]
 
     @staticmethod
     def _ids(split: str | None, folder: Path, rows: Mapping[str, Any]) -> list[str]:
@@ -422,8 +428,6 @@ class BigCodeBenchmark:
         else:
             name, _, part = split.partition(":")
             part = part or "train"
-            if part not in ("train", "val"):
-                raise ValueError(f"split: part must be 'train' or 'val', got {part!r}")
             path = folder / "splits" / f"{name}.json"
             if not path.is_file():
                 raise ValueError(f"split: no file {path}")
@@ -435,7 +439,8 @@ class BigCodeBenchmark:
 
     def _task(self, row: Mapping[str, Any]) -> Task:
         prompt = row["instruct_prompt"].strip()
-        intent = prompt if len(prompt) <= self.intent_chars else prompt[: self.intent_chars].rstrip() + " ..."
+        cut = self.options.intent_chars
+        intent = prompt if len(prompt) <= cut else prompt[:cut].rstrip() + " ..."
         return Task(id=row["task_id"], intent=intent, data=dict(row))
 
     def tasks(self) -> Sequence[Task]:
@@ -445,10 +450,10 @@ class BigCodeBenchmark:
         return check(
             code,
             task.data["test"],
-            timeout=self.timeout,
-            memory_mb=self.memory_mb,
-            pids=self.pids,
-            python=self.python,
+            timeout=self.options.timeout,
+            memory_mb=self.options.memory_mb,
+            pids=self.options.pids,
+            python=self.options.python,
         )
 
     def prompt(self, task: Task, memories: Sequence[Memory]) -> str:
@@ -464,7 +469,7 @@ class BigCodeBenchmark:
             {"role": "system", "content": "You are an expert Python programmer."},
             {"role": "user", "content": self.prompt(task, memories)},
         ]
-        reply = llm.chat(messages, max_tokens=self.max_tokens)
+        reply = llm.chat(messages, max_tokens=self.options.max_tokens)
         code = extract_code(reply.text, task.data.get("entry_point") or "task_func")
         result = self.check(task, code)
         problems = "\n".join(f"{name}: {trace.strip()[-600:]}" for name, trace in list(result.details.items())[:3])

@@ -80,10 +80,11 @@ held-out, paraphrased tasks (``--held-out 0.25 --eval-option paraphrase=true``):
 memp 0.48 +- 0.13, reflexion 0.44 +- 0.12, rag 0.39 +- 0.06, none 0.20 +- 0.04: memories transfer,
 MemRL's lead does not.
 
-Options (``--option KEY=VALUE``): ``families`` (2-16), ``tasks_per_family`` (1-12), ``procedures``
-(3-12), ``decoys``, ``decoy_luck``, ``slip``, ``twins``, ``seed`` (the world; the runner's seed
-orders the epochs and rolls the episodes), ``paraphrase`` (the same tasks in other words, for
-transfer: ``--transfer-held-out 0.25 --eval-option paraphrase=true``).
+Options (``--option KEY=VALUE``): :class:`ControlledOptions` (``memrl-harness options controlled``).
+``paraphrase=true`` words every task differently (``PARAPHRASE_TEMPLATES``, ``SYMPTOM_PARAPHRASES``), keeping its
+id, family and hidden fixes: a transfer's held-out tasks as a user would phrase them (``--held-out 0.25
+--eval-option paraphrase=true``). ``agent=llm`` lets the LLM choose the procedure from the request and the memories,
+and the runner have it write the experience: the same world, played by a real model.
 """
 
 from __future__ import annotations
@@ -92,8 +93,12 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
 
 from memrl_harness.benchmarks.base import Episode, Memory, Task
+from memrl_harness.benchmarks.options import BenchmarkOptions
 from memrl_harness.llm import LLM
 
 PROCEDURES: Mapping[str, tuple[str, ...]] = {
@@ -223,66 +228,61 @@ def choose(memories: Sequence[Memory], procedures: Sequence[str], rng: random.Ra
     return Choice(rng.choice(options), None, tuple(sorted(avoided)))
 
 
+class ControlledOptions(BenchmarkOptions):
+    """The controlled benchmark's options; the module docstring says what each does to the experiment."""
+
+    families: int = Field(
+        8, ge=2, le=2 * len(APPLIANCES), description="families of tasks (an appliance and a symptom each; twins)"
+    )
+    tasks_per_family: int = Field(8, ge=1, le=len(PLACES), description="tasks per family, each in a place of its own")
+    procedures: int = Field(12, ge=3, le=len(PROCEDURES), description="the procedures an agent chooses among")
+    decoys: int = Field(2, ge=0, description="decoy procedures per family, succeeding by luck (at most procedures - 2)")
+    decoy_luck: float = Field(0.4, ge=0, le=1, description="probability that a decoy succeeds")
+    slip: float = Field(0.0, ge=0, le=1, description="probability that the correct procedure fails")
+    twins: bool = Field(True, description="the two families of an appliance worded alike (false: an ablation)")
+    seed: int = Field(0, description="draws the world; the runner's seed orders the epochs and rolls the episodes")
+    agent: Literal["script", "llm"] = Field("script", description="who chooses the procedure: the script or the LLM")
+    paraphrase: bool = Field(False, description="the same tasks in other words (a transfer's held-out tasks)")
+
+    @model_validator(mode="after")
+    def _a_fix_and_a_twin_fix_are_no_decoys(self) -> ControlledOptions:
+        if self.decoys > self.procedures - 2:
+            raise ValueError(f"decoys: must be at most procedures - 2 = {self.procedures - 2}, got {self.decoys}")
+        return self
+
+
 class ControlledBenchmark:
     """Maintenance requests with hidden fixes; see the module docstring for the experiment."""
 
     name = "controlled"
+    Options = ControlledOptions
 
-    def __init__(
-        self,
-        families: int | str = 8,
-        tasks_per_family: int | str = 8,
-        procedures: int | str = 12,
-        decoys: int | str = 2,
-        decoy_luck: float | str = 0.4,
-        slip: float | str = 0.0,
-        twins: bool | str = True,
-        seed: int | str = 0,
-        agent: str = "script",
-        paraphrase: bool | str = False,
-    ) -> None:
-        """Options may come as text (``--option families=4``) and are checked either way.
-
-        ``paraphrase=true`` words every task differently (``PARAPHRASE_TEMPLATES``, ``SYMPTOM_PARAPHRASES``),
-        keeping its id, family and hidden fixes: a transfer's held-out tasks, as a user would phrase them.
-
-        ``agent="llm"`` lets the LLM choose the procedure from the request and the memories, and
-        the runner have it write the experience: the same world, played by a real model.
-        """
-        if agent not in ("script", "llm"):
-            raise ValueError(f"agent: must be 'script' or 'llm', got {agent!r}")
-        self.needs_llm = agent == "llm"
-        families = _integer("families", families, 2, 2 * len(APPLIANCES))
-        tasks_per_family = _integer("tasks_per_family", tasks_per_family, 1, len(PLACES))
-        procedures = _integer("procedures", procedures, 3, len(PROCEDURES))
-        decoys = _integer("decoys", decoys, 0, procedures - 2)
-        twins = _boolean("twins", twins)
-        paraphrase = _boolean("paraphrase", paraphrase)
-        templates = PARAPHRASE_TEMPLATES if paraphrase else TEMPLATES
-        seed = _integer("seed", seed, -(2**63), 2**63 - 1)
-        self.procedures = tuple(PROCEDURES)[:procedures]
-        self.decoy_luck = _probability("decoy_luck", decoy_luck)
-        self.slip = _probability("slip", slip)
-        draw = random.Random(f"controlled:{seed}")
+    def __init__(self, **values: Any) -> None:
+        """``values``: the :class:`ControlledOptions`, as text (``--option families=4``) or typed."""
+        options = self.options = ControlledOptions.parse(self.name, values)
+        self.needs_llm = options.agent == "llm"
+        templates = PARAPHRASE_TEMPLATES if options.paraphrase else TEMPLATES
+        self.procedures = tuple(PROCEDURES)[: options.procedures]
+        draw = random.Random(f"controlled:{options.seed}")
         self._tasks: list[Task] = []
-        for pair in range((families + 1) // 2):
+        for pair in range((options.families + 1) // 2):
             appliance, *symptoms = APPLIANCES[pair]
-            sides = min(2, families - 2 * pair)
+            sides = min(2, options.families - 2 * pair)
             fixes = draw.sample(self.procedures, 2)  # the twins' correct procedures differ
-            slots = self._slots(draw, tasks_per_family)
+            slots = self._slots(draw, options.tasks_per_family)
             for side in range(sides):
-                if side and not twins:
-                    slots = self._slots(draw, tasks_per_family)
+                if side and not options.twins:
+                    slots = self._slots(draw, options.tasks_per_family)
                 key, symptom = symptoms[side]
                 family = f"{appliance} {key}"
                 wrong = [p for p in self.procedures if p not in fixes]
-                decoy_set = tuple(draw.sample(wrong, min(decoys, len(wrong))))
+                decoy_set = tuple(draw.sample(wrong, min(options.decoys, len(wrong))))
                 for i, (template, place, who, when) in enumerate(slots):
                     text = templates[template].format(
                         appliance=appliance,
                         place=place,
                         who=who,
-                        symptom=SYMPTOM_PARAPHRASES[symptom] if paraphrase else symptom,
+                        symptom=SYMPTOM_PARAPHRASES[symptom] if options.paraphrase else symptom,
                         when=when[0],
                         since=when[1],
                     )
@@ -308,9 +308,9 @@ class ControlledBenchmark:
         """The checker: correct succeeds (but for ``slip``), a decoy by luck, anything else fails."""
         roll = rng.random()
         if procedure == task.data["procedure"]:
-            return roll >= self.slip
+            return roll >= self.options.slip
         if procedure in task.data["decoys"]:
-            return roll < self.decoy_luck
+            return roll < self.options.decoy_luck
         return False
 
     def run_episode(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random) -> Episode:
@@ -363,33 +363,3 @@ class ControlledBenchmark:
             trajectory=f"{prompt}\nchose: {procedure}\nchecker: {'success' if success else 'failure'}",
             usage=reply.usage,
         )
-
-
-def _integer(label: str, value: int | str, low: int, high: int) -> int:
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise ValueError(f"{label}: must be an integer, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{label}: must be an integer in [{low}, {high}], got {value!r}")
-    return value
-
-
-def _probability(label: str, value: float | str) -> float:
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            raise ValueError(f"{label}: must be a number, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{label}: must be a probability in [0, 1], got {value!r}")
-    return float(value)
-
-
-def _boolean(label: str, value: bool | str) -> bool:
-    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "1", "false", "no", "0"):
-        return value.strip().lower() in ("true", "yes", "1")
-    if not isinstance(value, bool):
-        raise ValueError(f"{label}: must be true or false, got {value!r}")
-    return value

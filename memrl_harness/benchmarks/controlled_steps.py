@@ -58,9 +58,12 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
 
 from memrl_harness.benchmarks.base import Episode, Memory, StepAdvice, Steps, StepwiseBenchmark, Task
-from memrl_harness.benchmarks.controlled import _boolean, _integer, _probability
+from memrl_harness.benchmarks.options import BenchmarkOptions
 from memrl_harness.llm import LLM
 
 # cause -> its evidence, as the last diagnostic reads it on the ticket's host and service
@@ -154,44 +157,49 @@ class Ticket:
     cause: str | None
 
 
+class ControlledStepsOptions(BenchmarkOptions):
+    """The controlled multi-step benchmark's options; the module docstring says what each does to the experiment."""
+
+    causes: int = Field(4, ge=1, le=len(CAUSES), description="hidden causes, each with its evidence, fix and decoy")
+    tasks: int = Field(40, ge=1, le=1000, description="tickets")
+    fixes: int = Field(8, ge=2, le=len(REMEDIES), description="remedies to choose among (at least causes + 1)")
+    depth: int = Field(4, ge=2, le=1 + len(DIAGNOSTICS), description="decisions per episode: diagnostics, a remedy")
+    decoy_luck: float = Field(0.4, ge=0, le=1, description="probability that a cause's decoy succeeds")
+    cause: Literal["episode", "task"] = Field(
+        "episode", description="drawn anew every episode, or one for good per ticket (its type in the report)"
+    )
+    one_step: bool = Field(False, description="the control: the remedy chosen at once, on the ticket alone")
+    seed: int = Field(0, description="draws the tickets and the causes' fixes and decoys")
+
+    @model_validator(mode="after")
+    def _a_decoy_besides_each_fix(self) -> ControlledStepsOptions:
+        if self.fixes < self.causes + 1:
+            raise ValueError(f"fixes: must be at least causes + 1 = {self.causes + 1}, got {self.fixes}")
+        return self
+
+
 class ControlledStepsBenchmark(StepwiseBenchmark):
     """Incident tickets whose fix hinges on a late observation; see the module docstring for the experiment."""
 
     name = "controlled-steps"
     needs_llm = False
+    Options = ControlledStepsOptions
 
-    def __init__(
-        self,
-        causes: int | str = 4,
-        tasks: int | str = 40,
-        fixes: int | str = 8,
-        depth: int | str = 4,
-        decoy_luck: float | str = 0.4,
-        cause: str = "episode",
-        one_step: bool | str = False,
-        seed: int | str = 0,
-    ) -> None:
-        """Options may come as text (``--option causes=3``) and are checked either way."""
-        count = _integer("causes", causes, 1, len(CAUSES))
-        tasks = _integer("tasks", tasks, 1, 1000)
-        fixes = _integer("fixes", fixes, count + 1, len(REMEDIES))
-        self.depth = _integer("depth", depth, 2, 1 + len(DIAGNOSTICS))
-        self.decoy_luck = _probability("decoy_luck", decoy_luck)
-        if cause not in ("episode", "task"):
-            raise ValueError(f"cause: must be 'episode' or 'task', got {cause!r}")
-        self.one_step = _boolean("one_step", one_step)
-        seed = _integer("seed", seed, -(2**63), 2**63 - 1)
-        draw = random.Random(f"controlled-steps:{seed}")
-        self.remedies = tuple(draw.sample(REMEDIES, fixes))
+    def __init__(self, **values: Any) -> None:
+        """``values``: the :class:`ControlledStepsOptions`, as text (``--option causes=3``) or typed."""
+        options = self.options = ControlledStepsOptions.parse(self.name, values)
+        draw = random.Random(f"controlled-steps:{options.seed}")
+        self.remedies = tuple(draw.sample(REMEDIES, options.fixes))
         self.diagnostics = tuple(DIAGNOSTICS)
-        self.causes = tuple(CAUSES)[:count]
-        self.fix = dict(zip(self.causes, draw.sample(self.remedies, count), strict=True))  # no two causes share one
+        self.causes = tuple(CAUSES)[: options.causes]
+        fixes = draw.sample(self.remedies, options.causes)  # no two causes share one
+        self.fix = dict(zip(self.causes, fixes, strict=True))
         self.decoy = {c: draw.choice([r for r in self.remedies if r != self.fix[c]]) for c in self.causes}
         self._tasks: list[Task] = []
-        for i in range(tasks):
+        for i in range(options.tasks):
             team, service, host = draw.choice(TEAMS), draw.choice(SERVICES), draw.choice(HOSTS)
             text = draw.choice(TEMPLATES).format(team=team, service=service, host=host, when=draw.choice(TIMES))
-            fixed = self.causes[i % count] if cause == "task" else None
+            fixed = self.causes[i % options.causes] if options.cause == "task" else None
             self._tasks.append(
                 Task(id=f"ticket-{i}", intent=text, data={"ticket": Ticket(service, host, fixed)}, type=fixed)
             )
@@ -202,7 +210,7 @@ class ControlledStepsBenchmark(StepwiseBenchmark):
     def check(self, cause: str, remedy: str, rng: random.Random) -> bool:
         """The checker: the cause's fix succeeds, its decoy by luck, anything else fails."""
         roll = rng.random()
-        return remedy == self.fix[cause] or (remedy == self.decoy[cause] and roll < self.decoy_luck)
+        return remedy == self.fix[cause] or (remedy == self.decoy[cause] and roll < self.options.decoy_luck)
 
     def run_steps(
         self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random, steps: Steps
@@ -212,11 +220,12 @@ class ControlledStepsBenchmark(StepwiseBenchmark):
         observation = f"Ticket: {task.intent}"
         lines = [observation]
         actions: list[str] = []
-        for decision in range(0 if self.one_step else self.depth - 1):
+        depth = self.options.depth
+        for decision in range(0 if self.options.one_step else depth - 1):
             command = choose(self.diagnostics, decision, steps.advise(observation), memories, rng)
             steps.took(observation, command)
             actions.append(command)
-            if decision == self.depth - 2:  # the evidence: the same words on every ticket of the cause
+            if decision == depth - 2:  # the evidence: the same words on every ticket of the cause
                 observation = f"The last check reads: {CAUSES[cause]}."
             else:
                 observation = f"{ticket.service} on {ticket.host}: {DIAGNOSTICS[command]}."

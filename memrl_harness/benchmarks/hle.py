@@ -38,9 +38,12 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from memrl_harness.benchmarks.base import Episode, Memory, Task, memory_sections
+from memrl_harness.benchmarks.options import BenchmarkOptions
 from memrl_harness.llm import LLM, LLMFormatError, Usage
 
 ENV_JUDGE_BASE_URL = "MEMRL_JUDGE_BASE_URL"
@@ -177,57 +180,58 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+class HLEOptions(BenchmarkOptions):
+    """HLE's options; the module docstring says how the judge is chosen."""
+
+    data: Path = Field(description="the questions, a jsonl or parquet file (HLE is not shipped: --option data=PATH)")
+    judge: Literal["auto", "llm", "exact"] = Field(
+        "auto", description="auto: the judge LLM if one is set, else exact match; llm: a judge LLM; exact: exact match"
+    )
+    judge_base_url: str | None = Field(None, description=f"the judge LLM's endpoint (else ${ENV_JUDGE_BASE_URL})")
+    judge_model: str | None = Field(None, description=f"the judge LLM's model (else ${ENV_JUDGE_MODEL})")
+    judge_api_key: str | None = Field(None, description=f"the judge LLM's key (else ${ENV_JUDGE_API_KEY})")
+    limit: int | None = Field(None, ge=1, description="the first N questions only")
+    category: str | None = Field(None, description="the questions of this category only")
+    text_only: bool = Field(False, description="leave out the questions that come with an image")
+    intent_chars: int = Field(600, ge=20, description="the memory key: the question cut to this many characters")
+    max_tokens: int = Field(4096, ge=1, description="the answer's length limit")
+
+
 class HLEBenchmark:
     """HLE questions from a user-supplied file, answered in HLE's format and judged by an LLM."""
 
     name = "hle"
     needs_llm = True
+    Options = HLEOptions
 
-    def __init__(
-        self,
-        data: str | None = None,
-        judge: str = "auto",
-        judge_base_url: str | None = None,
-        judge_model: str | None = None,
-        judge_api_key: str | None = None,
-        limit: int | str | None = None,
-        category: str | None = None,
-        text_only: bool | str = False,
-        intent_chars: int | str = 600,
-        max_tokens: int | str = 4096,
-    ) -> None:
-        if not data:
-            raise ValueError("hle needs the questions: --option data=PATH (jsonl or parquet; HLE is not shipped)")
-        path = Path(data)
+    def __init__(self, **values: Any) -> None:
+        """``values``: the :class:`HLEOptions`, as text (``--option limit=20``) or typed."""
+        options = self.options = HLEOptions.parse(self.name, values)
+        path = options.data
         if not path.is_file():
             raise ValueError(f"hle: no file {path}")
-        if judge not in ("auto", "llm", "exact"):
-            raise ValueError(f"judge: must be auto, llm or exact, got {judge!r}")
-        self.intent_chars = int(intent_chars)
-        self.max_tokens = int(max_tokens)
-        text_only = str(text_only).strip().lower() in ("true", "1", "yes")
         tasks = []
         for row in load_rows(path):
             missing = [k for k in ("id", "question", "answer", "answer_type") if row.get(k) in (None, "")]
             if missing:
                 raise ValueError(f"{path}: a row lacks {', '.join(missing)}: {str(row)[:200]}")
-            if category is not None and row.get("category") != category:
+            if options.category is not None and row.get("category") != options.category:
                 continue
-            if text_only and row.get("image"):
+            if options.text_only and row.get("image"):
                 continue
             question = str(row["question"]).strip()
-            intent = question if len(question) <= self.intent_chars else question[: self.intent_chars] + " ..."
+            intent = question if len(question) <= options.intent_chars else question[: options.intent_chars] + " ..."
             data_row = {k: row.get(k) for k in ("id", "question", "answer", "answer_type", "category")}
             tasks.append(Task(str(row["id"]), intent, data_row, row.get("category") or None))
-        self._tasks = tasks[: int(limit)] if limit is not None else tasks
+        self._tasks = tasks[: options.limit]
         self.judge: LLM | None = None
-        if judge != "exact":
-            base_url = judge_base_url or os.environ.get(ENV_JUDGE_BASE_URL)
-            model = judge_model or os.environ.get(ENV_JUDGE_MODEL)
+        if options.judge != "exact":
+            base_url = options.judge_base_url or os.environ.get(ENV_JUDGE_BASE_URL)
+            model = options.judge_model or os.environ.get(ENV_JUDGE_MODEL)
             if base_url and model:
-                key = judge_api_key or os.environ.get(ENV_JUDGE_API_KEY)
+                key = options.judge_api_key or os.environ.get(ENV_JUDGE_API_KEY)
                 self.judge = LLM(base_url, model, key, temperature=0.0, max_tokens=1024)
-            elif base_url or model or judge == "llm":
+            elif base_url or model or options.judge == "llm":
                 raise ValueError(
                     "hle judge: give both judge_base_url and judge_model "
                     f"(or {ENV_JUDGE_BASE_URL} and {ENV_JUDGE_MODEL}), or judge=exact"
@@ -276,7 +280,7 @@ class HLEBenchmark:
     def run_episode(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random) -> Episode:
         if llm is None:
             raise ValueError("hle needs an LLM")
-        reply = llm.chat(self.messages(task, memories), max_tokens=self.max_tokens)
+        reply = llm.chat(self.messages(task, memories), max_tokens=self.options.max_tokens)
         verdict, judge_usage = self.judge_answer(task, reply.text)
         trajectory = (
             f"Question: {task.intent}\n\nResponse:\n{reply.text.strip()[-3000:]}\n\n"

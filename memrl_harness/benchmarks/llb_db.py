@@ -38,9 +38,7 @@ back as the answer): see ``tests/harness/test_llb_db.py`` and :meth:`LLBDBBenchm
 without ``ORDER BY`` or ``ORDER BY`` with ties, where MariaDB picks other rows or another order than MySQL did,
 and not always the same from run to run); doing nothing fails all 102 md5 tasks.
 
-Options (``--option KEY=VALUE``): ``backend``, ``image``, ``data``, ``ids`` (comma-separated), ``limit``,
-``max_rounds``, ``max_output_chars`` (800), ``statement_timeout`` (10 s: one action's time), ``max_tokens``
-(512).
+Options (``--option KEY=VALUE``): :class:`LLBDBOptions` (``memrl-harness options llb-db``).
 """
 
 from __future__ import annotations
@@ -54,7 +52,9 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
 
 from memrl_harness.backends.docker import DB_IMAGE, MariaDBContainer
 from memrl_harness.backends.mariadb import LocalMariaDB
@@ -68,6 +68,7 @@ from memrl_harness.benchmarks.base import (
     memory_sections,
     with_advice,
 )
+from memrl_harness.benchmarks.options import BenchmarkOptions, TaskIds
 from memrl_harness.install import data_hint, shared_data_root
 from memrl_harness.llm import LLM, LLMError, Usage
 
@@ -234,15 +235,31 @@ class Outcome:
     detail: str
 
 
-def sql_server(backend: str, image: str | None) -> SQLServer:
-    """The server of ``backend``: ``mariadb`` (a private local server) or ``docker`` (a container of ``image``)."""
-    if backend == "mariadb":
-        if image is not None:
+class LLBDBOptions(BenchmarkOptions):
+    """LLB DB's options; the module docstring says what the server backends are."""
+
+    backend: Literal["mariadb", "docker"] = Field(
+        "mariadb", description="the SQL server: a private local MariaDB, or a MariaDB container of image"
+    )
+    image: str | None = Field(None, description=f"backend=docker: the container image (default {DB_IMAGE})")
+    data: Path | None = Field(None, description=f"the tasks' JSON (default: {DATA_FILE} of the shared data)")
+    ids: TaskIds | None = Field(None, description="these tasks only, comma-separated")
+    limit: int | None = Field(None, ge=1, description="the first N tasks only")
+    max_rounds: int = Field(15, ge=1, description="LLM turns per episode")
+    max_output_chars: int = Field(800, ge=50, description="an action's result shown back, cut to this many characters")
+    statement_timeout: float = Field(10.0, gt=0, description="seconds one action's SQL may run")
+    max_tokens: int = Field(512, ge=1, description="the length limit of one turn's answer")
+
+    @model_validator(mode="after")
+    def _image_of_a_container(self) -> LLBDBOptions:
+        if self.image is not None and self.backend != "docker":
             raise ValueError("image: only with backend=docker")
-        return LocalMariaDB()
-    if backend == "docker":
-        return MariaDBContainer(image=image or DB_IMAGE)
-    raise ValueError(f"backend: mariadb or docker, not {backend!r}")
+        return self
+
+
+def sql_server(options: LLBDBOptions) -> SQLServer:
+    """The server of ``options.backend``: a private local server, or a container of ``options.image``."""
+    return MariaDBContainer(image=options.image or DB_IMAGE) if options.backend == "docker" else LocalMariaDB()
 
 
 class LLBDBBenchmark(StepwiseBenchmark):
@@ -250,40 +267,21 @@ class LLBDBBenchmark(StepwiseBenchmark):
 
     name = "llb-db"
     needs_llm = True
+    Options = LLBDBOptions
 
-    def __init__(
-        self,
-        data: str | None = None,
-        ids: str | Sequence[str] | None = None,
-        limit: int | str | None = None,
-        max_rounds: int | str = 15,
-        max_output_chars: int | str = 800,
-        statement_timeout: float | str = 10.0,
-        max_tokens: int | str = 512,
-        backend: str = "mariadb",
-        image: str | None = None,
-    ) -> None:
-        path = Path(data) if data else shared_data_root() / DATA_FILE
+    def __init__(self, **values: Any) -> None:
+        """``values``: the :class:`LLBDBOptions`, as text (``--option limit=20``) or typed."""
+        options = self.options = LLBDBOptions.parse(self.name, values)
+        path = options.data or shared_data_root() / DATA_FILE
         if not path.is_file():
             raise ValueError(data_hint("LLB DB data", path))
-        self.max_rounds = int(max_rounds)
-        self.max_output_chars = int(max_output_chars)
-        self.statement_timeout = float(statement_timeout)
-        self.max_tokens = int(max_tokens)
-        if self.max_rounds < 1 or self.max_output_chars < 50 or self.statement_timeout <= 0:
-            raise ValueError("max_rounds must be >= 1, max_output_chars >= 50, statement_timeout > 0")
         rows: dict[str, Any] = json.loads(path.read_text())
-        chosen = list(rows)
-        if ids is not None:
-            chosen = [i.strip() for i in ids.split(",")] if isinstance(ids, str) else [str(i) for i in ids]
-            unknown = [i for i in chosen if i not in rows]
-            if unknown:
-                raise ValueError(f"ids: not in the data: {', '.join(unknown)}")
-        if limit is not None:
-            chosen = chosen[: int(limit)]
-        self._tasks = [self._task(i, rows[i]) for i in chosen]
-        self.backend = backend
-        self.server = sql_server(backend, image)  # started by the first episode, stopped by close() or at exit
+        chosen = list(options.ids or rows)
+        unknown = [i for i in chosen if i not in rows]
+        if unknown:
+            raise ValueError(f"ids: not in the data: {', '.join(unknown)}")
+        self._tasks = [self._task(i, rows[i]) for i in chosen[: options.limit]]
+        self.server = sql_server(options)  # started by the first episode, stopped by close() or at exit
         self.engine = self.server.engine
 
     @staticmethod
@@ -312,7 +310,7 @@ class LLBDBBenchmark(StepwiseBenchmark):
     @contextlib.contextmanager
     def database(self, task: Task) -> Iterator[EpisodeDatabase]:
         """A fresh database holding the task's table and its user, both dropped afterwards."""
-        with self.server.episode(init_sql(task.data["table_info"]), self.statement_timeout) as database:
+        with self.server.episode(init_sql(task.data["table_info"]), self.options.statement_timeout) as database:
             yield database
 
     def table_md5(self, task: Task, database: EpisodeDatabase) -> str | None:
@@ -329,8 +327,8 @@ class LLBDBBenchmark(StepwiseBenchmark):
             text = "The SQL ran; it returned no rows (no result set)."
         else:
             text = format_rows(result.last)
-        if len(text) > self.max_output_chars:
-            text = text[: self.max_output_chars] + f" ... [cut: {len(text)} characters in all]"
+        if len(text) > self.options.max_output_chars:
+            text = text[: self.options.max_output_chars] + f" ... [cut: {len(text)} characters in all]"
         return text
 
     def judge(self, task: Task, database: EpisodeDatabase, answer: str | None) -> Outcome:
@@ -370,7 +368,8 @@ class LLBDBBenchmark(StepwiseBenchmark):
         parts.append(f"Task: {task.intent}")
         parts.append(self.table_description(task))
         parts.append(
-            f"You have {self.max_rounds} rounds. Each round answer JSON with `thought`, `action` and `content`:\n"
+            f"You have {self.options.max_rounds} rounds. "
+            "Each round answer JSON with `thought`, `action` and `content`:\n"
             '- action "sql": content is SQL to run on the database; you will see its result or error.\n'
             '- action "answer": content is your final answer; this ends the task. For a question, give the '
             "result rows as a Python list of tuples, e.g. [(1, 'a'), (2, 'b')]. For a change to the table, "
@@ -393,10 +392,10 @@ class LLBDBBenchmark(StepwiseBenchmark):
         rounds = 0
         observation = self.table_description(task)
         with self.database(task) as database:
-            for _ in range(self.max_rounds):
+            for _ in range(self.options.max_rounds):
                 chat = with_advice(messages, steps.advise(observation))
                 try:
-                    reply = llm.chat(chat, json_schema=ACTION_SCHEMA, max_tokens=self.max_tokens)
+                    reply = llm.chat(chat, json_schema=ACTION_SCHEMA, max_tokens=self.options.max_tokens)
                 except LLMError as exc:  # an unparsable answer ends the episode, as an invalid action in LLB
                     log.append(f"Invalid reply: {str(exc)[:300]}")
                     break
@@ -413,7 +412,7 @@ class LLBDBBenchmark(StepwiseBenchmark):
                 log.append(f"SQL: {content[:1000]}\nResult: {observation}")
                 messages.append({"role": "user", "content": observation})
             else:
-                log.append(f"No final answer within {self.max_rounds} rounds.")
+                log.append(f"No final answer within {self.options.max_rounds} rounds.")
             outcome = self.judge(task, database, answer)
         log.append(f"Checker: {outcome.detail}")
         return Episode(

@@ -26,10 +26,7 @@ cores shared with other jobs, 54-96 s for both passes): init -> ground truth -> 
 init -> evaluation (no ground truth) passes 0/350. A sandbox starts, runs a command and is torn down in about
 0.18 s.
 
-Options: ``backend``, ``image``, ``data``, ``rootfs``, ``ids``, ``limit``, ``max_rounds``, ``command_timeout`` (20 s),
-``memory_mb`` (1024), ``pids`` (256), ``disk_mb`` (512; bwrap only),
-``eval_timeout`` (60 s), ``output_chars`` (800), ``max_tokens`` (512), ``reward_success``,
-``reward_failure``.
+Options (``--option KEY=VALUE``): :class:`LLBOSOptions` (``memrl-harness options llb-os``).
 """
 
 from __future__ import annotations
@@ -38,10 +35,12 @@ import json
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from memrl_harness.backends.bwrap import BwrapSandbox, check_prerequisites
-from memrl_harness.backends.cgroups import Limits
+from memrl_harness.backends.cgroups import FLOORS, Limits
 from memrl_harness.backends.docker import OS_IMAGE, DockerSandbox
 from memrl_harness.backends.sandbox import CommandResult, Sandbox, SandboxError
 from memrl_harness.benchmarks.base import (
@@ -53,6 +52,7 @@ from memrl_harness.benchmarks.base import (
     memory_sections,
     with_advice,
 )
+from memrl_harness.benchmarks.options import BenchmarkOptions, TaskIds
 from memrl_harness.install import data_hint, default_rootfs, shared_data_root
 from memrl_harness.llm import LLM, LLMFormatError, Usage
 
@@ -81,62 +81,54 @@ ACTION_SCHEMA: dict[str, Any] = {
 }
 
 
+class LLBOSOptions(BenchmarkOptions):
+    """LLB OS's options; the module docstring says what the sandbox backends are."""
+
+    backend: Literal["bwrap", "docker"] = Field(
+        "bwrap", description="the sandbox: bubblewrap over rootfs, or a container of image"
+    )
+    image: str | None = Field(None, description=f"backend=docker: the container image (default {OS_IMAGE})")
+    data: Path | None = Field(None, description=f"the tasks' JSON (default: {DATA_FILE} of the shared data)")
+    rootfs: Path | None = Field(None, description="backend=bwrap: the root filesystem (default: make sandbox's)")
+    ids: TaskIds | None = Field(None, description="these tasks only, comma-separated")
+    limit: int | None = Field(None, ge=1, description="the first N tasks only")
+    max_rounds: int = Field(10, ge=1, description="LLM turns per episode")
+    command_timeout: float = Field(20.0, gt=0, description="seconds one command may run")
+    eval_timeout: float = Field(60.0, gt=0, description="seconds the initialisation or the evaluation may run")
+    output_chars: int = Field(800, ge=50, description="a command's output shown back, cut to this many characters")
+    max_tokens: int = Field(512, ge=1, description="the length limit of one turn's answer")
+    reward_success: float = Field(1.0, description="the reward of a passed evaluation")
+    reward_failure: float = Field(0.0, description="the reward of a failed one")
+    memory_mb: int = Field(1024, ge=FLOORS["memory_mb"], description="memory of a sandbox, all its processes together")
+    pids: int = Field(256, ge=FLOORS["pids"], description="processes and threads of a sandbox")
+    disk_mb: int = Field(512, ge=FLOORS["disk_mb"], description="backend=bwrap: the size of its writable layer")
+
+
 class LLBOSBenchmark(StepwiseBenchmark):
     """LifelongAgentBench OS interaction tasks, each in its own :class:`Sandbox`."""
 
     name = "llb-os"
     needs_llm = True
+    Options = LLBOSOptions
 
-    def __init__(
-        self,
-        data: str | None = None,
-        rootfs: str | None = None,
-        ids: str | Sequence[str] | None = None,
-        limit: int | str | None = None,
-        max_rounds: int | str = 10,
-        command_timeout: float | str = 20.0,
-        eval_timeout: float | str = 60.0,
-        output_chars: int | str = 800,
-        max_tokens: int | str = 512,
-        reward_success: float | str = 1.0,
-        reward_failure: float | str = 0.0,
-        backend: str = "bwrap",
-        image: str | None = None,
-        memory_mb: int | str = 1024,
-        pids: int | str = 256,
-        disk_mb: int | str = 512,
-    ) -> None:
-        data_file = Path(data) if data else shared_data_root() / DATA_FILE
+    def __init__(self, **values: Any) -> None:
+        """``values``: the :class:`LLBOSOptions`, as text (``--option limit=20``) or typed."""
+        options = self.options = LLBOSOptions.parse(self.name, values)
+        data_file = options.data or shared_data_root() / DATA_FILE
         if not data_file.is_file():
             raise ValueError(data_hint("LLB OS data", data_file))
-        if backend not in ("bwrap", "docker"):
-            raise ValueError(f"backend: bwrap or docker, not {backend!r}")
-        self.backend = backend
-        self.rootfs = Path(rootfs) if rootfs else default_rootfs()
-        self.image = image or OS_IMAGE
-        self.limits = Limits(memory_mb=int(memory_mb), pids=int(pids), disk_mb=int(disk_mb))
-        if backend == "bwrap":
+        self.rootfs = options.rootfs or default_rootfs()
+        self.limits = Limits(memory_mb=options.memory_mb, pids=options.pids, disk_mb=options.disk_mb)
+        if options.backend == "bwrap":
             check_prerequisites(self.rootfs)
-        self.max_rounds = int(max_rounds)
-        self.command_timeout = float(command_timeout)
-        self.eval_timeout = float(eval_timeout)
-        self.output_chars = int(output_chars)
-        self.max_tokens = int(max_tokens)
-        self.reward_success = float(reward_success)
-        self.reward_failure = float(reward_failure)
-        if self.max_rounds < 1 or self.command_timeout <= 0 or self.eval_timeout <= 0 or self.output_chars < 50:
-            raise ValueError("max_rounds >= 1, timeouts > 0, output_chars >= 50")
         rows: dict[str, dict[str, Any]] = json.loads(data_file.read_text())
         order = sorted(rows, key=lambda k: (int(k), k) if k.isdigit() else (1 << 62, k))
-        if ids is not None:
-            wanted = [i.strip() for i in ids.split(",")] if isinstance(ids, str) else list(ids)
-            unknown = [i for i in wanted if i not in rows]
+        if options.ids is not None:
+            unknown = [i for i in options.ids if i not in rows]
             if unknown:
                 raise ValueError(f"ids: not in the data: {', '.join(unknown)}")
-            order = wanted
-        if limit is not None:
-            order = order[: int(limit)]
-        self._tasks = [self._task(i, rows[i]) for i in order]
+            order = list(options.ids)
+        self._tasks = [self._task(i, rows[i]) for i in order[: options.limit]]
 
     @staticmethod
     def _task(task_id: str, row: Mapping[str, Any]) -> Task:
@@ -156,29 +148,30 @@ class LLBOSBenchmark(StepwiseBenchmark):
         return str((item or {}).get("script") or "")
 
     def sandbox(self) -> Sandbox:
-        if self.backend == "docker":
-            return DockerSandbox(image=self.image, command_timeout=self.command_timeout)
-        return BwrapSandbox(self.rootfs, self.command_timeout, self.limits)
+        if self.options.backend == "docker":
+            return DockerSandbox(image=self.options.image or OS_IMAGE, command_timeout=self.options.command_timeout)
+        return BwrapSandbox(self.rootfs, self.options.command_timeout, self.limits)
 
     def initialize(self, box: Sandbox, task: Task) -> CommandResult | None:
         init = self.script(task, "init")
-        return box.run(init, timeout=self.eval_timeout) if init.strip() else None
+        return box.run(init, timeout=self.options.eval_timeout) if init.strip() else None
 
     def evaluate(self, box: Sandbox, task: Task) -> CommandResult:
         """The task's evaluation script, run as a checker (tools the agent cannot have replaced)."""
-        return box.check(self.script(task, "evaluation"), timeout=self.eval_timeout)
+        return box.check(self.script(task, "evaluation"), timeout=self.options.eval_timeout)
 
     def prompt(self, task: Task, memories: Sequence[Memory]) -> str:
         parts = memory_sections(memories)
         parts.append(f"Task: {task.intent}")
-        parts.append(f"You have at most {self.max_rounds} rounds. Answer with the JSON object only.")
+        parts.append(f"You have at most {self.options.max_rounds} rounds. Answer with the JSON object only.")
         return "\n\n".join(parts)
 
     def _shown(self, result: CommandResult) -> str:
         text = result.output
-        if len(text) > self.output_chars:
-            text = text[: self.output_chars] + f"\n[truncated: {len(result.output)} characters in all]"
-        status = f"timed out after {self.command_timeout:g} s" if result.timed_out else f"exit code {result.exit_code}"
+        if len(text) > self.options.output_chars:
+            text = text[: self.options.output_chars] + f"\n[truncated: {len(result.output)} characters in all]"
+        timeout = self.options.command_timeout
+        status = f"timed out after {timeout:g} s" if result.timed_out else f"exit code {result.exit_code}"
         return f"The output of the command ({status}):\n{text}"
 
     def _play(
@@ -189,11 +182,11 @@ class LLBOSBenchmark(StepwiseBenchmark):
         if init is not None and (init.exit_code != 0 or init.timed_out):
             lines.append(f"(initialization exit code {init.exit_code})")
         ended, rounds, usage, observation = "rounds exhausted", 0, Usage(), START
-        while rounds < self.max_rounds:
+        while rounds < self.options.max_rounds:
             rounds += 1
             chat = with_advice(messages, steps.advise(observation))
             try:
-                reply = llm.chat(chat, json_schema=ACTION_SCHEMA, max_tokens=self.max_tokens)
+                reply = llm.chat(chat, json_schema=ACTION_SCHEMA, max_tokens=self.options.max_tokens)
             except LLMFormatError as exc:
                 ended = f"invalid answer: {exc}"
                 break
@@ -234,7 +227,7 @@ class LLBOSBenchmark(StepwiseBenchmark):
         lines.append(f"Ended: {ended}. Evaluation script: {'success' if success else 'failure'}.")
         return Episode(
             success=success,
-            reward=self.reward_success if success else self.reward_failure,
+            reward=self.options.reward_success if success else self.options.reward_failure,
             steps=rounds,
             trajectory="\n".join(lines),
             usage=usage,

@@ -87,7 +87,7 @@ def test_task_lists_of_the_splits(bench: AlfworldBenchmark, tmp_path: Path):
 def test_replaying_the_planner_wins(bench: AlfworldBenchmark, fast_tasks, plans):
     for task in fast_tasks:
         plan = plans[task.intent]
-        assert 0 < len(plan) <= bench.max_steps
+        assert 0 < len(plan) <= bench.options.max_steps
         episode = bench.play(task, lambda room, state, past, advice, plan=plan: ("", plan[len(past)], Usage()))
         assert (episode.success, episode.reward, episode.steps) == (True, 1.0, len(plan)), task.id
         assert episode.trajectory.startswith(f"Task: {task.intent}") and "goal reached" in episode.trajectory

@@ -67,7 +67,7 @@ async def play(
     its task's actions one per round, then answers. A long LLM timeout: an action may wait for the other episode."""
     gold = {t.intent: t.id for t in bench.tasks()}
     assert [t.id for t in bench.tasks()][: len(actions)] == list(actions)
-    bench.max_rounds = max(len(a) for a in actions.values()) + 1
+    bench.options = bench.options.model_copy(update={"max_rounds": max(len(a) for a in actions.values()) + 1})
 
     def answer(request: RecordedRequest) -> str:
         task = next(i for intent, i in gold.items() if f"Task: {intent}" in request.messages[1]["content"])

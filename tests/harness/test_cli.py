@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from memrl_harness.benchmarks.controlled import ControlledBenchmark
 from memrl_harness.results import Q_VALUES_FILE, RunDir
 from tests.harness.fake_llm import FakeLLMServer
 from tests.harness.test_hle import ROWS
@@ -113,6 +114,49 @@ def test_a_bad_option_and_a_missing_llm_are_named(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+def test_options_are_read_by_the_benchmarks_model(tmp_path: Path) -> None:
+    """``--option`` text is read by the benchmark's options model: a bad value or an unknown name is refused before
+    anything runs, naming the benchmark, the option and the limit (every one refused, at once); text that reads as the
+    option's type is taken as that value; ``memrl-harness options`` lists them with their defaults."""
+    for args, named in (
+        (["controlled", "--option", "families=1"], "controlled: families: must be at least 2 and at most 16, got '1'"),
+        (["controlled", "--option", "famlies=4"], "controlled: famlies: unknown option (did you mean families?)"),
+        (["controlled", "--option", "decoy_luck=often"], "controlled: decoy_luck: must be a valid number, got 'often'"),
+        (
+            ["controlled", "--held-out", "0.5", "--eval-option", "twins=maybe"],
+            "controlled: twins: must be true or false, got 'maybe'",
+        ),
+        (
+            ["controlled-steps", "--option", "causes=4", "--option", "fixes=4"],
+            "controlled-steps: fixes: must be at least causes + 1 = 5, got 4",
+        ),
+        (["hle", "--option", "limit=0"], "hle: data: required: the questions, a jsonl or parquet file (HLE is not "
+         "shipped: --option data=PATH); limit: must be at least 1, got '0'"),
+    ):  # fmt: skip
+        refused = harness("run", *args, "--runs", str(tmp_path / "runs"), cwd=tmp_path)
+        assert refused.returncode == 2 and named in refused.stderr and "Traceback" not in refused.stderr, args
+        assert f"memrl-harness options {args[0]} lists its options" in refused.stderr
+    assert not (tmp_path / "runs").exists()
+
+    text = ["--option", "families=2", "--option", "tasks_per_family= 3", "--option", "twins=false"]
+    text += ["--option", "paraphrase=yes", "--option", "slip=0.0", "--option", "seed="]  # empty: the default
+    done = harness("run", "controlled", "--mode", "none", "--epochs", "1", "--runs", str(tmp_path / "runs"), *text,
+                   cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ran = {(t.task_id, t.intent) for t in RunDir(Path(json.loads(done.stdout)["run_dir"])).trajectories()}
+    typed = ControlledBenchmark(families=2, tasks_per_family=3, twins=False, paraphrase=True, slip=0.0)
+    assert ran == {(t.id, t.intent) for t in typed.tasks()} and len(ran) == 6
+
+    listed = harness("options", "controlled", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+    assert list(lines) == [f"{name}={value}" for name, value in (
+        ("families", 8), ("tasks_per_family", 8), ("procedures", 12), ("decoys", 2), ("decoy_luck", 0.4),
+        ("slip", 0.0), ("twins", "true"), ("seed", 0), ("agent", "script"), ("paraphrase", "false"),
+    )]  # fmt: skip
+    assert "at least 2 and at most 16" in lines["families=8"] and "script | llm" in lines["agent=script"]
+
+
 def test_several_modes_and_seeds_in_one_command_and_a_transfer(tmp_path: Path) -> None:
     """One command runs every mode for every seed; the report aggregates the seeds of each mode."""
     runs = tmp_path / "runs"
@@ -152,10 +196,10 @@ def test_a_run_resumed_under_other_memory_settings_is_refused(tmp_path: Path) ->
     """Same arguments, but the settings file behind --config was edited: the constants differ, so it is not the
     same run (an upgrade that changes a default is caught the same way)."""
     settings = tmp_path / "memory.yaml"
-    settings.write_text("alpha: 0.3\n")
+    settings.write_text("learning:\n  alpha: 0.3\n")
     args = ["run", "controlled", "--mode", "memrl", "--run-dir", str(tmp_path / "run"), "--tasks", "4"]
     args += ["--epochs", "1", "--config", str(settings)]
     assert harness(*args, cwd=tmp_path).returncode == 0
-    settings.write_text("alpha: 0.9\n")
+    settings.write_text("learning:\n  alpha: 0.9\n")
     again = harness(*args, cwd=tmp_path)
     assert again.returncode == 2 and "settings changed since this run began (alpha)" in again.stderr

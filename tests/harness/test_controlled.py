@@ -20,6 +20,7 @@ from memrl_harness.benchmarks.controlled import (
     named_procedure,
     success_experience,
 )
+from memrl_harness.benchmarks.options import OptionError
 from memrl_mcp.embeddings import Embedder, SimilarityProfile
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.models import RecallQuery
@@ -94,21 +95,23 @@ def test_twin_tasks_differ_only_in_the_symptom() -> None:
         {"decoys": 11},
         {"slip": 1.5},
         {"decoy_luck": "often"},
+        {"decoy_luck": "nan"},
         {"twins": "maybe"},
         {"families": "four"},
         {"seed": 1.5},
     ],
 )
 def test_options_are_checked(options: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
-        ControlledBenchmark(**options)  # type: ignore[arg-type]
+    (name,) = options
+    with pytest.raises(OptionError, match=f"^controlled: {name}: must "):
+        ControlledBenchmark(**options)
 
 
 def test_options_as_text() -> None:
     """The harness CLI passes ``--option KEY=VALUE`` values as text."""
     as_text = ControlledBenchmark(families="4", tasks_per_family="3", decoy_luck="0.5", twins="false", seed="2")
     typed = ControlledBenchmark(families=4, tasks_per_family=3, decoy_luck=0.5, twins=False, seed=2)
-    assert as_text.tasks() == typed.tasks() and as_text.decoy_luck == 0.5
+    assert as_text.tasks() == typed.tasks() and as_text.options.decoy_luck == 0.5
 
 
 def test_similarity_hides_usefulness(embedder: Embedder) -> None:

@@ -86,12 +86,12 @@ def test_tasks_from_a_jsonl_file(data: Path) -> None:
         ("q-image", "Other"),
     ]
     assert bench.tasks()[0].intent == ROWS[0]["question"]
-    assert [t.id for t in HLEBenchmark(str(data), text_only="true").tasks()] == ["q-math", "q-chem"]
-    assert [t.id for t in HLEBenchmark(str(data), category="Math").tasks()] == ["q-math"]
+    assert [t.id for t in HLEBenchmark(data=str(data), text_only="true").tasks()] == ["q-math", "q-chem"]
+    assert [t.id for t in HLEBenchmark(data=str(data), category="Math").tasks()] == ["q-math"]
     with pytest.raises(ValueError, match="data=PATH"):
         HLEBenchmark()
     with pytest.raises(ValueError, match="both judge_base_url and judge_model"):
-        HLEBenchmark(str(data), judge_model="judge")
+        HLEBenchmark(data=str(data), judge_model="judge")
 
 
 def test_answer_extraction_and_exact_match() -> None:
@@ -108,7 +108,7 @@ def test_answer_extraction_and_exact_match() -> None:
 
 
 def test_the_prompt_follows_hle_and_carries_memories(data: Path, fake_llm: FakeLLMServer, llm: LLM) -> None:
-    bench = HLEBenchmark(str(data), judge="exact")
+    bench = HLEBenchmark(data=str(data), judge="exact")
     math, chem, _ = bench.tasks()
     memories = [
         Memory("m1", "a prime question", "list the candidates and test divisibility", "success", 0.5, 0.8),
@@ -129,7 +129,7 @@ def test_the_prompt_follows_hle_and_carries_memories(data: Path, fake_llm: FakeL
 
 
 def test_the_judge_decides(data: Path, fake_llm: FakeLLMServer, llm: LLM) -> None:
-    bench = HLEBenchmark(str(data), judge_base_url=fake_llm.base_url, judge_model="judge-model")
+    bench = HLEBenchmark(data=str(data), judge_base_url=fake_llm.base_url, judge_model="judge-model")
     bench.judge = LLM(fake_llm.base_url, "judge-model", "k", backoff_base=0.01, backoff_max=0.05, timeout=2.0)
     math = bench.tasks()[0]
     # The judge overrules exact match both ways: "one hundred and one" is right, "101" wrongly formatted here is not.
@@ -149,7 +149,7 @@ def test_the_judge_decides(data: Path, fake_llm: FakeLLMServer, llm: LLM) -> Non
 def test_a_malformed_or_unclear_verdict_falls_back_to_exact_match(
     data: Path, fake_llm: FakeLLMServer, llm: LLM
 ) -> None:
-    bench = HLEBenchmark(str(data), judge_base_url=fake_llm.base_url, judge_model="judge-model")
+    bench = HLEBenchmark(data=str(data), judge_base_url=fake_llm.base_url, judge_model="judge-model")
     math = bench.tasks()[0]
     fake_llm.script(response("101"), "correct: yes (but not JSON)", '{"correct": "yes"}')  # twice malformed
     first = bench.run_episode(math, [], llm, random.Random(0))
@@ -165,14 +165,14 @@ def test_the_judge_comes_from_the_environment(
 ) -> None:
     monkeypatch.setenv(ENV_JUDGE_BASE_URL, fake_llm.base_url)
     monkeypatch.setenv(ENV_JUDGE_MODEL, "env-judge")
-    bench = HLEBenchmark(str(data))
+    bench = HLEBenchmark(data=str(data))
     assert bench.judge is not None and bench.judge.model == "env-judge"
-    assert HLEBenchmark(str(data), judge="exact").judge is None
+    assert HLEBenchmark(data=str(data), judge="exact").judge is None
 
 
 @pytest.mark.anyio
 async def test_a_memrl_run(data: Path, fake_llm: FakeLLMServer, llm: LLM, tmp_path: Path) -> None:
-    bench = HLEBenchmark(str(data), judge="exact", text_only=True)
+    bench = HLEBenchmark(data=str(data), judge="exact", text_only=True)
 
     def answer(request: RecordedRequest) -> str:
         text = request.last_user

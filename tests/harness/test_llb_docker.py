@@ -115,7 +115,7 @@ def test_llb_os_ground_truth_passes_and_doing_nothing_fails_on_docker(docker_eng
         with bench.sandbox() as sandbox:
             bench.initialize(sandbox, task)
             if ground_truth:
-                sandbox.run(bench.script(task, "ground_truth"), timeout=bench.eval_timeout)
+                sandbox.run(bench.script(task, "ground_truth"), timeout=bench.options.eval_timeout)
             result = bench.evaluate(sandbox, task)
             return result.exit_code == 0 and not result.timed_out
 

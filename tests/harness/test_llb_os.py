@@ -62,7 +62,7 @@ def test_ground_truth_passes_the_evaluation_and_nothing_does_not(bench: LLBOSBen
         with bench.sandbox() as box:
             bench.initialize(box, task)
             before = bench.evaluate(box, task)
-            truth = box.run(bench.script(task, "ground_truth"), timeout=bench.eval_timeout)
+            truth = box.run(bench.script(task, "ground_truth"), timeout=bench.options.eval_timeout)
             after = bench.evaluate(box, task)
         return task.id, before.exit_code == 0, after.exit_code == 0 and not after.timed_out, truth.output[-300:]
 
