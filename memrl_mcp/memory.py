@@ -7,7 +7,8 @@ in :mod:`memrl_mcp.records`. Every method that serves a caller takes the caller'
 
 Unreported recalls are bounded: one expires after ``recall_ttl_seconds``, and a namespace keeps at most
 ``max_pending_recalls`` pending (the oldest go first), so a client that never reports cannot grow the store
-without limit.
+without limit. Reported episodes of the step memory likewise: a namespace keeps the newest
+``max_reported_episodes`` (a report of an episode id dropped before is applied as a new episode).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ from memrl_mcp.records import (
 )
 from memrl_mcp.settings import Settings
 from memrl_mcp.steps import StepMemory, StepRules, step_id
-from memrl_mcp.storage import Hit, Point, Range, Store, Where, Words, new_id, open_store
+from memrl_mcp.storage import Hit, Point, Range, Store, Table, Where, Words, new_id, open_store
 from memrl_mcp.tally import q_summary
 from memrl_mcp.validation import (
     COUNT,
@@ -86,8 +87,44 @@ from memrl_mcp.validation import (
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
 RESTORE_BATCH = 256  # memories or step records an import embeds and writes together
-EVICT_DOWN_TO = 0.9  # of max_pending_recalls: what an eviction leaves, so the next count is a tenth of it away
+EVICT_DOWN_TO = 0.9  # of a bound (OldestBeyond): what an eviction leaves, so the next count is a tenth of it away
 DEFAULT_PAGE = 20  # memories a list_memories page returns when the caller names no limit (at most max_list_page)
+
+
+class OldestBeyond:
+    """At most ``bound`` points of one kind (those of ``table`` matching ``where``) per namespace: once a namespace has
+    more, the oldest by ``age`` go, down to :data:`EVICT_DOWN_TO` of the bound. Pending recalls (a report of one
+    dropped is refused as expired) and reported episodes (a report of one dropped is applied as a new episode).
+
+    Counting is a scan in qdrant-client's local mode (160 ms at 1000 recalls, against 0.2 ms on qdrant-edge), so a
+    process counts a namespace only once the points it added since the last count could have reached the bound
+    (nothing else adds them). Replicas on one Qdrant server may each add that many between counts."""
+
+    def __init__(self, store: Store, table: Table, where: Where, age: str, bound: int) -> None:
+        self._store = store
+        self._table = table
+        self._where = where
+        self._age = age
+        self._bound = bound
+        self._budget: dict[str, int] = {}  # per namespace, additions to go before counting it again
+
+    def added(self, namespace: str) -> None:
+        """After adding one point of the kind to ``namespace``."""
+        budget = self._budget.get(namespace, 0)
+        if budget > 0:
+            self._budget[namespace] = budget - 1
+            return
+        where = {**self._where, "namespace": namespace}
+        count = self._store.count(self._table, where)
+        if count > self._bound:
+            ages = sorted(
+                (float(payload[self._age]), point_id)
+                for point_id, payload in self._store.scroll(self._table, where, (self._age,))
+            )
+            keep = int(self._bound * EVICT_DOWN_TO)
+            self._store.delete(self._table, [point_id for _, point_id in ages[: max(len(ages) - keep, 0)]])
+            count = min(count, keep)
+        self._budget[namespace] = self._bound - count
 
 
 class MemoryService:
@@ -118,7 +155,12 @@ class MemoryService:
         self._active_calls = 0
         self._closed = False
         self._housekept_at = -float("inf")
-        self._pending_budget: dict[str, int] = {}  # per namespace, recalls to go before counting its pending ones
+        self._pending = OldestBeyond(
+            store, "recalls", {"status": "pending"}, "created_at", settings.max_pending_recalls
+        )
+        self._reported = OldestBeyond(
+            store, "episodes", {"status": "reported"}, "reported_at", settings.max_reported_episodes
+        )
         profile = embedder.similarity
         self.delta = profile.delta if settings.delta is None else settings.delta
         self.merge_threshold = profile.merge if settings.merge_threshold is None else settings.merge_threshold
@@ -260,7 +302,7 @@ class MemoryService:
             )
             recall_id = new_id()
             self._store.upsert("recalls", [Point(recall_id, vector, record.payload())])
-            self._bound_pending(result.namespace)
+            self._pending.added(result.namespace)
         return RecallResult(recall_id=recall_id, **result.model_dump())
 
     def _search(
@@ -296,31 +338,6 @@ class MemoryService:
         ]
         result = SearchResult(namespace=namespace, candidates=len(pool), explored=explored, memories=memories)
         return result, vector, hits
-
-    def _bound_pending(self, namespace: str) -> None:
-        """Keep at most ``max_pending_recalls`` pending recalls in the namespace: over the bound, drop the oldest
-        down to :data:`EVICT_DOWN_TO` of it (reporting one of them is then refused as expired).
-
-        Counting is a scan in qdrant-client's local mode (160 ms at 1000 recalls, against 0.2 ms on qdrant-edge),
-        so a process counts a namespace's pending recalls only once its recalls since the last count could have
-        reached the bound (reports only lower the count). Replicas on one Qdrant server may each add that many
-        between counts."""
-        budget = self._pending_budget.get(namespace, 0)
-        if budget > 0:
-            self._pending_budget[namespace] = budget - 1
-            return
-        bound = self.settings.max_pending_recalls
-        where = {"namespace": namespace, "status": "pending"}
-        pending = self._store.count("recalls", where)
-        if pending > bound:
-            ages = sorted(
-                (float(payload["created_at"]), recall_id)
-                for recall_id, payload in self._store.scroll("recalls", where, ("created_at",))
-            )
-            keep = int(bound * EVICT_DOWN_TO)
-            self._store.delete("recalls", [recall_id for _, recall_id in ages[: max(len(ages) - keep, 0)]])
-            pending = min(pending, keep)
-        self._pending_budget[namespace] = bound - pending
 
     # -- report ---------------------------------------------------------------------------------
 
@@ -415,7 +432,10 @@ class MemoryService:
             if recall_id is not None:
                 self._recall_to_report(recall_id, access)
             trajectory = [(step.observation, step.action, step.reward) for step in checked]
-            return self.steps.report(task, trajectory, episode_id, namespace, recall_id, self._clock())
+            result = self.steps.report(task, trajectory, episode_id, namespace, recall_id, self._clock())
+            if not result.already_applied:
+                self._reported.added(namespace)
+            return result
 
     # -- store ----------------------------------------------------------------------------------
 

@@ -171,6 +171,15 @@ class Settings(BaseSettings):
         description="Unreported recalls a namespace keeps; beyond it the oldest are dropped (a report of one is "
         "refused as expired). Agents have a few episodes in flight each; 1000 is ~3 MB of disk per namespace.",
     )
+    max_reported_episodes: int = Field(
+        10_000,
+        ge=1,
+        le=10_000_000,
+        description="Reported trajectories whose episode_id a namespace remembers, so that a retry is told it was "
+        "already applied; beyond, the oldest are forgotten (a report of one of those ids is applied as a new "
+        "episode). A client retries within minutes; the bound keeps a client that reports under ever new ids from "
+        "growing the store without limit.",
+    )
 
     # Step memory (Rememberer, arXiv 2306.07929; defaults from its code, OpenDFM/Rememberer, where it has them)
     step_n: int = Field(

@@ -114,7 +114,7 @@ INDEXES: dict[Table, dict[str, IndexKind]] = {
         "experience": "text",
     },
     "recalls": {"namespace": "keyword", "status": "keyword", EXPIRY: "float"},
-    "steps": {"namespace": "keyword"},
+    "steps": {"namespace": "keyword", "nearest": "float"},  # nearest: the record capacity's ordered look-up
     "episodes": {"namespace": "keyword", "status": "keyword"},
 }
 PLACEHOLDER = np.ones(1, dtype=np.float32)  # the vector of an episode record: it is only ever looked up by id
