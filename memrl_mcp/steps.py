@@ -18,16 +18,33 @@ decision of a long episode went wrong. The step memory learns per decision:
   namespace (:func:`~memrl_mcp.algorithm.record_to_evict`: the most redundant of the new record and the two
   closest stored ones goes). Replicas writing at once may overshoot the record capacity by one per writer.
 
+**The closest pair without the matrix.** The paper's code keeps the similarity matrix of all stored records; a
+store has no such matrix, and building it read every record of the namespace and took 500x500 products per new
+record at the capacity (40 s of one report's server time; issue 22). Instead each record stores its nearest other
+record (``nearest``, an indexed number, and ``nearest_id``), looked up after its insert, and again when that
+neighbour turns out to be gone. Every pair of stored records then has one record, the later one looked up, whose
+``nearest`` is at least the pair's similarity, and each ``nearest`` is the similarity of a real pair unless its
+neighbour was deleted since. So the record with the highest ``nearest`` whose neighbour still exists holds the
+closest pair: an ordered look-up of one record, one read of its neighbour, and a re-look-up for each stale one
+met on the way. A new record costs a few reads at any capacity (benchmarks/step_capacity.py). A record never
+looked up (imported, or stored before schema version 3) or looked up under another ``step_observation_weight``
+is looked up when its namespace next needs the pair: once, reading every record.
+
 **Once per episode.** ``episode_id`` is the client's once-only key. The report inserts an episode record under an
 id derived from (namespace, episode_id), insert-only, carrying a fresh claim id and every step with its target;
 the record read back names the one report that proceeds (a duplicate, concurrent or later, changes nothing and
-is told so). The record is the redo log: each step is applied once to its record (operation ``step:<episode>:<t>``
-of :meth:`~memrl_mcp.optimistic.Ledger.update_once`), progress is checkpointed in ``done``, then the episode is
-marked ``reported`` (its steps dropped, its result kept). Whoever runs the redo (the reporter, or the next server
-to open the store after a crash) gets the same result. With a ``recall_id``, the redo also applies the episode
-memory's report of that recall with the last step's reward, under a claim id derived from the episode, so it
-too happens once. A namespace being forgotten deletes its episode records first: a report whose record is gone
-stops (:class:`EpisodeGone`) and removes what it had just created.
+is told so). The record is the redo log, written whole once: each step is applied once to its record (operation
+``step:<claim>:<t>`` of :meth:`~memrl_mcp.optimistic.Ledger.update_once`, or the operation id a new record is
+inserted with), and the progress has a small point of its own (:class:`~memrl_mcp.records.EpisodeProgress`),
+written before each step's write with what that write does, so a redo counts the step it finds landed as its own
+run would have. Then the episode is marked ``reported`` (its steps dropped, its result kept) and the progress
+point deleted. Whoever runs the redo (the reporter, or the next server to open the store after a crash) gets the
+same result, and redoes only the steps not yet checkpointed. With a ``recall_id``, the redo also applies the
+episode memory's report of that recall with the last step's reward, under a claim id derived from the episode, so
+it too happens once. A namespace remembers its newest ``max_reported_episodes`` reported episodes (memory
+module): a report of an older episode id is a new episode, applied again. A namespace being forgotten deletes its
+episode records first: a report whose record is gone stops (:class:`EpisodeGone`) and removes what it had just
+created.
 """
 
 from __future__ import annotations
@@ -131,6 +148,16 @@ class Nearest:
 
     def fields(self) -> dict[str, Any]:
         return {"nearest": self.similarity, "nearest_id": self.id, "nearest_weight": self.weight}
+
+
+@dataclass(frozen=True)
+class Room:
+    """The record capacity's decision for a new record: its nearest stored record, whether it is stored, and the
+    record evicted first to make room for it (None: there was room)."""
+
+    nearest: Nearest
+    stored: bool
+    evict: str | None = None
 
 
 def embedded_text(observation: str, max_chars: int) -> str:
@@ -466,22 +493,29 @@ class StepMemory:
             self._store.set_payload_if("steps", record_id, nearest.fields(), {"namespace": namespace})
 
     def _make_room(self, namespace: str, vector: np.ndarray) -> Nearest | None:
-        """Before a new record: its nearest stored record, after making room per
-        :func:`~memrl_mcp.algorithm.record_to_evict` at the capacity; None when the new record is the one to drop."""
+        """Before a new record: its nearest stored record, after making room (:meth:`room`); None when the new
+        record is the one to drop."""
+        room = self.room(namespace, vector)
+        if not room.stored:
+            return None
+        if room.evict is not None:
+            self._store.delete("steps", [room.evict])
+        return room.nearest  # if it names the evicted record, the check after the insert finds the new nearest
+
+    def room(self, namespace: str, vector: np.ndarray) -> Room:
+        """What the record capacity decides for a new record of ``vector`` (stored form): below the capacity it is
+        stored; at it, :func:`~memrl_mcp.algorithm.record_to_evict` decides, reading a few records (module
+        docstring)."""
         nearest = self._nearest(namespace, vector)
-        where = {"namespace": namespace}
-        records = self._store.count("steps", where)
+        records = self._store.count("steps", {"namespace": namespace})
         if records < self.rules.max_records or nearest.similarity is None:
-            return nearest
+            return Room(nearest, stored=True)
         closest = self._closest_pair(namespace, records)
         if closest is None:
-            return nearest
+            return Room(nearest, stored=True)
         pair, similarity = closest
         victim = algorithm.record_to_evict(nearest.similarity, pair, similarity)
-        if victim is None:
-            return None
-        self._store.delete("steps", [victim])
-        return nearest  # if it names the victim, the check after the insert finds the new nearest
+        return Room(nearest, stored=victim is not None, evict=victim)
 
     def _closest_pair(
         self, namespace: str, records: int
