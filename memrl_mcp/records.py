@@ -154,9 +154,10 @@ EpisodeStatus = Literal["applying", "reported"]
 
 class EpisodeRecord(BaseModel):
     """A reported trajectory, keyed by (namespace, episode_id): its claim and redo log while ``applying``, then the
-    proof that the episode was applied (its steps dropped, its result kept) so that a second report is told so.
+    proof that the episode was applied (its task and steps dropped, its result kept) so that a second report is
+    told so.
 
-    Written twice: whole at the claim, and with its steps dropped once reported. Its progress in between has a
+    Written twice: whole at the claim, and with its task and steps dropped once reported. Its progress in between has a
     point of its own (:class:`EpisodeProgress`): qdrant-edge writes a point's whole payload anew at every change and
     frees the old copy only at a flush, so a checkpoint written here after each step cost the trajectory's size per
     step (a 200-step, 245 KB trajectory grew the store by 36.6 MB; issue 22)."""

@@ -370,7 +370,7 @@ class StepMemory:
         self._store.set_payload_if(
             "episodes",
             key,
-            {"status": "reported", "steps": [], "done": steps, "result": summary},
+            {"status": "reported", "task": "", "steps": [], "done": steps, "result": summary},
             {"claim": record.claim, "status": "applying"},
         )
         self._store.delete("episodes", [progress_key(record.claim)])
