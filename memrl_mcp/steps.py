@@ -238,12 +238,35 @@ class StepMemory:
 
     def applied(self, namespace: str, episode_id: str) -> TrajectoryResult | None:
         """The answer to a report of an episode already claimed (None: never reported in this namespace)."""
-        payload = self._store.get("episodes", [episode_key(namespace, episode_id)])
-        record = next(iter(payload.values()), None)
-        if record is None:
-            return None
-        episode = EpisodeRecord.model_validate(record)
-        return _already(episode, self._progress(episode_key(namespace, episode_id), episode))
+        key = episode_key(namespace, episode_id)
+        payload = self._store.get("episodes", [key]).get(key)
+        return None if payload is None else self._already(key, EpisodeRecord.model_validate(payload))
+
+    def _already(self, key: str, record: EpisodeRecord) -> TrajectoryResult:
+        """A report of an episode someone claimed before: nothing changes; say what was (or is being) applied."""
+        if record.status == "reported" and record.result is not None:
+            return TrajectoryResult(
+                **record.result,
+                already_applied=True,
+                changes=[],
+                message=f"episode_id {record.episode_id!r} was already reported and applied (its steps once: "
+                f"{record.result['updated']} Q values); nothing was changed now",
+            )
+        progress = self._progress(key, record)
+        return TrajectoryResult(
+            episode_id=record.episode_id,
+            namespace=record.namespace,
+            already_applied=True,
+            steps=len(record.steps),
+            updated=progress.done - progress.dropped,
+            created=progress.created,
+            merged=progress.merged,
+            dropped=progress.dropped,
+            changes=[],
+            message=f"episode_id {record.episode_id!r} is being applied by an earlier report ({progress.done} of "
+            f"{len(record.steps)} steps so far; an interrupted one is finished by the server); nothing was changed "
+            "now",
+        )
 
     def report(
         self,
@@ -278,7 +301,7 @@ class StepMemory:
             raise EpisodeGone(episode_id)
         claimed = EpisodeRecord.model_validate(stored)
         if claimed.claim != record.claim:
-            return _already(claimed, self._progress(key, claimed))
+            return self._already(key, claimed)
         fresh = EpisodeProgress(
             namespace=namespace, claim=record.claim, episode=key, reported_at=now, operations=f"step:{record.claim}"
         )
@@ -406,8 +429,8 @@ class StepMemory:
             written = self._ledger.update_once(record_id, operation, fold, table="steps")
             if written is None:  # made by a concurrent report, and evicted by another at once
                 return "dropped", None
-        if written.update is None:
-            return progress.pending or "added", None
+        if written.update is None:  # landed in a run killed before its checkpoint, which said what it does
+            return progress.pending or "added", None  # (a report claimed before version 3 did not say)
         old, new = folded[-1]
         change = StepChange(
             step=t,
@@ -596,28 +619,3 @@ def _samples(payload: dict[str, Any]) -> int:
 
 def _state_value(payload: dict[str, Any]) -> float | None:
     return algorithm.state_value([_value(ActionView.model_validate(a)) for a in payload.get("actions", [])])
-
-
-def _already(record: EpisodeRecord, progress: EpisodeProgress) -> TrajectoryResult:
-    """A report of an episode someone claimed before: nothing changes; say what was (or is being) applied."""
-    if record.status == "reported" and record.result is not None:
-        return TrajectoryResult(
-            **record.result,
-            already_applied=True,
-            changes=[],
-            message=f"episode_id {record.episode_id!r} was already reported and applied (its steps once: "
-            f"{record.result['updated']} Q values); nothing was changed now",
-        )
-    return TrajectoryResult(
-        episode_id=record.episode_id,
-        namespace=record.namespace,
-        already_applied=True,
-        steps=len(record.steps),
-        updated=progress.done - progress.dropped,
-        created=progress.created,
-        merged=progress.merged,
-        dropped=progress.dropped,
-        changes=[],
-        message=f"episode_id {record.episode_id!r} is being applied by an earlier report ({progress.done} of "
-        f"{len(record.steps)} steps so far; an interrupted one is finished by the server); nothing was changed now",
-    )
