@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from pydantic import TypeAdapter, ValidationError
+from starlette.requests import Request
 
 from memrl_mcp.access import EVERYTHING, Access
 from memrl_mcp.settings import ALL_NAMESPACES, Settings, SettingsError, TokenGrant
@@ -78,15 +80,31 @@ class TokenTable:
         )
 
 
-def access_of(token: AccessToken | None) -> Access:
-    """What the caller behind ``token`` may use; no token (stdio, or a server without tokens) is everything."""
-    if token is None or token.claims is None or NAMESPACES_CLAIM not in token.claims:
-        return EVERYTHING
+def caller(request: Request | None, tokens: TokenTable | None) -> Access | None:
+    """What the sender of ``request`` may use, read from that request alone: the token the SDK's
+    ``AuthenticationMiddleware`` verified for it (its scope's ``user``). None when the server requires a token
+    and this request carries no valid one (no ``Authorization``, another scheme, an unknown token). Without
+    HTTP (stdio, an in-process client) there is no request: a local caller, who may use everything when the
+    server has no tokens.
+
+    Never from the SDK's ``get_access_token()``: that context variable is set only while an authenticated
+    request runs, and uvicorn started a request's task from a copy of an earlier request's context on the same
+    kept-alive connection, so a request without a token was served as the earlier tenant (docs/security.md,
+    "Identity per request")."""
+    user = None if request is None else request.scope.get("user")
+    if isinstance(user, AuthenticatedUser):
+        return access_of(user.access_token)
+    return EVERYTHING if tokens is None else None
+
+
+def access_of(token: AccessToken) -> Access:
+    """What the caller behind a token that :class:`TokenTable` verified may use."""
+    assert token.claims is not None  # TokenTable's tokens always carry their namespaces
     namespaces: list[str] = token.claims[NAMESPACES_CLAIM]
     default = namespaces[0] if namespaces[0] != ALL_NAMESPACES else None
     if ALL_NAMESPACES in namespaces:
-        return Access(namespaces=None, default=default)
-    return Access(namespaces=frozenset(namespaces), default=default)
+        return Access(namespaces=None, default=default, client=token.client_id)
+    return Access(namespaces=frozenset(namespaces), default=default, client=token.client_id)
 
 
 def is_loopback(host: str) -> bool:

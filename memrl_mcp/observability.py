@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -55,6 +56,14 @@ def configure_logging(log_format: Literal["json", "text"], log_calls: bool = Tru
     logging.getLogger(CALLS_LOGGER).setLevel(logging.INFO if log_calls else logging.WARNING)
 
 
+@dataclass
+class Call:
+    """One tool call as it is logged: how it ended, and who made it (the token's name; None: a local caller)."""
+
+    status: Status = "ok"
+    client: str | None = None
+
+
 class Metrics:
     """The server's metrics, in a registry of its own (several servers may live in one process)."""
 
@@ -73,22 +82,23 @@ class Metrics:
         self.registry.register(_StoreCollector(service))
 
     @contextmanager
-    def call(self, tool: str, client: str | None) -> Iterator[dict[str, Status]]:
-        """Time one tool call; the caller sets ``outcome["status"]`` to refused or error when it is."""
-        outcome: dict[str, Status] = {"status": "ok"}
+    def call(self, tool: str) -> Iterator[Call]:
+        """Time one tool call; the caller names its client once known, and sets the status to refused when it
+        is (an exception otherwise makes it an error)."""
+        call = Call()
         start = time.perf_counter()
         try:
-            yield outcome
+            yield call
         except BaseException:
-            outcome["status"] = "error" if outcome["status"] == "ok" else outcome["status"]
+            call.status = "error" if call.status == "ok" else call.status
             raise
         finally:
             seconds = time.perf_counter() - start
-            self._calls.labels(tool, outcome["status"]).inc()
+            self._calls.labels(tool, call.status).inc()
             self._seconds.labels(tool).observe(seconds)
             log.info(
                 "tool call",
-                extra={"tool": tool, "status": outcome["status"], "ms": round(seconds * 1000, 3), "client": client},
+                extra={"tool": tool, "status": call.status, "ms": round(seconds * 1000, 3), "client": call.client},
             )
 
     def exposition(self) -> bytes:

@@ -39,18 +39,6 @@ def project_namespace(uri: str) -> str:
     return f"{slug}-{hashlib.sha256(uri.encode()).hexdigest()[:HASH_CHARS]}"
 
 
-def project_default(ctx: Context[Any, Any]) -> str | None:
-    """:func:`roots_namespace`, from a tool's worker thread: the event loop is asked only the first time a
-    connection that offers roots calls (a hop to the loop waits for it, and a busy loop makes that slow)."""
-    capabilities = ctx.client_capabilities
-    if capabilities is None or capabilities.roots is None:
-        return None
-    state = getattr(getattr(ctx.session, "_connection", None), "state", None)
-    if state is not None and STATE_KEY in state:
-        return state[STATE_KEY]
-    return anyio.from_thread.run(roots_namespace, ctx)
-
-
 async def roots_namespace(ctx: Context[Any, Any]) -> str | None:
     """The namespace of the client's first root, asked once per connection (None: it offers no roots, cannot be
     asked on this transport, or did not answer in time). A client that changes its roots gets the new namespace

@@ -8,12 +8,12 @@ token's first one, else one derived from the client's project root (:mod:`memrl_
 
 import dataclasses
 import functools
-from collections.abc import Callable
-from typing import Annotated, Any, ParamSpec, TypeVar
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 import anyio.to_thread
 from mcp.server import MCPServer
-from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 
 from memrl_mcp import __version__, inspector
 from memrl_mcp.access import Access
-from memrl_mcp.auth import TokenTable, access_of
+from memrl_mcp.auth import TokenTable, caller
 from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.models import (
@@ -43,7 +43,7 @@ from memrl_mcp.models import (
     TrajectoryResult,
 )
 from memrl_mcp.observability import Metrics
-from memrl_mcp.roots import project_default
+from memrl_mcp.roots import roots_namespace
 from memrl_mcp.validation import (
     MAX_EPISODE_ID_CHARS,
     MAX_METADATA_DEPTH,
@@ -55,7 +55,6 @@ from memrl_mcp.validation import (
     TextQuery,
 )
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 INSTRUCTIONS = """\
@@ -78,28 +77,41 @@ Delta = Annotated[Similarity | None, Field(description="Minimum cosine similarit
 STRICT = ConfigDict(strict=True, extra="forbid")
 
 
-def _client() -> str | None:
-    token = get_access_token()
-    return None if token is None else token.client_id
+TOKEN_REQUIRED = "authorization: a valid bearer token is required"
 
 
-def _instrumented(metrics: Metrics) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Time, count and log each call; refused requests reach the client as tool errors with their message
-    (which names the field)."""
+def _served(
+    fn: Callable[..., R], identify: Callable[[Context[Any, Any]], Awaitable[Access]], metrics: Metrics
+) -> Callable[..., Awaitable[R]]:
+    """The tool body ``fn``, which takes its caller as ``access``, as the SDK serves it: the SDK hands the call's
+    ``Context`` (``ctx``) in place of ``access``, and ``identify`` turns it into the caller's :class:`Access`.
+    Every tool is served through here, so none can forget its caller's tenant or project namespace, and none
+    reads the caller from anywhere but the request that carried the call. The body runs in a worker thread (the
+    store's calls block); each call is timed, counted and logged; a refused request reaches the client as a
+    tool error with its message (which names the field)."""
+    signature = inspect.signature(fn)
+    if "access" not in signature.parameters:
+        raise TypeError(f"the tool {fn.__name__} must take its caller's access")
+    context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context[Any, Any])
+    parameters = [*(p for p in signature.parameters.values() if p.name != "access"), context]
 
-    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        @functools.wraps(fn)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            with metrics.call(fn.__name__, _client()) as outcome:
-                try:
-                    return fn(*args, **kwargs)
-                except MemrlError as error:
-                    outcome["status"] = "refused"
-                    raise ToolError(str(error)) from None
+    @functools.wraps(fn)
+    async def served(*args: Any, ctx: Context[Any, Any], **kwargs: Any) -> R:
+        with metrics.call(fn.__name__) as call:
+            try:
+                access = await identify(ctx)
+                call.client = access.client
+                return await anyio.to_thread.run_sync(functools.partial(fn, *args, access=access, **kwargs))
+            except MemrlError as error:
+                call.status = "refused"
+                raise ToolError(str(error)) from None
 
-        return wrapper
-
-    return decorate
+    served.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    served.__annotations__ = {
+        **{name: kind for name, kind in fn.__annotations__.items() if name != "access"},
+        "ctx": Context[Any, Any],
+    }
+    return served
 
 
 def strict_tool(fn: Callable[..., object], annotations: ToolAnnotations) -> Tool:
@@ -119,7 +131,6 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
     the service and closes it."""
     limits, rules = service.settings, service.limits
     metrics = Metrics(service)
-    instrumented = _instrumented(metrics)
     Task = Annotated[
         rules.task.type,
         Field(description=f"The task at hand, in plain words (max {limits.max_task_chars} characters)."),
@@ -135,24 +146,33 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
 
     from_roots = limits.namespace_from_roots and "namespace" not in limits.model_fields_set
 
-    def access(ctx: Context[Any, Any] | None = None) -> Access:
-        """The caller's namespaces (its token's); with ``ctx``, its default is the project root's when neither
-        the token nor the settings name one. Tools run in worker threads: the roots are asked on the loop."""
-        caller = access_of(get_access_token())
-        if ctx is None or caller.default is not None or not from_roots:
-            return caller
-        project = project_default(ctx)
-        return caller if project is None else dataclasses.replace(caller, default=project)
+    async def identify(ctx: Context[Any, Any]) -> Access:
+        """A tool's caller: the token of the request that carried the call, and, when neither that token nor
+        the settings name a default namespace, the one of the client's project root."""
+        access = caller(ctx.request_context.request, tokens)
+        if access is None:  # over HTTP the SDK answered 401 already; this is a call without HTTP, or a bug
+            raise MemoryRequestError(TOKEN_REQUIRED)
+        if access.default is not None or not from_roots:
+            return access
+        project = await roots_namespace(ctx)
+        return access if project is None else dataclasses.replace(access, default=project)
 
-    @instrumented
+    def reader(ctx: Context[Any, Any]) -> Access:
+        """A resource's caller: the token of the request that carried the read."""
+        access = caller(ctx.request_context.request, tokens)
+        if access is None:
+            raise ResourceError(TOKEN_REQUIRED)
+        return access
+
     def recall_experience(
         task: Task,
-        ctx: Context[Any, Any],
         namespace: Namespace = None,
         k1: K1 = None,
         k2: K2 = None,
         q_weight: Lambda = None,
         delta: Delta = None,
+        *,
+        access: Access,
     ) -> RecallResult:
         """Recall the past experiences most likely to help with this task.
 
@@ -160,24 +180,23 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         re-ranks them by (1 - lambda) z(similarity) + lambda z(learned utility Q) and returns the top k2.
         Successful memories are examples to follow; failed ones are mistakes to avoid. No memory is a
         valid answer. Always report the episode's reward with the returned recall_id."""
-        return service.recall(task, namespace, k1, k2, q_weight, delta, access=access(ctx))
+        return service.recall(task, namespace, k1, k2, q_weight, delta, access=access)
 
-    @instrumented
     def search_experience(
         task: Task,
-        ctx: Context[Any, Any],
         namespace: Namespace = None,
         k1: K1 = None,
         k2: K2 = None,
         q_weight: Lambda = None,
         delta: Delta = None,
+        *,
+        access: Access,
     ) -> SearchResult:
         """Look memories up like recall_experience, without a recall: nothing is logged and there is nothing to
         report, so no utility Q will learn from this use. For browsing, or a retrieval-only baseline; an agent
         that will learn the outcome should call recall_experience instead."""
-        return service.search(task, namespace, k1, k2, q_weight, delta, access=access(ctx))
+        return service.search(task, namespace, k1, k2, q_weight, delta, access=access)
 
-    @instrumented
     def report_outcome(
         recall_id: Annotated[str, Field(description="The recall_id that recall_experience returned.")],
         reward: Annotated[
@@ -195,13 +214,14 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
             Outcome | None, Field(description="success or failure; default: success when reward > 0.")
         ] = None,
         metadata: Metadata = None,
+        *,
+        access: Access,
     ) -> ReportResult:
         """Report how the episode went: moves the utility Q of exactly the memories that recall returned
         toward the reward (Q <- Q + alpha (R - Q)), and stores the new experience keyed by the recalled task.
         Each recall is reported once."""
-        return service.report(recall_id, reward, experience, outcome, metadata, access=access())
+        return service.report(recall_id, reward, experience, outcome, metadata, access=access)
 
-    @instrumented
     def recall_step_advice(
         task: Task,
         observation: Annotated[
@@ -215,14 +235,15 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         k: Annotated[
             CandidateCount | None, Field(description=f"Step records to match (default {limits.step_k}).")
         ] = None,
+        *,
+        access: Access,
     ) -> StepAdviceResult:
         """Action advice for the current step of a multi-step task, from steps remembered in similar situations
         (same kind of task, similar observation): encouraged actions (they led to reward) and discouraged ones
         (they did not). Read-only; call it at every step, and report the whole trajectory at the end with
         report_trajectory so that the advice improves."""
-        return service.recall_step_advice(task, observation, namespace, k, access=access())
+        return service.recall_step_advice(task, observation, namespace, k, access=access)
 
-    @instrumented
     def report_trajectory(
         task: Task,
         steps: Annotated[
@@ -250,13 +271,14 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
                 "applied too, with the last step's reward.",
             ),
         ] = None,
+        *,
+        access: Access,
     ) -> TrajectoryResult:
         """Report a finished multi-step episode: each step's Q(task, observation, action) moves toward its n-step
         target (the discounted rewards that followed it, plus the value of where it led), so that later advice
         encourages the steps that led to success and discourages the ones that did not. Once per episode_id."""
-        return service.report_trajectory(task, steps, episode_id, namespace, recall_id, access=access())
+        return service.report_trajectory(task, steps, episode_id, namespace, recall_id, access=access)
 
-    @instrumented
     def store_experience(
         task: Annotated[
             rules.task.type, Field(description=f"The task the experience is about (max {limits.max_task_chars}).")
@@ -265,39 +287,40 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
             rules.experience.type,
             Field(description=f"What to reuse or avoid (max {limits.max_experience_chars} characters)."),
         ],
-        ctx: Context[Any, Any],
         namespace: Namespace = None,
         outcome: Annotated[Outcome, Field(description="success (to follow) or failure (to avoid).")] = "success",
         q: Annotated[
             rules.reward.type | None, Field(description="Initial utility; default: the server's Q_init.")
         ] = None,
         metadata: Metadata = None,
+        *,
+        access: Access,
     ) -> StoreResult:
         """Add a memory directly (seeding, imports). A near-duplicate task with the same outcome in the
         same namespace does not create a twin: the existing memory takes the new experience and keeps
         its learned Q."""
-        return service.store_experience(task, experience, namespace, outcome, q, metadata, access=access(ctx))
+        return service.store_experience(task, experience, namespace, outcome, q, metadata, access=access)
 
-    @instrumented
     def forget_experience(
         memory_id: Annotated[str | None, Field(description="Delete this one memory.")] = None,
         namespace: Annotated[
             NamespaceName | None, Field(description="Delete every memory and recall of this namespace.")
         ] = None,
+        *,
+        access: Access,
     ) -> ForgetResult:
         """Delete one memory by id, or all of a namespace. Give exactly one of the two."""
-        return service.forget(memory_id, namespace, access=access())
+        return service.forget(memory_id, namespace, access=access)
 
-    @instrumented
     def memory_stats(
         namespace: Annotated[NamespaceName | None, Field(description="One namespace; default: all.")] = None,
+        *,
+        access: Access,
     ) -> Stats:
         """Counts, the distribution of learned utility Q, and recalls pending and reported."""
-        return service.stats(namespace, access=access())
+        return service.stats(namespace, access=access)
 
-    @instrumented
     def list_memories(
-        ctx: Context[Any, Any],
         namespace: Namespace = None,
         outcome: Annotated[Outcome | None, Field(description="Only successes, or only failures.")] = None,
         q_min: Annotated[rules.reward.type | None, Field(description="Only memories with Q >= q_min.")] = None,
@@ -314,15 +337,16 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         cursor: Annotated[
             str | None, Field(max_length=512, description="next_cursor of the previous page (same sort).")
         ] = None,
+        *,
+        access: Access,
     ) -> MemoryPage:
         """List what the memory holds, a page at a time: each memory's task, experience, outcome, learned
         utility Q, visits, last reward and merges. To read one memory's Q history, read the resource
         memrl://memories/{id}."""
         return service.list_memories(
-            namespace, outcome, q_min, q_max, text, sort, descending, limit, cursor, access=access(ctx)
+            namespace, outcome, q_min, q_max, text, sort, descending, limit, cursor, access=access
         )
 
-    @instrumented
     def update_memory(
         memory_id: Annotated[str, Field(max_length=36, description="The memory to correct.")],
         experience: Annotated[
@@ -337,27 +361,32 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
                 "Q and visits are otherwise learned from rewards, never set."
             ),
         ] = False,
+        *,
+        access: Access,
     ) -> MemoryDetail:
         """Correct a memory: replace its experience and/or its metadata (the same limits as store_experience).
         Its task, outcome, Q and visits stay, unless reset_q forgets what was learned."""
-        return service.update_memory(memory_id, experience, metadata, reset_q, access=access())
+        return service.update_memory(memory_id, experience, metadata, reset_q, access=access)
+
+    def tool(fn: Callable[..., object], annotations: ToolAnnotations) -> Tool:
+        return strict_tool(_served(fn, identify, metrics), annotations)
 
     writes = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     tools = [
-        strict_tool(recall_experience, writes),
-        strict_tool(search_experience, reads),
-        strict_tool(report_outcome, writes),
-        strict_tool(store_experience, writes.model_copy(update={"idempotent_hint": True})),
-        strict_tool(recall_step_advice, reads),
-        strict_tool(report_trajectory, writes.model_copy(update={"idempotent_hint": True})),
-        strict_tool(
+        tool(recall_experience, writes),
+        tool(search_experience, reads),
+        tool(report_outcome, writes),
+        tool(store_experience, writes.model_copy(update={"idempotent_hint": True})),
+        tool(recall_step_advice, reads),
+        tool(report_trajectory, writes.model_copy(update={"idempotent_hint": True})),
+        tool(
             forget_experience,
             ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
         ),
-        strict_tool(memory_stats, reads),
-        strict_tool(list_memories, reads),
-        strict_tool(update_memory, writes.model_copy(update={"destructive_hint": True})),
+        tool(memory_stats, reads),
+        tool(list_memories, reads),
+        tool(update_memory, writes.model_copy(update={"destructive_hint": True})),
     ]
     if limits.read_only:  # a frozen memory: the tools that would change it are not offered at all
         tools = [tool for tool in tools if tool.annotations is not None and tool.annotations.read_only_hint]
@@ -374,20 +403,25 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         tools=tools,
     )
 
-    @server.resource(
-        "memrl://stats", mime_type="application/json", description="Statistics of every namespace you may use."
-    )
-    def all_stats() -> str:
-        return service.stats(access=access()).model_dump_json()
-
-    @server.resource(
-        "memrl://stats/{namespace}", mime_type="application/json", description="Statistics of one namespace."
-    )
-    def namespace_stats(namespace: str) -> str:
+    def stats(ctx: Context[Any, Any], namespace: str | None = None) -> str:
         try:
-            return service.stats(namespace, access=access()).model_dump_json()
+            return service.stats(namespace, access=reader(ctx)).model_dump_json()
         except MemoryRequestError as error:
             raise ResourceError(str(error)) from None
+
+    # Templates, both: only a template's function is handed the request (a static resource's is called bare).
+    server.resource(
+        "memrl://stats{?namespace}",
+        name="all_stats",
+        mime_type="application/json",
+        description="Statistics of every namespace you may use.",
+    )(stats)
+    server.resource(
+        "memrl://stats/{namespace}",
+        name="namespace_stats",
+        mime_type="application/json",
+        description="Statistics of one namespace.",
+    )(stats)
 
     @server.resource(
         "memrl://settings",
@@ -402,9 +436,9 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         mime_type="application/json",
         description="One memory, with the history of its Q (each reward folded in, and resets).",
     )
-    def memory(memory_id: str) -> str:
+    def memory(memory_id: str, ctx: Context[Any, Any]) -> str:
         try:
-            return service.get(memory_id, access=access()).model_dump_json()
+            return service.get(memory_id, access=reader(ctx)).model_dump_json()
         except MemoryRequestError as error:
             raise ResourceError(str(error)) from None
 
@@ -428,7 +462,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
     async def prometheus(request: Request) -> Response:
         """Prometheus text format: tool calls, latency, memories, write conflicts (no tenant data). With tokens,
         a scraper needs one too: the totals span every tenant."""
-        if tokens is not None and get_access_token() is None:
+        if caller(request, tokens) is None:
             return JSONResponse({"error": "invalid_token", "error_description": "a bearer token is required"}, 401)
         text = await anyio.to_thread.run_sync(metrics.exposition)  # counts memories: a store call
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -436,12 +470,12 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
     @server.custom_route("/stats", methods=["GET"])
     async def http_stats(request: Request) -> Response:
         """memory_stats over plain HTTP (``?namespace=``), for dashboards; scoped by the bearer token."""
-        token = get_access_token()
-        if tokens is not None and token is None:
+        access = caller(request, tokens)
+        if access is None:
             return JSONResponse({"error": "invalid_token", "error_description": "a bearer token is required"}, 401)
         try:
-            namespace, caller = request.query_params.get("namespace"), access_of(token)
-            stats = await anyio.to_thread.run_sync(lambda: service.stats(namespace, access=caller))
+            namespace = request.query_params.get("namespace")
+            stats = await anyio.to_thread.run_sync(lambda: service.stats(namespace, access=access))
         except MemoryRequestError as error:
             return JSONResponse({"error": "bad_request", "error_description": str(error)}, 400)
         return Response(stats.model_dump_json(), media_type="application/json")

@@ -1,5 +1,6 @@
-"""The HTTP transports, served safely: bearer tokens, no open bind, DNS-rebinding protection kept, and a quota
-of open sessions per token so that one tenant cannot lock the others out."""
+"""The HTTP transports, served safely: bearer tokens, no open bind, DNS-rebinding protection kept, each request in
+a context of its own, and a quota of open sessions (SSE streams) per token so that one tenant cannot lock the
+others out."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ Transport = Literal["stdio", "streamable-http", "sse"]
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 GUARDED_ROUTES = ("/stats", "/metrics")  # /health stays open: it says nothing but "ok"
 MCP_PATH = "/mcp"
+SSE_PATH = "/sse"
 ANONYMOUS = ""  # the one tenant of a server without tokens (loopback only)
 log = logging.getLogger("memrl_mcp.serving")
 
@@ -63,11 +65,12 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
     import uvicorn
 
     security = transport_security(host, service.settings.allowed_hosts)
+    settings = service.settings
+    per_token = settings.max_sessions_per_token
+    app: ASGIApp
     if transport == "sse":
-        app = server.sse_app(transport_security=security, host=host)
+        app = StreamQuota(server.sse_app(transport_security=security, host=host), tokens, per_token)
     else:
-        settings = service.settings
-        per_token = settings.max_sessions_per_token
         tenants = len(tokens) if tokens is not None else 1
         # Every tool answers once: a plain JSON answer costs the server less than an SSE stream per call. The
         # SDK's own limit (all sessions) is set so that only the per-token quota can ever be reached.
@@ -84,8 +87,13 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
             per_token,
             settings.session_idle_seconds,
         )
-    # Our handlers' format for uvicorn's own logs; the per-call JSON log replaces its access log.
-    uvicorn.run(HostCheck(app, security), host=host, port=port, log_config=None, access_log=False)
+    # Our handlers' format for uvicorn's own logs; the per-call JSON log replaces its access log. Each request
+    # starts from an empty context: by default uvicorn's request task copies the context of whatever callback
+    # read its bytes, which after a large body or a pipelined request is the previous request's task (see
+    # docs/security.md, "Identity per request").
+    uvicorn.run(
+        HostCheck(app, security), host=host, port=port, log_config=None, access_log=False, reset_contextvars=True
+    )
 
 
 class HostCheck:
@@ -105,15 +113,43 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
-class SessionQuota:
+class _TenantQuota:
+    """What the session and stream quotas share: a request's tenant, read from its own Authorization header (this
+    runs in front of the SDK's authentication), and the refusal. Without tokens (a loopback-only server) every
+    client is the same tenant: there is no boundary between local clients to protect, since each may use every
+    namespace anyway."""
+
+    def __init__(self, app: ASGIApp, tokens: TokenTable | None, per_token: int) -> None:
+        self.app = app
+        self._tokens = tokens
+        self._per_token = per_token
+
+    async def _tenant(self, scope: Scope) -> str | None:
+        """The token's name; None for no or a bad token, which passes through to the SDK's 401."""
+        if self._tokens is None:
+            return ANONYMOUS
+        authorization = _header(scope["headers"], "authorization") or ""
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return None
+        access = await self._tokens.verify_token(token.strip())
+        return None if access is None else access.client_id
+
+    def _refusal(self, tenant: str, what: str, held: int, advice: str, headers: dict[str, str]) -> Response:
+        log.warning("refused: tenant %r holds %d %s", tenant or "(no token)", held, what)
+        message = f"too many open {what} for this token: {held} of max_sessions_per_token={self._per_token}. {advice}"
+        body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
+        return Response(json.dumps(body), status_code=429, headers=headers, media_type="application/json")
+
+
+class SessionQuota(_TenantQuota):
     """At most ``per_token`` open streamable-HTTP sessions per tenant (token), in front of the SDK's app.
 
     The SDK limits sessions only in total (10,000 by default, idle ones closed after 30 minutes): one token
     opening that many locked every other client out. Here a request that would open a session (one without
     ``Mcp-Session-Id``) is refused with 429 once its tenant holds ``per_token`` sessions, counting those being
     opened; the SDK's total is set to ``per_token`` times the number of tokens, so it is never what refuses a
-    tenant under its quota. Without tokens (a loopback-only server) every client is the same tenant: there is no
-    boundary between local clients to protect, since each may use every namespace anyway.
+    tenant under its quota.
 
     A session is counted from the answer that opened it (its ``Mcp-Session-Id``) until the SDK forgets it (a
     DELETE, the idle timeout, the server's end); whether it still lives is read from the session manager's table
@@ -128,10 +164,8 @@ class SessionQuota:
         per_token: int,
         idle_seconds: float,
     ) -> None:
-        self.app = app
+        super().__init__(app, tokens, per_token)
         self._manager = manager
-        self._tokens = tokens
-        self._per_token = per_token
         self._idle_seconds = idle_seconds
         self._open: defaultdict[str, set[str]] = defaultdict(set)
         self._opening: Counter[str] = Counter()
@@ -152,8 +186,12 @@ class SessionQuota:
         live = {session for session in self._open[tenant] if session in self._manager._server_instances}
         self._open[tenant] = live
         if len(live) + self._opening[tenant] >= self._per_token:
-            log.warning("session refused: tenant %r holds %d sessions", tenant or "(no token)", len(live))
-            await self._refusal(len(live))(scope, receive, send)
+            advice = (
+                f"End sessions you no longer use (HTTP DELETE with their {MCP_SESSION_ID_HEADER}); idle ones close "
+                f"after {self._idle_seconds:g} s"
+            )
+            retry = {"Retry-After": str(max(1, round(self._idle_seconds)))}
+            await self._refusal(tenant, "sessions", len(live), advice, retry)(scope, receive, send)
             return
         self._opening[tenant] += 1
         reserved = True
@@ -174,25 +212,39 @@ class SessionQuota:
             if reserved:
                 self._opening[tenant] -= 1
 
-    async def _tenant(self, scope: Scope) -> str | None:
-        if self._tokens is None:
-            return ANONYMOUS
-        authorization = _header(scope["headers"], "authorization") or ""
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return None
-        access = await self._tokens.verify_token(token.strip())
-        return None if access is None else access.client_id
 
-    def _refusal(self, held: int) -> Response:
-        message = (
-            f"too many open sessions for this token: {held} of max_sessions_per_token={self._per_token}. End "
-            f"sessions you no longer use (HTTP DELETE with their {MCP_SESSION_ID_HEADER}); idle ones close after "
-            f"{self._idle_seconds:g} s"
-        )
-        body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
-        headers = {"Retry-After": str(max(1, round(self._idle_seconds)))}
-        return Response(json.dumps(body), status_code=429, headers=headers, media_type="application/json")
+class StreamQuota(_TenantQuota):
+    """At most ``per_token`` open legacy-SSE streams per tenant, in front of the SDK's SSE app: the same quota as
+    :class:`SessionQuota`'s, for the transport whose session is a stream.
+
+    The SDK's SSE transport has no limit of its own. A stream
+    lives exactly while its ``GET /sse`` is being answered: it is counted from the moment that request arrives
+    (so that concurrent openings cannot overshoot) until the SDK's handler returns, which it does when the client
+    goes away (the SSE response notices the disconnection) or the server stops. There is no idle timeout: a held
+    stream is the client's to close. Messages (``POST /messages/``) open nothing and are not counted.
+    """
+
+    def __init__(self, app: ASGIApp, tokens: TokenTable | None, per_token: int) -> None:
+        super().__init__(app, tokens, per_token)
+        self._open: Counter[str] = Counter()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != SSE_PATH or scope["method"] != "GET":
+            await self.app(scope, receive, send)
+            return
+        tenant = await self._tenant(scope)
+        if tenant is None:  # no or a bad token: the SDK answers 401
+            await self.app(scope, receive, send)
+            return
+        if self._open[tenant] >= self._per_token:  # no await between counting and taking a place
+            advice = f"Close the streams you no longer use: each GET {SSE_PATH} holds one until it ends"
+            await self._refusal(tenant, "SSE streams", self._open[tenant], advice, {})(scope, receive, send)
+            return
+        self._open[tenant] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._open[tenant] -= 1
 
 
 def _header(headers: Iterable[tuple[bytes, bytes]], name: str) -> str | None:

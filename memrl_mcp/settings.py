@@ -276,7 +276,11 @@ class Settings(BaseSettings):
         "e.g. memory.example.com:*",
     )
     max_sessions_per_token: int = Field(
-        64, ge=1, le=100_000, description="Open streamable-HTTP sessions one token (or all tokenless clients) may hold."
+        64,
+        ge=1,
+        le=100_000,
+        description="Open streamable-HTTP sessions, or legacy SSE streams, one token (or all tokenless clients) may "
+        "hold.",
     )
     session_idle_seconds: float = Field(
         600.0, gt=0, le=86_400, description="A streamable-HTTP session with no request for this long is closed."

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import select
+import socket
 import subprocess
 import sys
 import tomllib
@@ -327,3 +329,93 @@ def test_the_pages_files_ship_as_package_data() -> None:
     assert {Path("ui/index.html"), Path("ui/app.js"), Path("ui/app.css")} <= shipped
     dev = config["project"]["optional-dependencies"]["dev"]
     assert any(requirement.startswith("playwright") for requirement in dev)
+
+
+def nested(levels: int, inner: str = "1") -> str:
+    return '{"a": ' * levels + inner + "}" * levels
+
+
+HOSTILE_EDITS = [  # (body, status, the refusal starts with)
+    ('{"metadata": ' + nested(100_000) + "}", 400, "metadata: JSON nested deeper than 8 levels"),
+    ('{"metadata": ' + nested(5_000) + "}", 400, "metadata: JSON nested deeper than 8 levels"),
+    ('{"metadata": ' + nested(9) + "}", 400, "metadata: JSON nested deeper than 8 levels"),
+    ('{"experience": "x", "metadata": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}", 400, "metadata: JSON nested"),
+    ("[" * 100_000 + "]" * 100_000, 400, "body: JSON nested deeper than 9 levels"),
+    ('{"unknown": ' + nested(5_000) + "}", 400, "body: JSON nested deeper than 9 levels"),
+    ('{"metadata": {"a": ' + "9" * 5_000 + "}}", 400, "body: not JSON (Exceeds the limit (4300 digits)"),
+    ('{"metadata": {"a": ' + "9" * 300 + "}}", 400, "metadata: at .a: integer of 300 digits is outside +-2^53"),
+    ('{"metadata": {"a": 1e400}}', 400, "metadata: at .a: inf is not a finite number"),
+    ('{"metadata": {"a": NaN}}', 400, "metadata: at .a: nan is not a finite number"),
+    ('{"reset_q": Infinity}', 400, "reset_q: Input should be a valid boolean"),
+    ('{"experience": 5}', 400, "experience: Input should be a valid string"),
+    ('{"experience": "\\ud800"}', 400, "experience: Input should be a valid string"),
+    ('{"experience": "x"', 400, "body: not JSON (Expecting ',' delimiter at character 18)"),
+    ("", 400, "body: not JSON (Expecting value at character 0)"),
+    ("[1, 2]", 400, "body: Input should be a valid dictionary"),
+    ('"text"', 400, "body: Input should be a valid dictionary"),
+    ("null", 400, "body: Input should be a valid dictionary"),
+    ("5", 400, "body: Input should be a valid dictionary"),
+]
+HOSTILE_PREVIEWS = [
+    ('{"task": ' + "[" * 100_000 + "]" * 100_000 + "}", 400, "task: JSON nested deeper than 8 levels"),
+    ('{"task": "x", "k1": ' + "9" * 4_000 + "}", 400, "k1: Input should be less than or equal to 100"),
+    ('{"task": "x", "k1": 1e400}', 400, "k1: Input should be a valid integer"),
+    ('{"task": "x", "k1": -5}', 400, "k1: Input should be greater than or equal to 1"),
+    ('{"task": "x", "q_weight": NaN}', 400, "q_weight: Input should be a finite number"),
+    ('{"task": "x", "delta": -Infinity}', 400, "delta: Input should be a finite number"),
+    ('{"task": "\\udfff"}', 400, "task: Input should be a valid string"),
+]
+
+
+def test_hostile_bodies_are_refused_by_name_and_never_crash_a_route(with_tokens: Seeded) -> None:
+    """Issue 22, item 7: a deeply nested body was an HTTP 500 with a logged traceback (Python's JSON parser
+    recursing past its limit). Every hostile body is now a 4xx naming the field, and changes nothing."""
+    memory = with_tokens.ids["Rename the CSV export"]
+    path = f"/ui/api/memories/{memory}"
+    log_before = len(with_tokens.server.log_path.read_text())
+    with httpx.Client(base_url=with_tokens.base, timeout=30, headers={**auth(ALICE), **JSON_WRITE}) as http:
+        before = http.get(path).json()
+        attempts = [("PATCH", path, body, status, named) for body, status, named in HOSTILE_EDITS]
+        attempts += [("POST", "/ui/api/preview", body, status, named) for body, status, named in HOSTILE_PREVIEWS]
+        attempts += [
+            ("DELETE", path, "[" * 100_000 + "]" * 100_000, 400, "body: JSON nested deeper than 9 levels"),
+            ("PATCH", path, b'{"experience": "\xff\xfe"}', 400, "body: not UTF-8 (invalid start byte at byte 16)"),
+        ]
+        for method, where, body, status, named in attempts:
+            response = http.request(method, where, content=body)
+            shown = (method, where, str(body)[:60])
+            assert response.status_code == status, (*shown, response.text[:300])
+            assert response.json()["error_description"].startswith(named), (*shown, response.json())
+        # A body past the limit is refused whether it says its length or not (chunked).
+        for body in (b" " * (2 << 20), iter([b" " * (1 << 20)] * 3)):
+            assert http.patch(path, content=body).status_code == 413
+        assert http.get(path).json() == before
+    # ... and the server stops reading it there: it never holds more than the limit of one body in memory.
+    assert endless_body_sent(with_tokens, path) < ENDLESS_BYTES
+    log = with_tokens.server.log_path.read_text()[log_before:]
+    assert "Traceback" not in log and '"level": "error"' not in log
+
+
+ENDLESS_BYTES = 64 << 20
+
+
+def endless_body_sent(seeded: Seeded, path: str) -> int:
+    """Bytes of a 64 MB chunked PATCH body (64 KB chunks) a client could send before the server answered or
+    closed the connection: the whole of it when the server reads every body to its end before refusing it."""
+    port = int(seeded.base.rsplit(":", 1)[1])
+    chunk = b" " * (64 << 10)
+    framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    head = (
+        f"PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {ALICE}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head.encode())
+        while sent < ENDLESS_BYTES and not select.select([sock], [], [], 0)[0]:
+            try:
+                sock.sendall(framed)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+    return sent

@@ -17,10 +17,12 @@ from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from memrl_mcp.access import Access
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory import MemoryService
+from memrl_mcp.observability import Metrics
 from memrl_mcp.roots import project_namespace
-from memrl_mcp.server import create_server
+from memrl_mcp.server import _served, create_server
 from memrl_mcp.validation import NAMESPACE_PATTERN
 from tests.conftest import call, make_service, refused
 from tests.test_transports import DEADLINE_S, http_server
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.anyio
 
 TASK = "run the unit tests of this project"
 ALPHA, OTHER_ALPHA = "file:///home/ann/code/alpha", "file:///home/ann/forks/alpha"
+BETA = "file:///home/ann/code/beta"
 OPS, TENANT = "ops-token-0123456789abc", "tenant-token-0123456789"
 
 
@@ -131,7 +134,52 @@ async def test_a_restricted_token_keeps_its_restriction(tmp_path: Path) -> None:
             # A token granting every namespace has no default of its own: the root's applies.
             opened = await call(ops, "store_experience", task=TASK, experience="pytest -q")
             assert opened["memory"]["namespace"] == derived
+            steps = [{"observation": "$ ls", "action": "pytest -q", "reward": 1.0}]
+            reported = await call(ops, "report_trajectory", task=TASK, steps=steps, episode_id="e")
+            assert reported["namespace"] == derived
+            assert (await call(ops, "recall_step_advice", task=TASK, observation="$ ls"))["namespace"] == derived
+            assert (await call(tenant, "report_trajectory", task=TASK, steps=steps, episode_id="e"))["namespace"] == (
+                "tenant"
+            )
             assert (await call(tenant, "list_memories"))["total"] == 1
             assert "not one of the namespaces" in await refused(tenant, "list_memories", namespace=derived)
             stats = json.loads((await tenant.read_resource("memrl://stats")).contents[0].text)
             assert stats["memories"] == 1
+
+
+async def test_the_step_memory_keeps_projects_apart_too(service: MemoryService) -> None:
+    """Issue 22, item 4: every tool resolves its default namespace in the same place, the step memory's too.
+    Project alpha's trajectory is alpha's; project beta is never advised alpha's action."""
+    login, page = "log in to the admin panel", "The admin login page shows a username and a password field."
+    steps = [{"observation": page, "action": "type projA password", "reward": 1.0}]
+    async with project(service, ALPHA) as alpha, project(service, BETA) as beta, project(service) as plain:
+        reported = await call(alpha, "report_trajectory", task=login, steps=steps, episode_id="alpha-1")
+        assert reported["namespace"] == project_namespace(ALPHA) and reported["created"] == 1
+        advised = await call(alpha, "recall_step_advice", task=login, observation=page)
+        assert [advice["action"] for advice in advised["encouraged"]] == ["type projA password"]
+        for client, root in ((beta, BETA), (plain, None)):
+            advice = await call(client, "recall_step_advice", task=login, observation=page)
+            assert advice["namespace"] == (project_namespace(root) if root else "default")
+            assert advice["encouraged"] == advice["discouraged"] == advice["records"] == []
+        # The same episode id in another project is another episode.
+        again = await call(beta, "report_trajectory", task=login, steps=steps, episode_id="alpha-1")
+        assert again["namespace"] == project_namespace(BETA) and again["already_applied"] is False
+        # A recall's report, and the episode memory it stores, stay in the recall's project.
+        recall = await call(alpha, "recall_experience", task=login)
+        report = await call(alpha, "report_outcome", recall_id=recall["recall_id"], reward=1.0, experience="pw")
+        assert report["stored"]["memory"]["namespace"] == project_namespace(ALPHA)
+        assert (await call(beta, "list_memories"))["total"] == 0
+
+
+def test_a_tool_that_does_not_take_its_callers_access_cannot_be_served(service: MemoryService) -> None:
+    """Every tool is served through one wrapper that resolves its caller; a tool body that would look its caller
+    (or its default namespace) up by itself does not get past it."""
+
+    def careless(task: str) -> dict[str, str]:
+        return {"task": task}
+
+    async def identify(ctx: Any) -> Access:
+        raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match="the tool careless must take its caller's access"):
+        _served(careless, identify, Metrics(service))

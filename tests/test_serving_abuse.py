@@ -7,15 +7,21 @@ every tenant) needs a token once tokens exist.
 
 from __future__ import annotations
 
+import json
+import re
+import socket
+import time
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
+from mcp import Client
+from mcp.client.sse import sse_client
 
 from tests.conftest import call
 from tests.test_http import ALICE, BOB, INITIALIZE, MCP_HEADERS, base_url, mcp_client, tokens_file
-from tests.test_transports import DEADLINE_S, http_server
+from tests.test_transports import DEADLINE_S, HttpServer, http_server
 
 TASK = "Rotate the nginx logs every night and keep a week of them"
 QUOTA, IDLE_S = 3, 2.0
@@ -121,3 +127,75 @@ async def test_metrics_need_a_token_once_tokens_exist(tmp_path: Path) -> None:
     with http_server(tmp_path / "open", tmp_path) as server:
         async with httpx.AsyncClient(base_url=base_url(server), timeout=10) as http:
             assert (await http.get("/metrics")).status_code == 200
+
+
+class SseStream:
+    """A GET /sse on a socket of its own, held open until closed: its status, and the body of a refusal."""
+
+    def __init__(self, port: int, token: str | None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        authorization = f"Authorization: Bearer {token}\r\n" if token else ""
+        self.sock.sendall(f"GET /sse HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{authorization}\r\n".encode())
+        self._received = b""
+
+    def status(self) -> int:
+        while b"\r\n\r\n" not in self._received:
+            chunk = self.sock.recv(65536)
+            assert chunk, "the server closed the stream before answering"
+            self._received += chunk
+        return int(self._received.split(b" ", 2)[1])
+
+    def refusal(self) -> str:
+        """The message of a 429 (its JSON-RPC error)."""
+        head, _, body = self._received.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))
+        while len(body) < length:
+            body += self.sock.recv(65536)
+        return json.loads(body)["error"]["message"]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def sse_port(server: HttpServer) -> int:
+    return int(base_url(server).rsplit(":", 1)[1])
+
+
+def test_legacy_sse_streams_count_against_the_quota_too(tmp_path: Path) -> None:
+    """Issue 22, item 5: a stream lives while its GET /sse is open, and counts like a session."""
+    env = {"MEMRL_TOKENS_FILE": str(tokens_file(tmp_path)), "MEMRL_MAX_SESSIONS_PER_TOKEN": "2"}
+    with http_server(tmp_path / "data", tmp_path, transport="sse", **env) as server:
+        port = sse_port(server)
+        held = [SseStream(port, ALICE) for _ in range(2)]
+        assert [stream.status() for stream in held] == [200, 200]
+        # The flood, all sent before any answer is read: every one refused, naming the setting.
+        flood = [SseStream(port, ALICE) for _ in range(12)]
+        assert {stream.status() for stream in flood} == {429}
+        assert flood[0].refusal().startswith("too many open SSE streams for this token: 2 of max_sessions_per_token=2")
+        for stream in flood:
+            stream.close()
+        # A bad token opens nothing and is not counted against anyone; bob has his own two, and works.
+        assert SseStream(port, "not-a-token-at-all").status() == 401
+        bobs = SseStream(port, BOB)
+        assert bobs.status() == 200
+
+        async def bob_works() -> None:
+            with anyio.fail_after(DEADLINE_S):
+                async with Client(sse_client(server.url, headers={"Authorization": f"Bearer {BOB}"})) as bob:
+                    stored = await call(bob, "store_experience", task=TASK, experience="logrotate daily, rotate 7")
+                    recall = await call(bob, "recall_experience", task=TASK)
+                    assert [m["id"] for m in recall["memories"]] == [stored["id"]]
+                    assert SseStream(port, BOB).status() == 429  # his third
+
+        anyio.run(bob_works)
+        bobs.close()
+        # Closing one of alice's streams gives its place back (once the server has seen the disconnection).
+        held.pop().close()
+        deadline = time.monotonic() + DEADLINE_S
+        while (reopened := SseStream(port, ALICE)).status() != 200:
+            reopened.close()
+            assert time.monotonic() < deadline, "a closed stream never gave its place back"
+            time.sleep(0.05)
+        assert SseStream(port, ALICE).status() == 429
+        for stream in (*held, reopened):
+            stream.close()

@@ -1,6 +1,6 @@
 """As a new user installs it: a wheel built from this tree, started by ``uvx`` the way the README's client
-configurations start it, driven by the real MCP client; the harness's messages when an extra or a prerequisite
-is missing from such an install; ``server.json`` in step with the package.
+configurations start it, and the checkout's own ``memrl-mcp``, driven by the real MCP client; the harness's
+messages when an extra or a prerequisite is missing from such an install; ``server.json`` in step with the package.
 
 ``uv`` comes from the dev extra; it resolves the dependencies from the package index into its own cache.
 """
@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -25,7 +26,12 @@ from tests.test_transports import TOOLS, child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-GIT_SOURCE = "git+https://github.com/memrl-mcp/memrl-mcp"
+GIT_SOURCE = "git+https://github.com/memrl-mcp/memrl-mcp"  # not published yet: the README says so, once
+# What the README's client entries start, until the package is published: the wheel a checkout builds, or the
+# checkout's own console script (``make setup``).
+README_WHEEL = f"/path/to/memrl-mcp/dist/memrl_mcp-{memrl_mcp.__version__}-py3-none-any.whl"
+README_CHECKOUT = "/path/to/memrl-mcp/.venv/bin/memrl-mcp"
+README_HTTP = "http://127.0.0.1:8765/mcp"  # make serve
 UVX = str(Path(sys.executable).parent / "uvx")
 
 
@@ -41,10 +47,38 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-def readme_block(heading: str, language: str) -> str:
-    """The first ``language`` code block after ``heading`` in the README."""
-    section = README[README.index(heading) :]
-    return re.search(rf"```{language}\n(.*?)```", section, re.S).group(1)
+def readme_client_entries() -> list[dict[str, Any]]:
+    """Every server entry of the README's JSON client configurations (Claude Desktop and Cursor's ``mcpServers``,
+    VS Code's ``servers``) and of its inline ones (`{"mcpServers": ...}`)."""
+    blocks = re.findall(r"```json\n(.*?)```", README, re.S) + re.findall(r'`(\{"(?:mcpServers|servers)".*?\})`', README)
+    configs = [json.loads(block) for block in blocks]
+    return [entry for config in configs for entry in (config.get("mcpServers") or config["servers"]).values()]
+
+
+def readme_entry(command: str) -> dict[str, Any]:
+    """The Claude Desktop entry of the README that runs ``command``."""
+    section = README[README.index("### Claude Desktop") : README.index("### Claude Code")]
+    entries = [json.loads(block)["mcpServers"]["memrl"] for block in re.findall(r"```json\n(.*?)```", section, re.S)]
+    (entry,) = [entry for entry in entries if entry["command"] == command]
+    return entry
+
+
+async def drive_as_claude_desktop(command: str, args: list[str], env: dict[str, str], cwd: Path) -> None:
+    """Start the server as Claude Desktop would spawn it and use it through the real MCP client."""
+    server = StdioServerParameters(command=command, args=args, env=env, cwd=cwd)
+    with anyio.fail_after(300), (cwd / "stderr.log").open("w") as log:  # a first uvx start fills uv's cache
+        async with Client(stdio_client(server, errlog=log)) as client:
+            assert client.server_info.version == memrl_mcp.__version__
+            assert {tool.name for tool in (await client.list_tools()).tools} == TOOLS
+            task = "Parse an ISO 8601 date and print the weekday"
+            await call(client, "store_experience", task=task, experience="datetime.fromisoformat, then strftime('%A')")
+            recalled = await call(client, "recall_experience", task=task)
+            assert [m["task"] for m in recalled["memories"]] == [task]
+            assert (await call(client, "memory_stats", namespace="desktop"))["memories"] == 1
+    # Quiet by default: the client shows this to its user; one line at start, none per call.
+    stderr = (cwd / "stderr.log").read_text()
+    assert "memory open" in stderr
+    assert "tool call" not in stderr
 
 
 def uvx(wheel: Path, *args: str, extra: str = "", **variables: str) -> subprocess.CompletedProcess[str]:
@@ -56,35 +90,47 @@ def uvx(wheel: Path, *args: str, extra: str = "", **variables: str) -> subproces
     )
 
 
-def test_the_readme_names_one_source_for_uvx() -> None:
-    desktop = json.loads(readme_block("### Claude Desktop", "json"))["mcpServers"]["memrl"]
-    code_line = readme_block("### Claude Code", "sh").splitlines()[0]
-    assert desktop["command"] == "uvx"
-    assert desktop["args"] == ["--from", GIT_SOURCE, "memrl-mcp"]
-    assert code_line == f"claude mcp add memrl -- uvx --from {GIT_SOURCE} memrl-mcp"
+def test_every_client_entry_of_the_readme_starts_what_exists_today() -> None:
+    """Until the package is published, each entry starts the built wheel, the checkout, or the local HTTP server;
+    the git URL is named once, as what is not there yet."""
+    kinds = []
+    for entry in readme_client_entries():
+        if "url" in entry:
+            kinds.append("http")
+            assert entry["url"] == README_HTTP
+        elif entry["command"] == "uvx":
+            kinds.append("wheel")
+            assert entry["args"] == ["--from", README_WHEEL, "memrl-mcp"]
+        else:
+            kinds.append("checkout")
+            assert entry["command"] == README_CHECKOUT
+            assert "args" not in entry
+    assert set(kinds) == {"wheel", "checkout", "http"}
+    claude_code = [line.split("#")[0].rstrip() for line in README.splitlines() if line.startswith("claude mcp add ")]
+    assert claude_code == [
+        f"claude mcp add memrl -- uvx --from {README_WHEEL} memrl-mcp",
+        f"claude mcp add memrl -- {README_CHECKOUT}",
+        f"claude mcp add --transport http memrl {README_HTTP}",
+    ]
+    assert README.count(GIT_SOURCE) == 1
 
 
 @pytest.mark.anyio
 async def test_the_claude_desktop_entry_runs_from_a_built_wheel(wheel: Path, tmp_path: Path) -> None:
-    """The README's entry as Claude Desktop would spawn it, ``--from`` pointed at the wheel instead of git."""
-    desktop = json.loads(readme_block("### Claude Desktop", "json"))["mcpServers"]["memrl"]
-    args = [str(wheel) if arg == GIT_SOURCE else arg for arg in desktop["args"]]
-    command = UVX if desktop["command"] == "uvx" else desktop["command"]
-    env = child_env(tmp_path / "data") | desktop["env"]
-    server = StdioServerParameters(command=command, args=args, env=env, cwd=tmp_path)
-    with anyio.fail_after(300), (tmp_path / "stderr.log").open("w") as log:  # the first start fills uv's cache
-        async with Client(stdio_client(server, errlog=log)) as client:
-            assert client.server_info.version == memrl_mcp.__version__
-            assert {tool.name for tool in (await client.list_tools()).tools} == TOOLS
-            task = "Parse an ISO 8601 date and print the weekday"
-            await call(client, "store_experience", task=task, experience="datetime.fromisoformat, then strftime('%A')")
-            recalled = await call(client, "recall_experience", task=task)
-            assert [m["task"] for m in recalled["memories"]] == [task]
-            assert (await call(client, "memory_stats", namespace="desktop"))["memories"] == 1
-    # Quiet by default: the client shows this to its user; one line at start, none per call.
-    stderr = (tmp_path / "stderr.log").read_text()
-    assert "memory open" in stderr
-    assert "tool call" not in stderr
+    """The README's entry as Claude Desktop would spawn it, the wheel's path where the checkout's would be."""
+    desktop = readme_entry("uvx")
+    assert Path(README_WHEEL).name == wheel.name  # the README names the wheel the build makes
+    args = [str(wheel) if arg == README_WHEEL else arg for arg in desktop["args"]]
+    await drive_as_claude_desktop(UVX, args, child_env(tmp_path / "data") | desktop["env"], tmp_path)
+
+
+@pytest.mark.anyio
+async def test_the_claude_desktop_entry_runs_from_a_checkout(tmp_path: Path) -> None:
+    """The README's checkout entry: the console script of the checkout's virtualenv (this one, under make test)."""
+    desktop = readme_entry(README_CHECKOUT)
+    script = Path(sys.executable).parent / "memrl-mcp"
+    env = child_env(tmp_path / "data", PYTHONPATH=str(ROOT)) | desktop["env"]  # this checkout's code
+    await drive_as_claude_desktop(str(script), desktop.get("args", []), env, tmp_path)
 
 
 def test_the_server_alone_says_which_extra_the_harness_needs(wheel: Path) -> None:

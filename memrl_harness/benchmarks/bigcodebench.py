@@ -27,8 +27,12 @@ Each check runs in its own bubblewrap jail (:mod:`memrl_harness.backends.jail`, 
 - its own mount namespace: a read-only tmpfs root with ``/usr`` (and its ``/bin``, ``/lib`` links), the Python
   environment that runs the checks (``python`` option: its prefix and base prefix) and a few ``/etc`` files
   bound read-only, ``/home/sandbox`` (its working folder, ``HOME`` and ``TMPDIR``) and ``/tmp`` private tmpfs
-  folders; no other host
-  file is visible, none can be written;
+  folders; no other host file is visible, none can be written. The jail's own folders (``/proc``, ``/dev``,
+  ``/home/sandbox``, ``/tmp``) are mounted first and the host's folders bound over them, so an environment under
+  one of them (a clone in ``/tmp``, a venv in ``/dev/shm``) is bound at its own path: the jail then sees the
+  names of the folders leading to it and nothing else of them (none of the host's ``/tmp``). An environment that
+  is one of those folders or holds one (``python`` in ``/tmp`` itself, ``/home``, ``/``) would cover the jail's
+  private folder with the host's: it is refused;
 - its own PID namespace and ``/proc`` (no host process is visible: no ``/proc/*/environ`` to read, no
   ``/proc/N/ns`` to enter), network namespace (only its own loopback, up: tests serve on localhost), IPC and
   UTS namespaces; an environment of ``PATH`` (the interpreter's folder first), ``HOME``, ``TMPDIR``, ``LANG``,
@@ -94,6 +98,7 @@ SPLITS_DIR = "bigcodebench/splits"
 
 OUTCOMES = ("pass", "fail", "timeout", "syntax_error")
 WORKDIR = "/home/sandbox"  # the check's private working folder, HOME and TMPDIR (a tmpfs)
+PRIVATE = ("/proc", "/dev", WORKDIR, "/tmp")  # the jail's own folders, which no host folder may cover
 # Host files a unit test may read (name lookups, time zones, certificates, MIME types, services).
 ETC_FILES = ("passwd", "group", "hosts", "nsswitch.conf", "localtime", "timezone", "ld.so.cache", "mime.types")
 ETC_FILES += ("protocols", "services", "ssl", "ca-certificates")
@@ -174,11 +179,20 @@ class CheckResult:
 
 @functools.cache
 def python_folders(python: str) -> tuple[str, ...]:
-    """The folders an interpreter's environment lives in (prefix, base prefix, resolved), outside ``/usr``."""
+    """The folders an interpreter's environment lives in (prefix, base prefix, resolved), outside ``/usr``;
+    a ``ValueError`` naming ``python`` for one that would cover a folder of the jail's own (:data:`PRIVATE`)."""
     probe = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]))"
     found = json.loads(subprocess.run([python, "-I", "-c", probe], capture_output=True, check=True, text=True).stdout)
     folders = {str(Path(p).resolve()) for p in found} | set(found)
-    return tuple(sorted(f for f in folders if f != "/usr" and not f.startswith("/usr/")))
+    folders = {f for f in folders if f != "/usr" and not f.startswith("/usr/")}
+    for folder in sorted(folders):
+        covered = [p for p in PRIVATE if p == folder or p.startswith(folder.rstrip("/") + "/")]
+        if covered:
+            raise ValueError(
+                f"python: {python} lives in {folder}, which would show the host's {covered[0]} to the checked "
+                "code instead of the jail's own: use an environment in a folder of its own"
+            )
+    return tuple(sorted(folders))
 
 
 def test_names(test: str) -> set[str]:
@@ -261,8 +275,13 @@ def check(
 
 
 def _jail_args(interpreter: str, folders: Sequence[str], staging: Staging, limits: Limits) -> list[str]:
-    """bwrap's arguments for a check (module doc): what it sees, its namespaces, identity and environment."""
-    args = ["--ro-bind", "/usr", "/usr"]
+    """bwrap's arguments for a check (module doc): what it sees, its namespaces, identity and environment.
+
+    bwrap mounts in the order given: the jail's own folders come first, so a host folder bound below one of them
+    (a venv under ``/tmp``) is bound over that tmpfs rather than hidden by it."""
+    size = str(limits.disk_mb << 20)
+    args = ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", WORKDIR, "--size", size, "--tmpfs", "/tmp"]
+    args += ["--ro-bind", "/usr", "/usr"]
     for link in ("bin", "sbin", "lib", "lib64"):
         if Path("/" + link).is_symlink():
             args += ["--symlink", os.readlink("/" + link), "/" + link]
@@ -273,8 +292,6 @@ def _jail_args(interpreter: str, folders: Sequence[str], staging: Staging, limit
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     for index, folder in enumerate(folders):
         args += ["--ro-bind", staging.bound(index), folder]
-    size = str(limits.disk_mb << 20)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", WORKDIR, "--size", size, "--tmpfs", "/tmp"]
     args += ["--remount-ro", "/", "--chdir", WORKDIR, "--hostname", "bigcodebench", "--die-with-parent"]
     args += ["--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns", "--new-session"]
     path = f"{Path(interpreter).parent}:/usr/local/bin:/usr/bin:/bin"  # `python` is the checks' interpreter
@@ -382,6 +399,7 @@ class BigCodeBenchmark:
         self.python = python
         if self.timeout <= 0 or self.memory_mb < 64 or self.intent_chars < 20:
             raise ValueError("timeout must be > 0, memory_mb >= 64, intent_chars >= 20")
+        python_folders(python or sys.executable)  # an interpreter the jail cannot hold fails here, clearly
         require_jail()  # fails here, clearly, rather than every check
         rows = load_rows(data_file)
         if ids is not None:

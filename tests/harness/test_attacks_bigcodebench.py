@@ -11,18 +11,20 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
 
-from memrl_harness.benchmarks.bigcodebench import BigCodeBenchmark
+from memrl_harness.benchmarks.bigcodebench import BigCodeBenchmark, python_folders
 from memrl_harness.llm import LLM
 from memrl_harness.results import EpisodeRecord, RunConfig, RunDir
 from memrl_harness.runner import Runner
-from tests.harness.conftest import alive_processes
+from tests.harness.conftest import alive_processes, venv_under
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 TASK = "BigCodeBench/2"  # its canonical solution passes; the code below does not solve it
@@ -52,19 +54,58 @@ def probe(trajectory: str) -> dict:
     return json.loads(found[-1])
 
 
+@pytest.fixture(params=["this-python", "venv-in-tmp"])
+def checks_python(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The ``python`` option: this interpreter (under /tmp too when the tests run from a clone there), or a
+    virtualenv under the host's /tmp, beside a file of the host's: the jail binds both over its own /tmp."""
+    if request.param == "this-python":
+        yield None
+        return
+    with venv_under("/tmp") as venv:
+        (venv.parent / "host-secret").write_text(f"secret-{uuid.uuid4().hex}")
+        yield str(venv / "bin" / "python")
+
+
+def shown_in_tmp(bound: list[str]) -> list[str]:
+    """What the jail's /tmp should show: the bound folders under /tmp and the folders leading to them."""
+    tmp = Path("/tmp")
+    return sorted({str(p) for folder in map(Path, bound) for p in [folder, *folder.parents] if tmp in p.parents})
+
+
 @pytest.mark.anyio
 async def test_host_files_and_secrets_are_out_of_reach(
-    fake_llm: FakeLLMServer, llm: LLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake_llm: FakeLLMServer,
+    llm: LLM,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    checks_python: str | None,
 ) -> None:
     secret, key = f"token-{uuid.uuid4().hex}", f"sk-{uuid.uuid4().hex}"
     monkeypatch.setenv("MEMRL_MEMORY_TOKEN", secret)
     monkeypatch.setenv("MEMRL_LLM_API_KEY", key)
     name = f"bcb-escape-{uuid.uuid4().hex}"
     store = Path(tempfile.mkdtemp(prefix="memory-store-"))  # stands for a memory store folder on the host
+    bound = list(python_folders(checks_python or sys.executable))  # the checks' Python, read-only
+    shown = shown_in_tmp(bound)
+    leading = [folder for folder in shown if folder not in bound]  # folders of the jail's own tmpfs
+    # Every host file beside the way to the bound folders (the rest of a clone, the file beside a venv).
+    beside = [str(entry) for folder in leading for entry in Path(folder).iterdir() if str(entry) not in shown]
+    beside += [str(store), str(tmp_path)]
     targets = [f"/root/{name}", f"/tmp/{name}", f"{store}/{name}", f"/etc/{name}", f"/{name}"]
+    targets += [f"{folder}/{name}" for folder in bound + leading]
     code = f"""
 import glob, json, os
 report = {{"written": [], "values": [], "pids": sorted(glob.glob("/proc/[0-9]*")), "env": sorted(os.environ)}}
+report["tmp"] = []  # what the jail's /tmp holds before it writes there, the bound folders' insides aside
+for folder, dirs, files in os.walk("/tmp"):
+    report["tmp"] += [os.path.join(folder, entry) for entry in dirs + files]
+    dirs[:] = [entry for entry in dirs if os.path.join(folder, entry) not in {bound!r}]
+report["read"] = []
+for path in {beside!r}:
+    try:
+        report["read"].append([path, open(path).read() if os.path.isfile(path) else os.listdir(path)])
+    except OSError:
+        pass
 for path in {targets!r}:
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -82,14 +123,16 @@ for environ in glob.glob("/proc/*/environ") + glob.glob("/proc/*/task/*/environ"
         pass
 raise ValueError("PROBE " + json.dumps(report))
 """
-    record, trajectory = await play(fake_llm, llm, tmp_path, code)
+    record, trajectory = await play(fake_llm, llm, tmp_path, code, python=checks_python)
     report = probe(trajectory)
     assert record.success is False
     for path in targets:
         assert not Path(path).exists(), path
     assert list(store.iterdir()) == []
     store.rmdir()
-    assert report["written"] == [f"/tmp/{name}", f"{store}/{name}"]  # inside the jail's private /tmp only
+    assert sorted(report["tmp"]) == shown and report["read"] == []  # nothing else of the host's /tmp
+    # Written inside the jail's private /tmp only (its folders leading to the bound ones too); those are read-only.
+    assert report["written"] == [f"/tmp/{name}", f"{store}/{name}"] + [f"{folder}/{name}" for folder in leading]
     assert report["values"] == [] and secret not in trajectory and key not in trajectory
     assert report["pids"] == ["/proc/1", "/proc/2"]  # bwrap's init and the check: no host process
     assert set(report["env"]) <= {"PATH", "HOME", "TMPDIR", "LANG", "OMP_NUM_THREADS", "PYTHONDONTWRITEBYTECODE", "PWD"}

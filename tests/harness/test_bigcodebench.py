@@ -24,7 +24,7 @@ from memrl_harness.install import shared_data_root
 from memrl_harness.llm import LLM
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
-from tests.harness.conftest import alive_processes
+from tests.harness.conftest import alive_processes, venv_under
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 # Canonical solutions whose tests take 10-60 s by design (sleeps, subprocess timeouts): left out
@@ -145,6 +145,29 @@ def test_the_working_directory_is_private_and_removed() -> None:
     assert set(Path(tempfile.gettempdir()).glob("memrl-bcb-*")) == before  # its staging folder is removed
     for folder in (Path(tempfile.gettempdir()), Path.cwd(), Path.home(), Path("/")):
         assert not (folder / marker).exists()
+
+
+@pytest.mark.parametrize("parent", ["/tmp", "/dev/shm"])
+def test_an_environment_under_the_jails_own_folders_runs_the_checks(parent: str) -> None:
+    # The jail mounts its own /tmp and /dev: an interpreter under them used to be hidden (bwrap: execvp ... No
+    # such file or directory), which made every check fail from a clone in /tmp.
+    with venv_under(parent) as venv:
+        code = "import sys\ndef task_func():\n    return sys.prefix\n"
+        result = check(
+            code,
+            PASSING_TEST + f"        self.assertEqual(task_func(), {str(venv)!r})\n",
+            python=str(venv / "bin" / "python"),
+        )
+        assert result.status == "pass", result.details
+
+
+@pytest.mark.parametrize("prefix", ["/tmp", "/home", "/dev", "/"])
+def test_an_environment_that_would_cover_the_jails_own_folders_is_refused(tmp_path: Path, prefix: str) -> None:
+    python = tmp_path / "python"  # an interpreter whose environment is at `prefix` (what it answers the probe)
+    python.write_text(f"#!/bin/sh\necho '{json.dumps([prefix] * 4)}'\n")
+    python.chmod(0o755)
+    with pytest.raises(ValueError, match=rf"^python: {python} lives in {prefix}, which would show the host's /"):
+        check("def task_func():\n    return 1\n", PASSING_TEST, python=str(python))
 
 
 def test_extract_code() -> None:
