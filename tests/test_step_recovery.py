@@ -189,8 +189,46 @@ def test_a_namespace_forgotten_mid_report_never_comes_back(
         stats = other.stats(access=EVERYTHING)
         assert (stats.steps, stats.episodes_reported) == (0, 0)
         assert records(other) == {}
+        assert store.count("episodes") == 0  # nor a progress point the report wrote after the forget
     finally:
         store.close()
+
+
+class DiesAtProgressDelete:
+    """The real store, except that the process 'dies' when it deletes an episode's progress point: the last step of
+    a report, after the episode is marked reported."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def delete(self, table: str, ids: Any) -> None:
+        if table == "episodes":
+            raise KeyboardInterrupt("killed before the progress point's delete")
+        self._store.delete(table, ids)
+
+
+def test_a_progress_point_left_behind_is_dropped_at_the_next_open(
+    embedder: Embedder, tmp_path: Path, engine: str
+) -> None:
+    settings = load_settings(data_dir=tmp_path, embedded_engine=engine)
+    MemoryService.open(settings, embedder).close()
+    store = open_store(settings, embedder.dim)
+    dying = MemoryService(settings, embedder, DiesAtProgressDelete(store))  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        dying.report_trajectory(MUG, SUCCESS, "episode-1", access=EVERYTHING)
+    assert store.count("episodes", {"status": "progress"}) == 1
+    store.close()
+    store = open_store(settings, embedder.dim)
+    reopened = MemoryService.open(settings, embedder, store)
+    try:
+        assert store.count("episodes", {"status": "progress"}) == 0 and store.count("episodes") == 1
+        again = reopened.report_trajectory(MUG, SUCCESS, "episode-1", access=EVERYTHING)
+        assert again.already_applied and (again.updated, again.created) == (3, 3)
+    finally:
+        reopened.close()
 
 
 # Without a recall, a report of new steps writes the claim, then per step its progress point and its record: step
