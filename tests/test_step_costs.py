@@ -87,8 +87,8 @@ class CountingStore:
         self.records_read[table] += len(points)
         self.reads.update(point_id for point_id, _ in points)
 
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        found = self._store.get(table, ids)
+    def get(self, table: Table, ids: Sequence[str], *args: Any) -> dict[str, dict[str, Any]]:
+        found = self._store.get(table, ids, *args)
         self._saw(table, list(found.items()))
         return found
 
