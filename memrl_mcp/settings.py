@@ -214,6 +214,15 @@ class LearningSettings(Group):
 class StepSettings(Group):
     """Rememberer's step memory (arXiv 2306.07929); defaults from its code (OpenDFM/Rememberer) where it has them."""
 
+    max_reported_episodes: int = Field(
+        10_000,
+        ge=1,
+        le=10_000_000,
+        description="Reported trajectories whose episode_id a namespace remembers, so that a retry is told it was "
+        "already applied; beyond, the oldest are forgotten (a report of one of those ids is applied as a new "
+        "episode). A client retries within minutes; the bound keeps a client that reports under ever new ids from "
+        "growing the store without limit.",
+    )
     step_n: int = Field(
         1,
         ge=1,

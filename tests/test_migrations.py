@@ -118,7 +118,7 @@ async def test_a_version_1_store_gets_its_q_histories_as_text_and_they_go_on(
     def stored_history() -> Any:
         store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, 384)
         try:
-            assert schema_version(store) == SCHEMA_VERSION == 2
+            assert schema_version(store) == SCHEMA_VERSION == 3
             return store.get("memories", [point.id])[point.id]["history"]
         finally:
             store.close()

@@ -3,11 +3,11 @@ rules, the capacities, the advice, and a small deterministic environment whose Q
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from memrl_mcp.memory.algorithm import (
     ActionValue,
+    StoredRecord,
     UpdateRule,
     action_advice,
     n_step_target,
@@ -73,14 +73,17 @@ def test_the_action_with_the_lowest_mean_reward_goes_first() -> None:
 
 
 def test_a_full_memory_drops_the_most_redundant_record() -> None:
-    old = np.array([[1.0, 0.9, 0.2], [0.9, 1.0, 0.3], [0.2, 0.3, 1.0]])
-    samples = [3, 5, 1]
-    # The closest stored pair is (0, 1) at 0.9; the new record is at most 0.5 from any: keep it, drop the one of
-    # the pair with more samples (record 1).
-    assert record_to_evict(old, np.array([0.5, 0.4, 0.1]), samples) == 1
-    assert record_to_evict(old, np.array([0.5, 0.4, 0.1]), [5, 3, 1]) == 0
-    # The new record is at least as close to record 2 as the pair is to each other: the new one is dropped.
-    assert record_to_evict(old, np.array([0.1, 0.1, 0.9]), samples) is None
+    # Stored records a, b, c with similarities a-b 0.9, a-c 0.2, b-c 0.3: the closest pair is (a, b) at 0.9.
+    a, b = StoredRecord("a", samples=3), StoredRecord("b", samples=5)
+    # The new record is at most 0.5 from any stored one: it stays, and of the pair the one with more samples goes.
+    assert record_to_evict(0.5, (a, b), 0.9) == "b"
+    assert record_to_evict(0.5, (b, a), 0.9) == "b"  # whichever way round the pair is given
+    assert record_to_evict(0.5, (StoredRecord("a", 5), StoredRecord("b", 3)), 0.9) == "a"
+    # Equal samples: the first in storage order (the smaller id).
+    assert record_to_evict(0.5, (StoredRecord("b", 4), StoredRecord("a", 4)), 0.9) == "a"
+    # The new record is at least as close to a stored one (0.9, 0.95) as the pair: the new one is dropped.
+    assert record_to_evict(0.9, (a, b), 0.9) is None
+    assert record_to_evict(0.95, (a, b), 0.9) is None
 
 
 def test_similarity_weights_task_and_observation() -> None:

@@ -196,20 +196,28 @@ def prune_actions(actions: Sequence[ActionValue], capacity: int) -> list[ActionV
     return kept
 
 
-def record_to_evict(old: np.ndarray, new: np.ndarray, samples: Sequence[int]) -> int | None:
-    """The record capacity, when the memory is full and a new record comes: ``old`` is the similarity matrix of
-    the stored records, ``new`` the new record's similarity to each of them, ``samples`` each record's visits.
+@dataclass(frozen=True)
+class StoredRecord:
+    """A stored step record as the record capacity sees it: its id, and its samples (visits over all its actions)."""
+
+    id: str
+    samples: int
+
+
+def record_to_evict(new_similarity: float, closest: tuple[StoredRecord, StoredRecord], similarity: float) -> str | None:
+    """The record capacity, when the memory is full and a new record comes: ``new_similarity`` is the new record's
+    similarity to its nearest stored record, ``closest`` the two stored records most similar to each other, at
+    ``similarity`` (Rememberer's ``_insert_key``).
 
     If the new record is at least as close to a stored one as the two closest stored records are to each other,
-    it adds the least: it is dropped (None). Otherwise one of the two closest stored records goes, the one with
-    more samples (the other, rarer one keeps its information in the memory); its index is returned. A full
-    memory holds at least two records (the capacity setting is at least 2)."""
-    pairs = old.astype(np.float64).copy()
-    np.fill_diagonal(pairs, -np.inf)
-    i, j = np.unravel_index(int(np.argmax(pairs)), pairs.shape)
-    if new.max() >= pairs[i, j]:
+    it adds the least: it is dropped (None). Otherwise one of the two closest goes, the one with more samples (the
+    other, rarer one keeps its information in the memory; on a tie the first in storage order, the smaller id); its
+    id is returned. The paper's code reads the pair off its similarity matrix; the caller finds it without one
+    (:mod:`memrl_mcp.steps`, "Capacities")."""
+    if new_similarity >= similarity:
         return None
-    return int(i) if samples[i] >= samples[j] else int(j)
+    first, second = sorted(closest, key=lambda record: record.id)
+    return first.id if first.samples >= second.samples else second.id
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from memrl_mcp.embeddings import Embedder, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.access import Access
+from memrl_mcp.memory.bounds import OldestBeyond
 from memrl_mcp.memory.ledger import Ledger
 from memrl_mcp.memory.records import RecallRecord, memory_view
 from memrl_mcp.models import (
@@ -36,8 +37,6 @@ from memrl_mcp.settings import Settings
 from memrl_mcp.storage import Hit, Point, Store, new_id
 from memrl_mcp.storage.migrations import SCHEMA_POINT
 from memrl_mcp.validation import is_point_id
-
-EVICT_DOWN_TO = 0.9  # of max_pending_recalls: what an eviction leaves, so the next count is a tenth of it away
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,9 @@ class EpisodeMemory:
         self._rng = random.Random(settings.retrieval.seed)
         # One store_experience at a time per process, so that two stores of one task make one memory.
         self._store_lock = threading.Lock()
-        self._pending_budget: dict[str, int] = {}  # per namespace, recalls to go before counting its pending ones
+        self._pending = OldestBeyond(
+            store, "recalls", {"status": "pending"}, "created_at", settings.learning.max_pending_recalls
+        )
 
     def find(self, query: RecallQuery, explore: bool) -> Found:
         """Phase A (the store's search: similarity >= delta, top-k1) then Phase B (:func:`algorithm.select`) for a
@@ -157,33 +158,8 @@ class EpisodeMemory:
         )
         recall_id = new_id()
         self._store.upsert("recalls", [Point(recall_id, found.vector, record.payload())])
-        self._bound_pending(found.namespace)
+        self._pending.added(found.namespace)
         return RecallResult(recall_id=recall_id, **result.model_dump())
-
-    def _bound_pending(self, namespace: str) -> None:
-        """Keep at most ``max_pending_recalls`` pending recalls in the namespace: over the bound, drop the oldest
-        down to :data:`EVICT_DOWN_TO` of it (reporting one of them is then refused as expired).
-
-        Counting is a scan in qdrant-client's local mode (160 ms at 1000 recalls, against 0.2 ms on qdrant-edge),
-        so a process counts a namespace's pending recalls only once its recalls since the last count could have
-        reached the bound (reports only lower the count). Replicas on one Qdrant server may each add that many
-        between counts."""
-        budget = self._pending_budget.get(namespace, 0)
-        if budget > 0:
-            self._pending_budget[namespace] = budget - 1
-            return
-        bound = self._learning.max_pending_recalls
-        where = {"namespace": namespace, "status": "pending"}
-        pending = self._store.count("recalls", where)
-        if pending > bound:
-            ages = sorted(
-                (float(payload["created_at"]), recall_id)
-                for recall_id, payload in self._store.scroll("recalls", where, ("created_at",))
-            )
-            keep = int(bound * EVICT_DOWN_TO)
-            self._store.delete("recalls", [recall_id for _, recall_id in ages[: max(len(ages) - keep, 0)]])
-            pending = min(pending, keep)
-        self._pending_budget[namespace] = bound - pending
 
     def reportable(self, recall_id: str, access: Access) -> RecallRecord:
         """The pending recall ``recall_id`` of the caller, or a refusal that says why it cannot be reported (another

@@ -97,7 +97,8 @@ class Ledger:
         change: Callable[[Mapping[str, Any]], dict[str, Any]],
         table: Table = "memories",
     ) -> Written | None:
-        """Apply ``change`` to a memory (or a step record) once, however many writers race; None when it is gone."""
+        """Apply ``change`` to a memory (or a step record) once, however many writers race; None when it is gone.
+        ``change`` runs once per attempt, just before that attempt's write (the step memory checkpoints there)."""
         for attempt in range(WRITE_ATTEMPTS):
             before = self._store.get(table, [memory_id]).get(memory_id)
             if before is None:

@@ -6,12 +6,14 @@ A recall record is written by ``recall``, claimed by ``report`` and finished by 
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
+import zlib
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from memrl_mcp.embeddings import canonical_task
 from memrl_mcp.errors import MemoryRequestError
@@ -123,9 +125,22 @@ class StepPayload(BaseModel):
     updated_at: float
     version: int = 0
     applied: list[str] = Field(default_factory=list)
+    nearest: float | None = Field(
+        None, description="Similarity to the nearest other record of the namespace when last looked up (None: none)."
+    )
+    nearest_id: str | None = Field(None, description="That record's id.")
+    nearest_weight: float | None = Field(
+        None,
+        description="The observation weight of that similarity (None: never looked up: a record imported, or "
+        "stored before version 3).",
+    )
 
     def view(self, record_id: str) -> StepRecordView:
-        return StepRecordView(id=record_id, **self.model_dump(exclude={"version", "applied"}))
+        return StepRecordView(id=record_id, **self.model_dump(exclude=BOOKKEEPING))
+
+
+BOOKKEEPING = {"version", "applied", "nearest", "nearest_id", "nearest_weight"}
+"""Fields of a step record that are the store's bookkeeping, not what it learned: left out of views and exports."""
 
 
 class ReportedStep(BaseModel):
@@ -144,7 +159,13 @@ EpisodeStatus = Literal["applying", "reported"]
 
 class EpisodeRecord(BaseModel):
     """A reported trajectory, keyed by (namespace, episode_id): its claim and redo log while ``applying``, then the
-    proof that the episode was applied (its steps dropped, its result kept) so that a second report is told so."""
+    proof that the episode was applied (its task and steps dropped, its result kept) so that a second report is
+    told so.
+
+    Written twice: whole at the claim, and with its task and steps dropped once reported. Its progress in between has a
+    point of its own (:class:`EpisodeProgress`): qdrant-edge writes a point's whole payload anew at every change and
+    frees the old copy only at a flush, so a checkpoint written here after each step cost the trajectory's size per
+    step (a 200-step, 245 KB trajectory grew the store by 36.6 MB; issue 22)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -158,10 +179,63 @@ class EpisodeRecord(BaseModel):
     steps: list[ReportedStep]
     done: int = Field(
         0,
-        description="Steps applied so far (a redo resumes here; the step's own once-only check "
-        "covers the one in flight).",
+        description="Steps applied: 0 while applying (the progress point counts them; a report claimed before "
+        "schema version 3 counted them here, and is resumed from here), all of them once reported.",
     )
     result: dict[str, Any] | None = None
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _from_stored(cls, steps: Any) -> Any:
+        """Stored as compressed text (:meth:`_stored`); a store older than version 3 kept a list, still read."""
+        return json.loads(zlib.decompress(base64.b64decode(steps))) if isinstance(steps, str) else steps
+
+    @field_serializer("steps")
+    def _stored(self, steps: list[ReportedStep]) -> str:
+        """The steps as stored: their JSON, zlib-compressed, in base64. The trajectory is written once (and again in
+        the write-ahead log) and read back once. Stored as a list, it made the episodes table grow by 1.8x the
+        request's JSON, a fifth of what the report cost (9.5x; issue 22's 200-step shape, tests/test_step_costs.py);
+        compressed, 0.9x. The text takes 15-20% of the JSON for room descriptions and shell commands (that test's
+        trajectories of 250 KB and 1.8 MB: 6 and 84 ms to write, as much to read), 54% for random words."""
+        text = json.dumps([step.model_dump() for step in steps], ensure_ascii=False)
+        return base64.b64encode(zlib.compress(text.encode())).decode()
+
+
+StepOutcome = Literal["created", "merged", "added", "dropped"]
+"""What applying a step did: it made its record, folded into an action tried there before, added an action to its
+record, or was not stored (the memory was full and the step's record was the most redundant)."""
+
+
+class EpisodeProgress(BaseModel):
+    """How far the redo of a claimed episode got, and what its steps did so far: the result counts every step once,
+    whichever run applied it. Its id derives from the claim; it is deleted once the episode is reported.
+
+    ``pending`` is written before each attempt to write step ``done``'s record, in the same checkpoint, so that a
+    redo finding that write landed (its operation id in the record) knows what it did without the record as it was
+    before: the result then counts the step as its own run would have."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str
+    status: Literal["progress"] = "progress"
+    claim: str
+    episode: str = Field(description="The id of the episode record.")
+    reported_at: float
+    operations: str = Field(
+        description="Its steps' operation ids (the step records' once-only keys) are this and the step's index. "
+        "From the claim: a later report of the same episode id, once its record was forgotten (evicted beyond "
+        "max_reported_episodes), is a new episode."
+    )
+    done: int = 0
+    created: int = 0
+    merged: int = 0
+    dropped: int = 0
+    pending: StepOutcome | None = None
+
+    def after(self, outcome: StepOutcome) -> EpisodeProgress:
+        """Past step ``done``, which did ``outcome``."""
+        counts = {key: getattr(self, key) + (outcome == key) for key in ("created", "merged", "dropped")}
+        return self.model_copy(update={"done": self.done + 1, "pending": None, **counts})
 
 
 def canonical_text(text: str) -> str:
@@ -179,6 +253,12 @@ def episode_key(namespace: str, episode_id: str) -> str:
     """The episode record of (namespace, episode_id): one per namespace, so tenants never collide."""
     key = json.dumps([namespace, episode_id], ensure_ascii=False)
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-episode:{key}"))
+
+
+def progress_key(claim: str) -> str:
+    """The progress point of a claimed episode: derived from the claim, so a later claim of the same episode id
+    (after its namespace was forgotten) never meets an older claim's progress."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-episode-progress:{claim}"))
 
 
 # -- records from outside (memrl-mcp import) -----------------------------------------------------------

@@ -7,7 +7,9 @@ in :mod:`memrl_mcp.memory.records`. Every method that serves a caller takes the 
 
 Unreported recalls are bounded: one expires after ``recall_ttl_seconds``, and a namespace keeps at most
 ``max_pending_recalls`` pending (the oldest go first), so a client that never reports cannot grow the store
-without limit.
+without limit. Reported episodes of the step memory likewise: a namespace keeps the newest
+``max_reported_episodes`` (a report of an episode id dropped before is applied as a new episode)
+(:mod:`~memrl_mcp.memory.bounds`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pydantic import BaseModel
 from memrl_mcp.embeddings import Embedder, create_embedder, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
+from memrl_mcp.memory.bounds import OldestBeyond
 from memrl_mcp.memory.episodes import EpisodeMemory
 from memrl_mcp.memory.ledger import Ledger
 from memrl_mcp.memory.listing import DEFAULT_PAGE, decode_cursor, encode_cursor, keyset_page
@@ -82,7 +85,6 @@ from memrl_mcp.validation import (
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
 RESTORE_BATCH = 256  # memories or step records an import embeds and writes together
-EVICT_DOWN_TO = 0.9  # of max_pending_recalls: what an eviction leaves, so the next count is a tenth of it away
 
 
 class MemoryService:
@@ -114,6 +116,9 @@ class MemoryService:
         self.episodes = EpisodeMemory(store, self._ledger, embedder, settings, clock)
         self.scale = self.episodes.scale
         self.steps = StepMemory(store, self._ledger, settings.steps, embedder)
+        self._reported = OldestBeyond(
+            store, "episodes", {"status": "reported"}, "reported_at", settings.steps.max_reported_episodes
+        )
 
     @classmethod
     def open(
@@ -286,7 +291,10 @@ class MemoryService:
             if recall_id is not None:
                 self.episodes.reportable(recall_id, access)
             trajectory = [(step.observation, step.action, step.reward) for step in checked]
-            return self.steps.report(task, trajectory, episode_id, namespace, recall_id, self._clock())
+            result = self.steps.report(task, trajectory, episode_id, namespace, recall_id, self._clock())
+            if not result.already_applied:
+                self._reported.added(namespace)
+            return result
 
     # -- store ----------------------------------------------------------------------------------
 

@@ -18,16 +18,33 @@ decision of a long episode went wrong. The step memory learns per decision:
   namespace (:func:`~memrl_mcp.memory.algorithm.record_to_evict`: the most redundant of the new record and the two
   closest stored ones goes). Replicas writing at once may overshoot the record capacity by one per writer.
 
+**The closest pair without the matrix.** The paper's code keeps the similarity matrix of all stored records; a
+store has no such matrix, and building it read every record of the namespace and took 500x500 products per new
+record at the capacity (40 s of one report's server time; issue 22). Instead each record stores its nearest other
+record (``nearest``, an indexed number, and ``nearest_id``), looked up after its insert, and again when that
+neighbour turns out to be gone. Every pair of stored records then has one record, the later one looked up, whose
+``nearest`` is at least the pair's similarity, and each ``nearest`` is the similarity of a real pair unless its
+neighbour was deleted since. So the record with the highest ``nearest`` whose neighbour still exists holds the
+closest pair: an ordered look-up of one record, one read of its neighbour, and a re-look-up for each stale one
+met on the way. A new record costs a few reads at any capacity (perf/step_capacity.py). A record never
+looked up (imported, or stored before schema version 3) or looked up under another ``step_observation_weight``
+is looked up when its namespace next needs the pair: once, reading every record.
+
 **Once per episode.** ``episode_id`` is the client's once-only key. The report inserts an episode record under an
 id derived from (namespace, episode_id), insert-only, carrying a fresh claim id and every step with its target;
 the record read back names the one report that proceeds (a duplicate, concurrent or later, changes nothing and
-is told so). The record is the redo log: each step is applied once to its record (operation ``step:<episode>:<t>``
-of :meth:`~memrl_mcp.memory.ledger.Ledger.update_once`), progress is checkpointed in ``done``, then the episode is
-marked ``reported`` (its steps dropped, its result kept). Whoever runs the redo (the reporter, or the next server
-to open the store after a crash) gets the same result. With a ``recall_id``, the redo also applies the episode
-memory's report of that recall with the last step's reward, under a claim id derived from the episode, so it
-too happens once. A namespace being forgotten deletes its episode records first: a report whose record is gone
-stops (:class:`EpisodeGone`) and removes what it had just created.
+is told so). The record is the redo log, written whole once: each step is applied once to its record (operation
+``step:<claim>:<t>`` of :meth:`~memrl_mcp.memory.ledger.Ledger.update_once`, or the operation id a new record is
+inserted with), and the progress has a small point of its own (:class:`~memrl_mcp.memory.records.EpisodeProgress`),
+written before each step's write with what that write does, so a redo counts the step it finds landed as its own
+run would have. Then the episode is marked ``reported`` (its steps dropped, its result kept) and the progress
+point deleted. Whoever runs the redo (the reporter, or the next server to open the store after a crash) gets the
+same result, and redoes only the steps not yet checkpointed. With a ``recall_id``, the redo also applies the
+episode memory's report of that recall with the last step's reward, under a claim id derived from the episode, so
+it too happens once. A namespace remembers its newest ``max_reported_episodes`` reported episodes (memory
+module): a report of an older episode id is a new episode, applied again. A namespace being forgotten deletes its
+episode records first: a report whose record is gone stops (:class:`EpisodeGone`) and removes what it had just
+created.
 """
 
 from __future__ import annotations
@@ -35,6 +52,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,11 +63,14 @@ from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.ledger import Ledger
 from memrl_mcp.memory.records import (
     ClaimedReport,
+    EpisodeProgress,
     EpisodeRecord,
     ReportedStep,
+    StepOutcome,
     StepPayload,
     canonical_text,
     episode_key,
+    progress_key,
     step_id,
 )
 from memrl_mcp.models import (
@@ -62,7 +83,8 @@ from memrl_mcp.models import (
     TrajectoryResult,
 )
 from memrl_mcp.settings import StepSettings
-from memrl_mcp.storage import PLACEHOLDER, Point, Store
+from memrl_mcp.storage import PLACEHOLDER, Point, Range, Store
+from memrl_mcp.storage.numbers import kept_float
 
 
 class EpisodeGone(MemoryRequestError):
@@ -73,6 +95,30 @@ class EpisodeGone(MemoryRequestError):
             f"episode_id: episode {episode_id!r} is gone (its namespace was forgotten) while it was being applied; "
             "nothing more was written"
         )
+
+
+@dataclass(frozen=True)
+class Nearest:
+    """A record's nearest other record in its namespace when looked up, and the observation weight of that
+    similarity (the ``nearest*`` fields of :class:`~memrl_mcp.memory.records.StepPayload`; id and similarity None: the
+    namespace had no other record)."""
+
+    id: str | None
+    similarity: float | None
+    weight: float
+
+    def fields(self) -> dict[str, Any]:
+        return {"nearest": self.similarity, "nearest_id": self.id, "nearest_weight": self.weight}
+
+
+@dataclass(frozen=True)
+class Room:
+    """The record capacity's decision for a new record: its nearest stored record, whether it is stored, and the
+    record evicted first to make room for it (None: there was room)."""
+
+    nearest: Nearest
+    stored: bool
+    evict: str | None = None
 
 
 def embedded_text(observation: str, max_chars: int) -> str:
@@ -94,6 +140,7 @@ class StepMemory:
         self._ledger = ledger
         self.rules = rules
         self._embedder = embedder
+        self._nearest_weight = kept_float(rules.step_observation_weight)  # as stored, so that it compares equal
 
     # -- vectors ------------------------------------------------------------------------------------
 
@@ -144,9 +191,35 @@ class StepMemory:
 
     def applied(self, namespace: str, episode_id: str) -> TrajectoryResult | None:
         """The answer to a report of an episode already claimed (None: never reported in this namespace)."""
-        payload = self._store.get("episodes", [episode_key(namespace, episode_id)])
-        record = next(iter(payload.values()), None)
-        return None if record is None else _already(EpisodeRecord.model_validate(record))
+        key = episode_key(namespace, episode_id)
+        payload = self._store.get("episodes", [key]).get(key)
+        return None if payload is None else self._already(key, EpisodeRecord.model_validate(payload))
+
+    def _already(self, key: str, record: EpisodeRecord) -> TrajectoryResult:
+        """A report of an episode someone claimed before: nothing changes; say what was (or is being) applied."""
+        if record.status == "reported" and record.result is not None:
+            return TrajectoryResult(
+                **record.result,
+                already_applied=True,
+                changes=[],
+                message=f"episode_id {record.episode_id!r} was already reported and applied (its steps once: "
+                f"{record.result['updated']} Q values); nothing was changed now",
+            )
+        progress = self._progress(key, record)
+        return TrajectoryResult(
+            episode_id=record.episode_id,
+            namespace=record.namespace,
+            already_applied=True,
+            steps=len(record.steps),
+            updated=progress.done - progress.dropped,
+            created=progress.created,
+            merged=progress.merged,
+            dropped=progress.dropped,
+            changes=[],
+            message=f"episode_id {record.episode_id!r} is being applied by an earlier report ({progress.done} of "
+            f"{len(record.steps)} steps so far; an interrupted one is finished by the server); nothing was changed "
+            "now",
+        )
 
     def report(
         self,
@@ -181,8 +254,11 @@ class StepMemory:
             raise EpisodeGone(episode_id)
         claimed = EpisodeRecord.model_validate(stored)
         if claimed.claim != record.claim:
-            return _already(claimed)
-        return self.redo(key, claimed)
+            return self._already(key, claimed)
+        fresh = EpisodeProgress(
+            namespace=namespace, claim=record.claim, episode=key, reported_at=now, operations=f"step:{record.claim}"
+        )
+        return self.redo(key, claimed, fresh)
 
     def _state_values(self, task: str, observations: Sequence[str], namespace: str) -> list[float | None]:
         """max_a Q(task, o_j, a) for every j that is some step's o_{t+n} (j >= n); None where nothing matches."""
@@ -205,21 +281,37 @@ class StepMemory:
                 values[j] = _state_value(hits[0].payload) if hits else None
         return values
 
-    def redo(self, key: str, record: EpisodeRecord) -> TrajectoryResult:
-        """Apply a claimed episode from where it stopped: each step once, then the recall, then ``reported``."""
+    def _progress(self, key: str, record: EpisodeRecord) -> EpisodeProgress:
+        """How far the redo of a claimed episode got. Without a progress point, no step of this claim was checkpointed:
+        its report was killed before its first step, or claimed before schema version 3, which counted the steps
+        done in the episode record and named their operations after the record's id."""
+        payload = self._store.get("episodes", [progress_key(record.claim)]).get(progress_key(record.claim))
+        if payload is not None:
+            return EpisodeProgress.model_validate(payload)
+        return EpisodeProgress(
+            namespace=record.namespace,
+            claim=record.claim,
+            episode=key,
+            reported_at=record.reported_at,
+            operations=f"step:{key}",
+            done=record.done,
+        )
+
+    def _checkpoint(self, progress: EpisodeProgress, pending: StepOutcome) -> None:
+        """Write the progress, and what step ``progress.done`` does if the write about to be attempted lands."""
+        point = Point(
+            progress_key(progress.claim), PLACEHOLDER, progress.model_copy(update={"pending": pending}).model_dump()
+        )
+        self._store.upsert("episodes", [point])
+
+    def redo(self, key: str, record: EpisodeRecord, progress: EpisodeProgress) -> TrajectoryResult:
+        """Apply a claimed episode from ``progress`` on: each step once, then the recall, then ``reported``."""
         changes: list[StepChange] = []
-        created = merged = dropped = 0
-        for t in range(record.done, len(record.steps)):
-            applied = self._apply_step(key, record, t)
-            if applied is None:
-                dropped += 1
-            else:
-                change, new_record = applied
-                created += new_record
-                if change is not None:
-                    changes.append(change)
-                    merged += change.q_before is not None
-            self._store.set_payload_if("episodes", key, {"done": t + 1}, {"claim": record.claim})
+        for t in range(progress.done, len(record.steps)):
+            outcome, change = self._apply_step(key, record, t, progress)
+            progress = progress.after(outcome)
+            if change is not None:
+                changes.append(change)
         outcome, outcome_error = None, None
         if record.recall_id is not None:
             report = ClaimedReport(
@@ -234,7 +326,7 @@ class StepMemory:
                 outcome = self._ledger.report(record.recall_id, report)
             except MemoryRequestError as error:
                 outcome_error = str(error)
-        steps = len(record.steps)
+        steps, created, merged, dropped = len(record.steps), progress.created, progress.merged, progress.dropped
         result = TrajectoryResult(
             episode_id=record.episode_id,
             namespace=record.namespace,
@@ -254,18 +346,21 @@ class StepMemory:
         self._store.set_payload_if(
             "episodes",
             key,
-            {"status": "reported", "steps": [], "result": summary},
+            {"status": "reported", "task": "", "steps": [], "done": steps, "result": summary},
             {"claim": record.claim, "status": "applying"},
         )
+        self._store.delete("episodes", [progress_key(record.claim)])
         return result
 
-    def _apply_step(self, key: str, record: EpisodeRecord, t: int) -> tuple[StepChange | None, bool] | None:
-        """Fold step t into its record, creating the record if needed; None when the memory dropped the step.
-        The change is None when an earlier run of this redo had applied it already."""
+    def _apply_step(
+        self, key: str, record: EpisodeRecord, t: int, progress: EpisodeProgress
+    ) -> tuple[StepOutcome, StepChange | None]:
+        """Fold step t into its record, creating the record if needed. The change is None when the step was not
+        stored, or when an earlier run of this redo had applied it already (what that run did is ``pending``)."""
         step = record.steps[t]
         record_id = step_id(record.namespace, record.task, step.observation)
-        operation = f"step:{key}:{t}"
-        folded: list[algorithm.ActionValue] = []  # the action as the write that landed left it
+        operation = f"{progress.operations}:{t}"
+        folded: list[tuple[algorithm.ActionValue | None, algorithm.ActionValue]] = []  # the attempt that landed
 
         def fold(payload: Any) -> dict[str, Any]:
             actions = [_value(ActionView.model_validate(a)) for a in payload["actions"]]
@@ -273,71 +368,157 @@ class StepMemory:
             new = algorithm.update_action_value(
                 old, step.action, step.target, step.reward, self.rules.step_update, self.rules.step_learning_rate
             )
-            folded.append(new)
+            folded.append((old, new))
+            self._checkpoint(progress, "added" if old is None else "merged")
             actions = [new if a is old else a for a in actions] + ([] if old else [new])
             kept = algorithm.prune_actions(actions, self.rules.step_max_actions)
             return {"actions": [_view(a).model_dump() for a in kept], "updated_at": record.reported_at}
 
         written = self._ledger.update_once(record_id, operation, fold, table="steps")
-        created = False
         if written is None:
-            task_vector = self._tasks([record.task], record.namespace)[0]
-            observation_vector = self._observations([step.observation], record.namespace)[0]
-            if not self._make_room(record.namespace, task_vector, observation_vector):
-                return None
-            payload = StepPayload(
-                namespace=record.namespace,
-                task=record.task,
-                observation=step.observation,
-                actions=[],
-                created_at=record.reported_at,
-                updated_at=record.reported_at,
-            )
-            vector = np.concatenate([task_vector, observation_vector])
-            self._store.insert("steps", Point(record_id, vector, payload.model_dump()))
-            if key not in self._store.get("episodes", [key]):  # forgotten between the claim and this insert
-                self._store.delete("steps", [record_id])
-                raise EpisodeGone(record.episode_id)
-            created = True
+            created = self._create(key, record, t, progress, record_id, operation)
+            if created is not None:
+                return created
             written = self._ledger.update_once(record_id, operation, fold, table="steps")
-            if written is None:  # evicted by a concurrent report at once
-                return None
-        if written.update is None:
-            return None, created
-        before = next((a for a in written.before["actions"] if a["action"] == step.action), None)
-        after = folded[-1]
+            if written is None:  # made by a concurrent report, and evicted by another at once
+                return "dropped", None
+        if written.update is None:  # landed in a run killed before its checkpoint, which said what it does
+            return progress.pending or "added", None  # (a report claimed before version 3 did not say)
+        old, new = folded[-1]
         change = StepChange(
             step=t,
             record_id=record_id,
             action=step.action,
             target=step.target,
-            q_before=None if before is None else float(before["q"]),
-            q_after=after.q,
-            visits=after.visits,
+            q_before=None if old is None else old.q,
+            q_after=new.q,
+            visits=new.visits,
             kept=any(a["action"] == step.action for a in written.update["actions"]),
         )
-        return change, created
+        return "added" if old is None else "merged", change
 
-    def _make_room(self, namespace: str, task: np.ndarray, observation: np.ndarray) -> bool:
-        """Before a new record: at the capacity, evict per :func:`~memrl_mcp.memory.algorithm.record_to_evict`; False
-        when the new record itself is the one to drop."""
+    def _create(
+        self, key: str, record: EpisodeRecord, t: int, progress: EpisodeProgress, record_id: str, operation: str
+    ) -> tuple[StepOutcome, StepChange | None] | None:
+        """Make step t's record with the step folded in (one write): "dropped" when the memory is full and the
+        record is the one to drop; None when a concurrent report made the record first."""
+        step = record.steps[t]
+        task_vector = self._tasks([record.task], record.namespace)[0]
+        observation_vector = self._observations([step.observation], record.namespace)[0]
+        vector = np.concatenate([task_vector, observation_vector])
+        nearest = self._make_room(record.namespace, vector)
+        if nearest is None:
+            return "dropped", None
+        new = algorithm.update_action_value(
+            None, step.action, step.target, step.reward, self.rules.step_update, self.rules.step_learning_rate
+        )
+        payload = StepPayload(
+            namespace=record.namespace,
+            task=record.task,
+            observation=step.observation,
+            actions=[_view(new)],
+            created_at=record.reported_at,
+            updated_at=record.reported_at,
+            applied=[operation],
+            **nearest.fields(),
+        )
+        self._checkpoint(progress, "created")
+        self._store.insert("steps", Point(record_id, vector, payload.model_dump()))
+        if self._store.get_vector("episodes", key) is None:  # forgotten between the claim and this insert
+            self._store.delete("steps", [record_id])
+            self._store.delete("episodes", [progress_key(record.claim)])
+            raise EpisodeGone(record.episode_id)
+        stored = self._store.get("steps", [record_id]).get(record_id)
+        if stored is None or operation not in stored["applied"]:
+            return None
+        self._recheck_nearest(record.namespace, record_id, vector, nearest)
+        change = StepChange(
+            step=t,
+            record_id=record_id,
+            action=step.action,
+            target=step.target,
+            q_before=None,
+            q_after=new.q,
+            visits=new.visits,
+            kept=True,
+        )
+        return "created", change
+
+    # -- the record capacity ------------------------------------------------------------------------
+
+    def _nearest(self, namespace: str, vector: np.ndarray, record_id: str | None = None) -> Nearest:
+        """The nearest record of the namespace to a stored-form ``vector`` (other than ``record_id``)."""
+        dim = vector.size // 2
+        hits = self._store.search(self._query(vector[:dim], vector[dim:]), 2, -1.0, {"namespace": namespace}, "steps")
+        other = next((hit for hit in hits if hit.id != record_id), None)
+        weight = self._nearest_weight
+        return Nearest(None, None, weight) if other is None else Nearest(other.id, other.similarity, weight)
+
+    def _look_up(self, namespace: str, record_id: str, vector: np.ndarray | None = None) -> None:
+        """Store a record's nearest neighbour as it is now."""
+        vector = self._store.get_vector("steps", record_id) if vector is None else vector
+        if vector is not None:
+            nearest = self._nearest(namespace, vector, record_id)
+            self._store.set_payload_if("steps", record_id, nearest.fields(), {"namespace": namespace})
+
+    def _recheck_nearest(self, namespace: str, record_id: str, vector: np.ndarray, stored: Nearest) -> None:
+        """After a record's insert: a record inserted meanwhile by a concurrent report may be nearer than the one
+        looked up before (each of the two may have missed the other); the later of two inserts sees both."""
+        nearest = self._nearest(namespace, vector, record_id)
+        if nearest.id != stored.id:  # the same one: the same similarity, but for rounding
+            self._store.set_payload_if("steps", record_id, nearest.fields(), {"namespace": namespace})
+
+    def _make_room(self, namespace: str, vector: np.ndarray) -> Nearest | None:
+        """Before a new record: its nearest stored record, after making room (:meth:`room`); None when the new
+        record is the one to drop."""
+        room = self.room(namespace, vector)
+        if not room.stored:
+            return None
+        if room.evict is not None:
+            self._store.delete("steps", [room.evict])
+        return room.nearest  # if it names the evicted record, the check after the insert finds the new nearest
+
+    def room(self, namespace: str, vector: np.ndarray) -> Room:
+        """What the record capacity decides for a new record of ``vector`` (stored form): below the capacity it is
+        stored; at it, :func:`~memrl_mcp.memory.algorithm.record_to_evict` decides, reading a few records (module
+        docstring)."""
+        nearest = self._nearest(namespace, vector)
+        records = self._store.count("steps", {"namespace": namespace})
+        if records < self.rules.step_max_records or nearest.similarity is None:
+            return Room(nearest, stored=True)
+        closest = self._closest_pair(namespace, records)
+        if closest is None:
+            return Room(nearest, stored=True)
+        pair, similarity = closest
+        victim = algorithm.record_to_evict(nearest.similarity, pair, similarity)
+        return Room(nearest, stored=victim is not None, evict=victim)
+
+    def _closest_pair(
+        self, namespace: str, records: int
+    ) -> tuple[tuple[algorithm.StoredRecord, algorithm.StoredRecord], float] | None:
+        """The two records of the namespace most similar to each other: the one whose nearest neighbour is nearest
+        (an ordered look-up of the indexed ``nearest``), and that neighbour (module docstring, "Capacities")."""
         where = {"namespace": namespace}
-        if self._store.count("steps", where) < self.rules.step_max_records:
-            return True
-        rows = list(self._store.vectors("steps", where, ("actions",)))
-        ids = [row[0] for row in rows]
-        matrix = np.stack([row[1] for row in rows]).astype(np.float64)
-        dim = matrix.shape[1] // 2
-        w = self.rules.step_observation_weight
-        tasks, observations = matrix[:, :dim], matrix[:, dim:]
-        old = (1.0 - w) * tasks @ tasks.T + w * observations @ observations.T
-        new = (1.0 - w) * tasks @ task + w * observations @ observation
-        samples = [sum(int(a["visits"]) for a in row[2].get("actions", [])) for row in rows]
-        victim = algorithm.record_to_evict(old, new, samples)
-        if victim is None:
-            return False
-        self._store.delete("steps", [ids[victim]])
-        return True
+        weight = self._nearest_weight
+        if self._store.count("steps", {**where, "nearest_weight": Range(gte=weight, lte=weight)}) < records:
+            # Records never looked up (imported, stored before version 3) or with another observation weight: once.
+            for record_id, vector, payload in list(self._store.vectors("steps", where, ("nearest_weight",))):
+                if payload.get("nearest_weight") != weight:
+                    self._look_up(namespace, record_id, vector)
+        while True:
+            top = self._store.ordered("steps", where, "nearest", descending=True, limit=1)
+            if not top:
+                return None
+            first_id, first = top[0]
+            second_id = first["nearest_id"]
+            second = self._store.get("steps", [second_id]).get(second_id)
+            if second is not None:
+                pair = (
+                    algorithm.StoredRecord(first_id, _samples(first)),
+                    algorithm.StoredRecord(second_id, _samples(second)),
+                )
+                return pair, float(first["nearest"])
+            self._look_up(namespace, first_id)  # its neighbour was evicted or deleted since
 
     # -- backups ------------------------------------------------------------------------------------
 
@@ -358,14 +539,22 @@ class StepMemory:
     # -- housekeeping -------------------------------------------------------------------------------
 
     def housekeeping(self, now: float, stale_after: float) -> None:
-        """Finish the episodes whose report was interrupted (``applying`` for ``stale_after`` seconds or more)."""
+        """Finish the episodes whose report was interrupted (``applying`` for ``stale_after`` seconds or more), then
+        drop the progress points such a report left behind (killed between ``reported`` and their delete, or
+        written after their namespace was forgotten)."""
         for key, payload in list(self._store.scroll("episodes", {"status": "applying"})):
             record = EpisodeRecord.model_validate(payload)
             if now - record.reported_at >= stale_after:
                 try:
-                    self.redo(key, record)
+                    self.redo(key, record, self._progress(key, record))
                 except EpisodeGone:
                     continue
+        for progress_id, payload in list(self._store.scroll("episodes", {"status": "progress"})):
+            progress = EpisodeProgress.model_validate(payload)
+            if now - progress.reported_at >= stale_after:
+                episode = self._store.get("episodes", [progress.episode]).get(progress.episode)
+                if episode is None or episode["claim"] != progress.claim or episode["status"] != "applying":
+                    self._store.delete("episodes", [progress_id])
 
 
 def _value(view: ActionView) -> algorithm.ActionValue:
@@ -376,30 +565,10 @@ def _view(value: algorithm.ActionValue) -> ActionView:
     return ActionView(action=value.action, q=value.q, visits=value.visits, reward=value.reward)
 
 
+def _samples(payload: dict[str, Any]) -> int:
+    """A record's samples: the visits of all its actions."""
+    return sum(int(a["visits"]) for a in payload.get("actions", []))
+
+
 def _state_value(payload: dict[str, Any]) -> float | None:
     return algorithm.state_value([_value(ActionView.model_validate(a)) for a in payload.get("actions", [])])
-
-
-def _already(record: EpisodeRecord) -> TrajectoryResult:
-    """A report of an episode someone claimed before: nothing changes; say what was (or is being) applied."""
-    if record.status == "reported" and record.result is not None:
-        return TrajectoryResult(
-            **record.result,
-            already_applied=True,
-            changes=[],
-            message=f"episode_id {record.episode_id!r} was already reported and applied (its steps once: "
-            f"{record.result['updated']} Q values); nothing was changed now",
-        )
-    return TrajectoryResult(
-        episode_id=record.episode_id,
-        namespace=record.namespace,
-        already_applied=True,
-        steps=len(record.steps),
-        updated=record.done,
-        created=0,
-        merged=0,
-        dropped=0,
-        changes=[],
-        message=f"episode_id {record.episode_id!r} is being applied by an earlier report ({record.done} of "
-        f"{len(record.steps)} steps so far; an interrupted one is finished by the server); nothing was changed now",
-    )

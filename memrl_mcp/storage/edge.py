@@ -60,6 +60,10 @@ FULL_SCAN_KB = 10_000  # Qdrant's default: a filter matching fewer vectors than 
 BUILD_PAGE = 1024
 FINAL_REPLAY = 64  # logged writes few enough to replay with writers held back
 CHECK_EVERY = 1000  # memories writes between two checks of whether a build is due
+# Writes to a table between two flushes. qdrant-edge writes a changed point's whole payload anew, and frees the old
+# copy and truncates its write-ahead log only at a flush, which it never runs by itself: a server running for days
+# kept every payload it had replaced since it started (issue 22). At most this many replaced payloads wait.
+FLUSH_EVERY = 1000
 
 
 class EdgeStore:
@@ -107,6 +111,7 @@ class EdgeStore:
         self._child: subprocess.Popen[bytes] | None = None
         self._closing = False
         self._writes_to_check = 0
+        self._unflushed: dict[Table, int] = dict.fromkeys(TABLES, 0)
         self.last_build: BuildTimes | None = None
         current = self._current_generation()
         self._live: dict[Table, _Live] = {
@@ -339,6 +344,7 @@ class EdgeStore:
                 ids = [point_id for point_id, _ in self.scroll("memories", where, ())]
             old = self._fields(shard, ids)
             shard.update(operation)
+            self._flush_when_due("memories", shard)
             after = new if new is not None else self._fields(shard, ids)
             for point_id in set(old) | set(after):
                 self._tally.apply(old.get(point_id), after.get(point_id))
@@ -384,6 +390,14 @@ class EdgeStore:
             self._room.check(room)
         with self._reading(table) as shard:
             shard.update(operation)
+            self._flush_when_due(table, shard)
+
+    def _flush_when_due(self, table: Table, shard: Any) -> None:
+        """Flush a table at every :data:`FLUSH_EVERY`-th write to it in this process (its only writer)."""
+        self._unflushed[table] += 1
+        if self._unflushed[table] >= FLUSH_EVERY:
+            self._unflushed[table] = 0
+            shard.flush()
 
     def _write(self, table: Table, operation: Any, ids: Sequence[str] | None, room: float | None = 1.0) -> None:
         if table == "memories":

@@ -25,7 +25,7 @@ import numpy as np
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.storage import Point, Store
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA_POINT = str(uuid.uuid5(uuid.NAMESPACE_URL, "memrl-schema"))
 PROGRESS_EVERY = 1000  # records per progress line of a long migration
 
@@ -68,7 +68,11 @@ def history_as_text(store: Store) -> int:
 
 
 STEPS: tuple[tuple[int, Callable[[Store], int]], ...] = ((1, bookkeeping), (2, history_as_text))
-"""(the version a step brings the store to, the step: returns how many records it changed), oldest first."""
+"""(the version a step brings the store to, the step: returns how many records it changed), oldest first.
+
+Version 3 converts nothing: step records gained their nearest neighbour (``nearest*``, looked up when a namespace
+at its capacity first needs them) and a claimed episode its progress point (an episode claimed before resumes from
+its own ``done``). Older code refuses those fields and points, so the version makes it refuse the store instead."""
 
 
 def schema_version(store: Store) -> int:

@@ -92,7 +92,9 @@ INDEXES: dict[Table, dict[str, IndexKind]] = {
         "experience": "text",
     },
     "recalls": {"namespace": "keyword", "status": "keyword", EXPIRY: "float"},
-    "steps": {"namespace": "keyword"},
+    # nearest: the record capacity's ordered look-up of the closest pair; nearest_weight: counting the records whose
+    # nearest is out of date (an unindexed count read every record's payload: 5.4 ms at 2,000, 0.3 ms indexed).
+    "steps": {"namespace": "keyword", "nearest": "float", "nearest_weight": "float"},
     "episodes": {"namespace": "keyword", "status": "keyword"},
 }
 PLACEHOLDER = np.ones(1, dtype=np.float32)  # the vector of an episode record: it is only ever looked up by id
