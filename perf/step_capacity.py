@@ -70,7 +70,7 @@ def measure(embedder: MiniLMEmbedder, capacity: int, steps: int, runs: int) -> d
     texts = list(distinct)
     with tempfile.TemporaryDirectory() as folder:
         settings = load_settings(data_dir=folder, step_max_records=capacity)
-        store = open_store(settings, embedder.dim)
+        store = open_store(settings.storage, embedder.dim)
         service = MemoryService.open(settings, embedder, store)
         fill = [{"observation": text, "action": "look", "reward": 0.0} for text in texts[:capacity]]
         for start in range(0, capacity, 100):
@@ -87,7 +87,7 @@ def measure(embedder: MiniLMEmbedder, capacity: int, steps: int, runs: int) -> d
             old_runs = []
             for _ in range(runs):
                 start = time.perf_counter()
-                old = all_pairs(store, "default", vector, settings.step_observation_weight)
+                old = all_pairs(store, "default", vector, settings.steps.step_observation_weight)
                 old_runs.append((time.perf_counter() - start) * 1000)
             agreed += old == (room.evict if room.stored else None)
             old_ms.append(statistics.median(old_runs))

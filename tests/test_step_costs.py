@@ -294,7 +294,7 @@ async def test_at_capacity_a_new_step_reads_a_few_records_and_evicts_as_the_pape
     step_observation_weight, the first new record looks every record's neighbour up again once."""
     capacity = 80
     settings = load_settings(data_dir=tmp_path / "data", embedded_engine=engine, step_max_records=capacity)
-    counting = CountingStore(open_store(settings, embedder.dim))
+    counting = CountingStore(open_store(settings.storage, embedder.dim))
     service = MemoryService.open(settings, embedder, counting)  # type: ignore[arg-type]
     fill = trajectory(1, capacity, 200, 40)
     newcomers = [step["observation"] for step in trajectory(2, 9, 200, 40)]
@@ -309,8 +309,8 @@ async def test_at_capacity_a_new_step_reads_a_few_records_and_evicts_as_the_pape
     finally:
         service.close()
 
-    settings = settings.model_copy(update={"step_observation_weight": 0.3})
-    counting = CountingStore(open_store(settings, embedder.dim))
+    settings = settings.model_copy(update={"steps": settings.steps.model_copy(update={"step_observation_weight": 0.3})})
+    counting = CountingStore(open_store(settings.storage, embedder.dim))
     service = MemoryService.open(settings, embedder, counting)  # type: ignore[arg-type]
     try:
         evicted, read = add_one(service, counting, embedder, newcomers[6], 0.3)

@@ -68,7 +68,16 @@ def killed_at_write(settings: Settings, kill_at: int, recall_id: str, steps: str
     SIGKILLed just before its write number ``kill_at`` (0-based)."""
     root = Path(__file__).resolve().parents[1]
     child = subprocess.run(
-        [sys.executable, "-c", CHILD, str(settings.data_dir), settings.embedded_engine, str(kill_at), recall_id, steps],
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(settings.storage.data_dir),
+            settings.storage.embedded_engine,
+            str(kill_at),
+            recall_id,
+            steps,
+        ],
         env=child_env(PYTHONPATH=str(root)),
         cwd=root,
         capture_output=True,
@@ -93,7 +102,7 @@ def seed(settings: Settings, embedder: Embedder) -> tuple[str, str]:
 def assert_applied_once(
     settings: Settings, embedder: Embedder, memory_id: str, recall_id: str, crashed_at: int
 ) -> None:
-    store = open_store(settings, embedder.dim)
+    store = open_store(settings.storage, embedder.dim)
     reopened = MemoryService.open(settings, embedder, store)  # finishes the interrupted report
     try:
         if crashed_at == 0:  # died before claiming the episode: nothing was applied, the report can be sent again
@@ -216,13 +225,13 @@ def test_a_progress_point_left_behind_is_dropped_at_the_next_open(
 ) -> None:
     settings = load_settings(data_dir=tmp_path, embedded_engine=engine)
     MemoryService.open(settings, embedder).close()
-    store = open_store(settings, embedder.dim)
+    store = open_store(settings.storage, embedder.dim)
     dying = MemoryService(settings, embedder, DiesAtProgressDelete(store))  # type: ignore[arg-type]
     with pytest.raises(KeyboardInterrupt):
         dying.report_trajectory(MUG, SUCCESS, "episode-1", access=EVERYTHING)
     assert store.count("episodes", {"status": "progress"}) == 1
     store.close()
-    store = open_store(settings, embedder.dim)
+    store = open_store(settings.storage, embedder.dim)
     reopened = MemoryService.open(settings, embedder, store)
     try:
         assert store.count("episodes", {"status": "progress"}) == 0 and store.count("episodes") == 1
@@ -249,7 +258,7 @@ def test_a_report_killed_mid_episode_resumes_where_it_stopped_and_counts_each_st
     killed_at_write(settings, 3 + 2 * LANDED, "", str(STEPS))
     steps = trajectory(0, STEPS, 300, 900)
     ids = [step_id("default", MUG, step["observation"]) for step in steps]
-    counting = CountingStore(open_store(settings, embedder.dim))
+    counting = CountingStore(open_store(settings.storage, embedder.dim))
     reopened = MemoryService.open(settings, embedder, counting)  # type: ignore[arg-type]  # finishes the report
     try:
         assert counting.written["steps"] == set(ids[LANDED + 1 :])  # step 5 had landed: not written again
@@ -270,7 +279,7 @@ def test_an_episode_claimed_before_version_3_is_finished_from_its_own_count(
     (1), and named the step operations after the record's id; the step after them (1) had landed too. The new
     version finishes it without applying any step twice."""
     settings = load_settings(data_dir=tmp_path, embedded_engine=engine)
-    store = open_store(settings, embedder.dim)
+    store = open_store(settings.storage, embedder.dim)
     key = episode_key("default", "episode-1")
     targets = [0.0, 0.0, 1.0]  # n = 1, gamma = 1, no record known when claimed
     record = EpisodeRecord(
