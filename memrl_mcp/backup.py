@@ -9,8 +9,10 @@ embedder or engine. Floats are written in Python's shortest round-trip form, so 
 for bit. Which episode ids and recalls were reported is not exported: a restored store would apply a repeated
 report of an old episode again.
 
-An export to a file writes a temporary file in the same folder, syncs it and renames it over the
-target: a crashed export leaves a stray ``.<name>.*.tmp``, never a file that looks complete.
+An export opens the store read-only (:class:`~memrl_mcp.storage.ReadOnlyStore`: an embedded store is read from a
+copy in TMPDIR), so it works on a full disk or a read-only volume and changes nothing. An export to a file writes
+a temporary file in the same folder, syncs it and renames it over the target: a crashed export leaves a stray
+``.<name>.*.tmp``, never a file that looks complete.
 
 An import checks every line first (JSON, fields, types, limits, ids unique in the file) and writes
 nothing unless all of them pass. Blank lines are skipped. Each memory is then written under its own
@@ -52,7 +54,7 @@ def export_memories(settings: Settings, out: Path | None, namespaces: Sequence[s
     """Write the memories (of ``namespaces``, or all) to ``out`` or ``stdout``; returns a summary."""
     if not settings.qdrant_url and not settings.data_dir.is_dir():
         raise BackupError(f"no memory store in {settings.data_dir}")  # a typo must not create an empty store
-    service = MemoryService.open(settings)
+    service = MemoryService.open(settings.model_copy(update={"read_only": True}))  # changes no byte of the store
     try:
         # One scan, filtered here: a namespace without memories (a typo) is then reported, not refused mid-stream.
         wanted = set(namespaces)

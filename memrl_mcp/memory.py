@@ -17,6 +17,7 @@ import binascii
 import functools
 import itertools
 import json
+import logging
 import math
 import random
 import threading
@@ -65,7 +66,7 @@ from memrl_mcp.records import (
 )
 from memrl_mcp.settings import Settings
 from memrl_mcp.steps import StepMemory, StepRules, step_id
-from memrl_mcp.storage import Hit, Point, Range, Store, Where, Words, new_id, open_store
+from memrl_mcp.storage import DiskFullError, Hit, Point, Range, Store, Where, Words, new_id, open_store
 from memrl_mcp.tally import q_summary
 from memrl_mcp.validation import (
     COUNT,
@@ -88,6 +89,7 @@ STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was int
 RESTORE_BATCH = 256  # memories or step records an import embeds and writes together
 EVICT_DOWN_TO = 0.9  # of max_pending_recalls: what an eviction leaves, so the next count is a tenth of it away
 DEFAULT_PAGE = 20  # memories a list_memories page returns when the caller names no limit (at most max_list_page)
+log = logging.getLogger(__name__)
 
 
 class MemoryService:
@@ -162,12 +164,20 @@ class MemoryService:
         """Build the embedder and open the store the settings name (unless given), bring its schema up to date
         (:mod:`memrl_mcp.migrations`), then recover: an embedded store is this process's alone, so whatever is
         still "applying" was interrupted and is finished now; on a Qdrant server another replica may be
-        mid-report, so only reports left for a while are."""
+        mid-report, so only reports left for a while are. A recovery refused for want of disk space is left for
+        later (the next open, or the hourly housekeeping of recall): a full disk must not stop the reads.
+
+        ``read_only`` writes nothing: a store that needs a migration is refused, and what a crash interrupted is
+        left for a writable server to finish (reads show it as it stands)."""
         embedder = embedder or create_embedder(settings)
         service = cls(settings, embedder, store or open_store(settings, embedder.dim), clock)
         try:
-            migrate(service._store, embedder.dim)
-            service.housekeeping(stale_after=STALE_REPORT_SECONDS if settings.qdrant_url else 0.0)
+            migrate(service._store, embedder.dim, read_only=settings.read_only)
+            if not settings.read_only:
+                try:
+                    service.housekeeping(stale_after=STALE_REPORT_SECONDS if settings.qdrant_url else 0.0)
+                except DiskFullError as error:
+                    log.warning("interrupted reports are left unfinished until there is room: %s", error)
         except BaseException:
             service.close()  # release the store (an embedded one is locked while open)
             raise

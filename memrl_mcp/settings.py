@@ -281,7 +281,9 @@ class Settings(BaseSettings):
     read_only: bool = Field(
         False,
         description="Offer lookups only (search_experience, memory_stats, list_memories, resources): a frozen "
-        "memory, e.g. for a transfer evaluation. Recovery of an interrupted report still runs when the store opens.",
+        "memory, e.g. for a transfer evaluation. Nothing is written, not even at open: an embedded store is read "
+        "from a private copy in TMPDIR (so it may sit on a read-only volume), a store that needs a schema "
+        "migration is refused, and an interrupted report is left for a writable server to finish.",
     )
     ui_runs: list[Path] = Field(
         default_factory=list,

@@ -32,11 +32,13 @@ qdrant-client's local mode is plain Python, so this adapter makes each of its ca
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,7 +55,7 @@ import numpy as np
 
 from memrl_mcp.edge_index import RESCORE_OVERSAMPLING, IndexParams, payload_schema
 from memrl_mcp.errors import MemrlError
-from memrl_mcp.files import sync_folder, write_atomically
+from memrl_mcp.files import allocated_bytes, copy_sparse, free_bytes, hole_bytes, sync_folder, write_atomically
 from memrl_mcp.numbers import kept
 from memrl_mcp.settings import Settings
 from memrl_mcp.tally import FIELDS as TALLY_FIELDS
@@ -164,6 +166,10 @@ class StoreLockedError(MemrlError):
         )
 
 
+class StoreMissingError(MemrlError):
+    """A read-only server found no store to read."""
+
+
 class DiskFullError(MemrlError):
     """A write was refused: the disk under the embedded store has less free space than ``min_free_disk_mb``."""
 
@@ -184,14 +190,37 @@ class DiskRoom:
         """Raise :class:`DiskFullError` unless ``share`` of the margin is still free."""
         if self._min_free == 0:
             return
-        stats = os.statvfs(self._path)
-        free = stats.f_bavail * stats.f_frsize
+        free = free_bytes(self._path)
         if free < self._min_free * share:
             raise DiskFullError(
                 f"the disk holding the memory store ({self._path}) has {free / MB:.1f} MB free, below "
                 f"min_free_disk_mb={self._min_free // MB}: writes are refused until space is freed (recall, "
                 "stats and export still work; forgetting memories is allowed)"
             )
+
+    def check_open(self, folders: Sequence[Path]) -> None:
+        """Before this process opens the shards in ``folders``: make sure opening them cannot kill it.
+
+        qdrant-edge maps its files into memory, and on tmpfs it allocates their holes as it opens them (a small
+        store's first reopen grew it from 30 to 178 MB); a page it cannot allocate kills the process with SIGBUS,
+        where no error can be caught. When the free space could not cover every hole of the store's files plus
+        the margin, a child process opens the shards first: if it dies of SIGBUS, the disk is too full and this
+        is said; if it lives, what it allocated stays allocated and this process's open needs no more."""
+        free = free_bytes(self._path)
+        if free >= sum(hole_bytes(folder) for folder in folders) + self._min_free:
+            return
+        probe = "import sys, qdrant_edge as e\nfor p in sys.argv[1:]: e.EdgeShard.load(p).close()"
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *map(str, folders)], stdin=subprocess.DEVNULL, capture_output=True
+        )
+        if done.returncode == -signal.SIGBUS:
+            raise DiskFullError(
+                f"cannot open the memory store at {self._path}: its disk has {free / MB:.1f} MB free, too little "
+                "for the engine to map its files (a process opening it died of SIGBUS). Free some space; "
+                "meanwhile a read-only server (MEMRL_READ_ONLY=true) serves it and `memrl-mcp export` backs it "
+                "up: both open a copy of it in TMPDIR"
+            )
+        # Any other failure (a lock held, no space for a file the engine writes) is met and named by our own open.
 
 
 RECALL_SHARE = 0.5  # of the free-space margin, that a new recall may use
@@ -341,11 +370,9 @@ class EdgeStore:
         self._writes_to_check = 0
         self.last_build: BuildTimes | None = None
         current = self._current_generation()
-        self._live: dict[Table, _Live] = {
-            table: _Live(self._open(path / name, dim, table), name)
-            for table in TABLES
-            for name in [current if table == "memories" else table]
-        }
+        names: dict[Table, str] = {table: current if table == "memories" else table for table in TABLES}
+        self._room.check_open([path / name for name in names.values() if (path / name / "edge_config.json").exists()])
+        self._live = {table: _Live(self._open(path / name, dim, table), name) for table, name in names.items()}
         for stray in path.glob("memories*"):  # a build or a retired generation a crash left behind
             if stray.is_dir() and stray.name != current:
                 shutil.rmtree(stray)
@@ -392,7 +419,9 @@ class EdgeStore:
                 raise StoreLockedError(path, "its write-ahead log is locked") from None
             if "No space left on device" in str(error):  # the engine writes a little at every open
                 raise DiskFullError(
-                    f"cannot open the memory store at {path}: its disk is full. Free some space"
+                    f"cannot open the memory store at {path}: its disk is full. Free some space; meanwhile a "
+                    "read-only server (MEMRL_READ_ONLY=true) serves it and `memrl-mcp export` backs it up: both "
+                    "open a copy of it in TMPDIR"
                 ) from None
             raise
         indexed = set(shard.info().payload_schema)
@@ -827,7 +856,9 @@ class QdrantClientStore:
         api_key: str | None = None,
         path: Path | None = None,
         room: DiskRoom | None = None,
+        create: bool = True,
     ) -> None:
+        """``create``: create the collections and payload indexes a store lacks (not for a read-only server)."""
         from qdrant_client import QdrantClient, models
 
         self._models = models
@@ -855,13 +886,15 @@ class QdrantClientStore:
         else:
             raise ValueError("QdrantClientStore needs a url or a path")
         for table in TABLES:
-            self._ensure_collection(table, dim)
+            self._ensure_collection(table, dim, create)
 
-    def _ensure_collection(self, table: Table, dim: int) -> None:
+    def _ensure_collection(self, table: Table, dim: int, create: bool) -> None:
         """Create the collection if it is missing, then the payload indexes it lacks (server mode: local mode
-        scans everything and warns that indexes do nothing)."""
+        scans everything and warns that indexes do nothing); without ``create``, a missing collection is refused."""
         models, name = self._models, self._names[table]
         size = vector_size(table, dim)
+        if not create and not self._client.collection_exists(name):
+            raise StoreMissingError(f"the Qdrant server has no collection {name}, and a read-only server creates none")
         if self._client.collection_exists(name):
             stored_dim = getattr(self._client.get_collection(name).config.params.vectors, "size", None)
             if stored_dim is not None and stored_dim != size:
@@ -873,7 +906,7 @@ class QdrantClientStore:
             distance = models.Distance.DOT if is_dot(table) else models.Distance.COSINE
             vectors = models.VectorParams(size=size, distance=distance)
             self._client.create_collection(name, vectors_config=vectors)
-        if self._client_is_local:
+        if self._client_is_local or not create:
             return
         indexed = set(self._client.get_collection(name).payload_schema)
         schemas = {
@@ -1083,17 +1116,176 @@ class QdrantClientStore:
             self._client.close()
 
 
+class StoreLayer:
+    """A store over another one: every primitive is handed to ``inner`` unless a subclass overrides it."""
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+
+    def upsert(self, table: Table, points: Sequence[Point]) -> None:
+        self._inner.upsert(table, points)
+
+    def insert(self, table: Table, point: Point) -> None:
+        self._inner.insert(table, point)
+
+    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return self._inner.get(table, ids)
+
+    def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
+        return self._inner.get_vector(table, point_id)
+
+    def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
+        self._inner.set_payload(table, point_id, payload)
+
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
+        self._inner.set_payload_if(table, point_id, payload, where)
+
+    def delete(self, table: Table, ids: Sequence[str]) -> None:
+        self._inner.delete(table, ids)
+
+    def delete_where(self, table: Table, where: Where) -> None:
+        self._inner.delete_where(table, where)
+
+    def purge_recalls(self, expired_before: float) -> None:
+        self._inner.purge_recalls(expired_before)
+
+    def search(
+        self,
+        vector: np.ndarray,
+        limit: int,
+        min_similarity: float,
+        where: Where,
+        table: Table = "memories",
+        with_vectors: bool = False,
+    ) -> list[Hit]:
+        return self._inner.search(vector, limit, min_similarity, where, table, with_vectors)
+
+    def scroll_from(
+        self, table: Table, where: Where, offset: str | None, limit: int
+    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        return self._inner.scroll_from(table, where, offset, limit)
+
+    def ordered(
+        self, table: Table, where: Where, key: str, descending: bool, limit: int
+    ) -> list[tuple[str, dict[str, Any]]]:
+        return self._inner.ordered(table, where, key, descending, limit)
+
+    def scroll(
+        self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        return self._inner.scroll(table, where, fields)
+
+    def vectors(
+        self, table: Table, where: Where, fields: Sequence[str]
+    ) -> Iterator[tuple[str, np.ndarray, dict[str, Any]]]:
+        return self._inner.vectors(table, where, fields)
+
+    def count(self, table: Table, where: Where | None = None) -> int:
+        return self._inner.count(table, where)
+
+    def tally(self, namespaces: Sequence[str] | None = None) -> Counts:
+        return self._inner.tally(namespaces)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class ReadOnlyError(MemrlError):
+    """A write reached a read-only store."""
+
+
+class ReadOnlyStore(StoreLayer):
+    """``read_only``: every write is refused here, under the tools that already offer none, so that no code path
+    can change the store. An embedded engine writes its own files at every open (qdrant-edge rewrites its config
+    and compacts its journals; it cannot open a read-only filesystem at all), so it is given a private copy of the
+    store (``scratch``), removed at close: the store itself is only ever read, and may sit on a read-only volume."""
+
+    def __init__(self, inner: Store, scratch: Path | None = None) -> None:
+        super().__init__(inner)
+        self._scratch = scratch
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise ReadOnlyError("the memory store is read-only (read_only: true): nothing is written")
+
+    upsert = insert = set_payload = set_payload_if = delete = delete_where = purge_recalls = _refuse
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+ENGINE_FOLDERS = {"edge": "edge", "qdrant-local": "qdrant-local"}
+
+
 def open_store(settings: Settings, dim: int) -> Store:
-    """The store the settings ask for: a Qdrant server if a URL is set, else an embedded engine."""
+    """The store the settings ask for: a Qdrant server if a URL is set, else an embedded engine; read-only
+    (:class:`ReadOnlyStore`) with ``read_only``."""
     if settings.qdrant_url:
         api_key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
-        return QdrantClientStore(dim, settings.collection, url=settings.qdrant_url, api_key=api_key)
-    folder = settings.data_dir / settings.collection
+        server = QdrantClientStore(
+            dim, settings.collection, url=settings.qdrant_url, api_key=api_key, create=not settings.read_only
+        )
+        return ReadOnlyStore(server) if settings.read_only else server
+    folder = settings.data_dir / settings.collection / ENGINE_FOLDERS[settings.embedded_engine]
+    if not settings.read_only:
+        return _embedded(settings, folder, dim)
+    scratch = private_copy(folder, settings.min_free_disk_mb)
+    try:
+        return ReadOnlyStore(_embedded(settings, scratch / folder.name, dim, index_min=0), scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+
+
+def _embedded(settings: Settings, folder: Path, dim: int, index_min: int | None = None) -> Store:
+    room = DiskRoom(folder, settings.min_free_disk_mb)
     if settings.embedded_engine == "qdrant-local":
-        path = folder / "qdrant-local"
-        return QdrantClientStore(dim, settings.collection, path=path, room=DiskRoom(path, settings.min_free_disk_mb))
-    room = DiskRoom(folder / "edge", settings.min_free_disk_mb)
-    return EdgeStore(folder / "edge", dim, room, settings.index_min_memories, settings.hnsw_ef)
+        return QdrantClientStore(dim, settings.collection, path=folder, room=room)
+    index_min = settings.index_min_memories if index_min is None else index_min
+    return EdgeStore(folder, dim, room, index_min, settings.hnsw_ef)
+
+
+def private_copy(folder: Path, min_free_mb: int) -> Path:
+    """A new temporary folder (under TMPDIR) holding a copy of the embedded store at ``folder``, made while the
+    engines' own locks are held shared (qdrant-edge locks each table's ``wal`` folder, qdrant-client its
+    ``.lock`` file), so that no server writes the store mid-copy; a store a server holds is refused as locked."""
+    scratch = Path(tempfile.mkdtemp(prefix="memrl-read-only-"))
+    try:
+        with _held_shared(folder):
+            need, free = allocated_bytes(folder) + min_free_mb * MB, free_bytes(scratch)
+            if free < need:
+                raise DiskFullError(
+                    f"a read-only open works on a copy of the memory store, and {scratch.parent} has "
+                    f"{free / MB:.1f} MB free where the copy needs {need / MB:.1f} MB (the store's "
+                    f"{(need - min_free_mb * MB) / MB:.1f} MB and min_free_disk_mb={min_free_mb}): point TMPDIR "
+                    "to a folder with room"
+                )
+            if folder.is_dir():
+                copy_sparse(folder, scratch / folder.name)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return scratch
+
+
+@contextmanager
+def _held_shared(folder: Path) -> Iterator[None]:
+    locks = [path for path in folder.rglob("*") if path.name in ("wal", ".lock")] if folder.is_dir() else []
+    held: list[int] = []
+    try:
+        for path in locks:
+            held.append(os.open(path, os.O_RDONLY))
+            try:
+                fcntl.flock(held[-1], fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StoreLockedError(folder, f"{path} is locked by the process serving it") from None
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
 
 
 def new_id() -> str:
