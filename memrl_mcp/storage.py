@@ -166,6 +166,10 @@ class StoreLockedError(MemrlError):
         )
 
 
+class StoreReadOnlyError(MemrlError):
+    """A writable server was given a store it cannot write (a read-only volume)."""
+
+
 class StoreMissingError(MemrlError):
     """A read-only server found no store to read."""
 
@@ -1231,6 +1235,12 @@ def open_store(settings: Settings, dim: int) -> Store:
         return ReadOnlyStore(server) if settings.read_only else server
     folder = settings.data_dir / settings.collection / ENGINE_FOLDERS[settings.embedded_engine]
     if not settings.read_only:
+        existing = next(path for path in (folder, *folder.parents) if path.exists())
+        if not os.access(existing, os.W_OK):
+            raise StoreReadOnlyError(
+                f"the memory store at {folder} cannot be written ({existing} is read-only to this process): serve "
+                "it with read_only: true (MEMRL_READ_ONLY=true), which reads a copy, or move it to a writable folder"
+            )
         return _embedded(settings, folder, dim)
     scratch = private_copy(folder, settings.min_free_disk_mb)
     try:
