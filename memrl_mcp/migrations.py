@@ -109,6 +109,8 @@ def migrate(store: Store, dim: int, read_only: bool = False) -> None:
         )
     if found == SCHEMA_VERSION:
         return
+    if read_only and found == 0 and store.count("memories") == 0:
+        return  # a fresh store, never opened for writing: no record to migrate (every step is the memories')
     if read_only:
         needed = ", ".join(f"{step.__name__} (to version {version})" for version, step in STEPS if version > found)
         raise MigrationNeededError(

@@ -263,7 +263,9 @@ class Store(Protocol):
         others change nothing; read it back to learn which."""
         ...
 
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
+    def get(self, table: Table, ids: Sequence[str], fields: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """The points of ``ids`` that exist, with only ``fields`` of their payload (None: all of it)."""
+        ...
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None: ...
 
@@ -276,7 +278,7 @@ class Store(Protocol):
 
     def delete(self, table: Table, ids: Sequence[str]) -> None: ...
 
-    def delete_where(self, table: Table, where: Where) -> None: ...
+    def delete_namespace(self, table: Table, namespace: str) -> None: ...
 
     def purge_recalls(self, expired_before: float) -> None: ...
 
@@ -322,6 +324,14 @@ class Store(Protocol):
 
     def tally(self, namespaces: Sequence[str] | None = None) -> Counts:
         """The memories' counts for ``memory_stats``, of ``namespaces`` (None: all)."""
+        ...
+
+    def usage(self, namespace: str) -> int | None:
+        """Bytes the namespace's records take (:mod:`memrl_mcp.quota`); None where they are not measured."""
+        ...
+
+    def compact(self, table: Table) -> None:
+        """Give back the disk space of the table's deleted points (in the background), where the engine can."""
         ...
 
     def close(self) -> None: ...
@@ -669,11 +679,12 @@ class EdgeStore:
         operation = self._edge.UpdateOperation.upsert_points(batch, update_mode=self._edge.UpdateMode.InsertOnly)
         self._write(table, operation, [point.id])
 
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def get(self, table: Table, ids: Sequence[str], fields: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         if not ids:
             return {}
+        payload = True if fields is None else self._edge.PayloadSelector.Include(list(fields))
         with self._reading(table) as shard:
-            records = shard.retrieve(list(ids), True, False)
+            records = shard.retrieve(list(ids), payload, False)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
@@ -692,7 +703,8 @@ class EdgeStore:
         if ids:
             self._write(table, self._edge.UpdateOperation.delete_points(list(ids)), ids, room=None)
 
-    def delete_where(self, table: Table, where: Where) -> None:
+    def delete_namespace(self, table: Table, namespace: str) -> None:
+        where = {"namespace": namespace}
         operation = self._edge.UpdateOperation.delete_points_by_filter(self._filter(where))
         if table == "memories":
             self._write_memories(operation, None, None, where=where)
@@ -798,6 +810,12 @@ class EdgeStore:
         request = self._edge.CountRequest(exact=True, filter=self._filter(where))
         with self._reading(table) as shard:
             return int(shard.count(request))
+
+    def usage(self, namespace: str) -> int | None:
+        return None  # measured by the layer over it (memrl_mcp.quota.MeteredStore)
+
+    def compact(self, table: Table) -> None:
+        pass  # TODO
 
     def close(self) -> None:
         """Stop a build in flight (its child is killed, its folder removed), then flush, close and save the
@@ -971,11 +989,12 @@ class QdrantClientStore:
         with self._atomic:
             self._client.upsert(self._names[table], batch, update_mode=models.UpdateMode.INSERT_ONLY, **self._write)
 
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def get(self, table: Table, ids: Sequence[str], fields: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         if not ids:
             return {}
+        payload = True if fields is None else list(fields)
         with self._atomic:
-            records = self._client.retrieve(self._names[table], list(ids), with_payload=True, **self._read)
+            records = self._client.retrieve(self._names[table], list(ids), with_payload=payload, **self._read)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
@@ -1002,8 +1021,8 @@ class QdrantClientStore:
             with self._atomic:
                 self._client.delete(self._names[table], points_selector=selector, **self._write)
 
-    def delete_where(self, table: Table, where: Where) -> None:
-        selector = self._models.FilterSelector(filter=self._filter(where))
+    def delete_namespace(self, table: Table, namespace: str) -> None:
+        selector = self._models.FilterSelector(filter=self._filter({"namespace": namespace}))
         with self._atomic:
             self._client.delete(self._names[table], points_selector=selector, **self._write)
 
@@ -1115,6 +1134,13 @@ class QdrantClientStore:
         where = None if namespaces is None else {"namespace": list(namespaces)}
         return Tally.of(payload for _, payload in self.scroll("memories", where, TALLY_FIELDS)).total()
 
+    def usage(self, namespace: str) -> int | None:
+        return None  # measured by the layer over an embedded store (memrl_mcp.quota); a server's replicas cannot
+
+    def compact(self, table: Table) -> None:
+        """Nothing to do: local mode keeps its points in SQLite, which reuses the pages of deleted points for later
+        writes (it does not return them to the filesystem); a Qdrant server vacuums its own segments."""
+
     def close(self) -> None:
         with self._atomic:
             self._client.close()
@@ -1132,8 +1158,8 @@ class StoreLayer:
     def insert(self, table: Table, point: Point) -> None:
         self._inner.insert(table, point)
 
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        return self._inner.get(table, ids)
+    def get(self, table: Table, ids: Sequence[str], fields: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        return self._inner.get(table, ids, fields)
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
         return self._inner.get_vector(table, point_id)
@@ -1147,8 +1173,8 @@ class StoreLayer:
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         self._inner.delete(table, ids)
 
-    def delete_where(self, table: Table, where: Where) -> None:
-        self._inner.delete_where(table, where)
+    def delete_namespace(self, table: Table, namespace: str) -> None:
+        self._inner.delete_namespace(table, namespace)
 
     def purge_recalls(self, expired_before: float) -> None:
         self._inner.purge_recalls(expired_before)
@@ -1190,6 +1216,12 @@ class StoreLayer:
     def tally(self, namespaces: Sequence[str] | None = None) -> Counts:
         return self._inner.tally(namespaces)
 
+    def usage(self, namespace: str) -> int | None:
+        return self._inner.usage(namespace)
+
+    def compact(self, table: Table) -> None:
+        self._inner.compact(table)
+
     def close(self) -> None:
         self._inner.close()
 
@@ -1211,7 +1243,7 @@ class ReadOnlyStore(StoreLayer):
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
         raise ReadOnlyError("the memory store is read-only (read_only: true): nothing is written")
 
-    upsert = insert = set_payload = set_payload_if = delete = delete_where = purge_recalls = _refuse
+    upsert = insert = set_payload = set_payload_if = delete = delete_namespace = purge_recalls = compact = _refuse
 
     def close(self) -> None:
         try:
@@ -1225,8 +1257,9 @@ ENGINE_FOLDERS = {"edge": "edge", "qdrant-local": "qdrant-local"}
 
 
 def open_store(settings: Settings, dim: int) -> Store:
-    """The store the settings ask for: a Qdrant server if a URL is set, else an embedded engine; read-only
-    (:class:`ReadOnlyStore`) with ``read_only``."""
+    """The store the settings ask for: a Qdrant server if a URL is set, else an embedded engine, whose usage per
+    namespace is measured (:class:`~memrl_mcp.quota.MeteredStore`); read-only (:class:`ReadOnlyStore`) with
+    ``read_only``."""
     if settings.qdrant_url:
         api_key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
         server = QdrantClientStore(
@@ -1241,7 +1274,14 @@ def open_store(settings: Settings, dim: int) -> Store:
                 f"the memory store at {folder} cannot be written ({existing} is read-only to this process): serve "
                 "it with read_only: true (MEMRL_READ_ONLY=true), which reads a copy, or move it to a writable folder"
             )
-        return _embedded(settings, folder, dim)
+        from memrl_mcp.quota import MeteredStore  # a layer over the stores of this module
+
+        store = _embedded(settings, folder, dim)
+        try:
+            return MeteredStore(store, folder, dim)
+        except BaseException:
+            store.close()
+            raise
     scratch = private_copy(folder, settings.min_free_disk_mb)
     try:
         return ReadOnlyStore(_embedded(settings, scratch / folder.name, dim, index_min=0), scratch)
