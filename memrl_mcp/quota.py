@@ -54,17 +54,18 @@ class QuotaExceededError(MemoryRequestError):
     """A call would take a namespace past its storage quota; nothing was written."""
 
 
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def json_bytes(value: Any) -> int:
     """``value`` as compact JSON, in UTF-8 bytes."""
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
-
-
-def field_bytes(key: str, value: Any) -> int:
-    return json_bytes(key) + json_bytes(value) + 2
+    return len(_COMPACT.encode(value).encode())
 
 
 def payload_bytes(payload: Mapping[str, Any]) -> int:
-    return sum(field_bytes(key, value) for key, value in payload.items())
+    """The payload's fields, each counted as its key, value, colon and comma: the compact JSON of the payload less
+    its closing brace, so that the fields of any part of it add up to the whole."""
+    return json_bytes(payload) - 1 if payload else 0
 
 
 def text_bytes(*values: Any) -> int:
@@ -211,10 +212,8 @@ class MeteredStore(StoreLayer):
         if before is None:
             return
         after = self._inner.get(table, [point_id], list(payload)).get(point_id, {})
-        change = sum(field_bytes(key, after[key]) for key in payload if key in after) - sum(
-            field_bytes(key, before[key]) for key in payload if key in before
-        )
-        self._usage.add(before.get("namespace"), table, change)
+        old = {key: before[key] for key in payload if key in before}
+        self._usage.add(before.get("namespace"), table, payload_bytes(after) - payload_bytes(old))
 
     def _replaced(self, table: Table, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
         """A point written whole (its payload as stored: a :class:`Point`'s floats are the kept ones)."""
