@@ -13,9 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import anyio
+import numpy as np
 import pytest
 import yaml
 
@@ -24,7 +26,7 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.quota import MeteredStore
 from memrl_mcp.settings import SettingsError, load_settings
-from memrl_mcp.storage import Store
+from memrl_mcp.storage import EdgeStore, Point, Store, Table, vector_size
 from tests.conftest import call, make_service, refused
 from tests.test_http import ALICE, BOB, mcp_client
 from tests.test_transports import child_env, http_server, run_cli
@@ -247,3 +249,82 @@ def test_a_token_sets_the_quota_of_the_namespaces_it_names(embedder: Embedder, t
         service.close()
     with pytest.raises(SettingsError, match='namespace_quota_mb applies to the namespaces a token names, and "\\*"'):
         load_settings(tokens=[{"name": "admin", "token": "x" * 16, "namespaces": ["*"], "namespace_quota_mb": 5}])
+
+
+@pytest.mark.parametrize("table", ["recalls", "steps", "episodes", "memories"])
+def test_a_compaction_keeps_every_write_made_during_it_and_drops_the_deleted(tmp_path: Path, table: Table) -> None:
+    """A table is rebuilt from its live points while writes go on: every one of them is in the new generation,
+    the deleted points are not, on disk either, and a reopen finds the same."""
+    rng = np.random.default_rng(0)
+    size = vector_size(table, 384)
+
+    def point(i: int, namespace: str) -> Point:
+        payload = {"namespace": namespace, "status": "pending", "version": 0, "blob": text(i, 5000)}
+        return Point(str(uuid.UUID(int=i + 1, version=4)), rng.standard_normal(size).astype(np.float32), payload)
+
+    path = tmp_path / "edge"
+    store = EdgeStore(path, 384)
+    try:
+        points = [point(i, "kept" if i % 2 else "gone") for i in range(600)]
+        for first in range(0, len(points), 100):
+            store.upsert(table, points[first : first + 100])
+        store.delete_namespace(table, "gone")
+        before = du_mb(path / table)
+
+        store.compact(table)  # in the background: the writes below land while the child streams and writes
+        added = [point(1000 + i, "kept") for i in range(50)]
+        store.upsert(table, added)
+        kept = [p for p in points if p.payload["namespace"] == "kept"]
+        for p in kept[:40]:
+            store.set_payload_if(table, p.id, {"status": "reported", "version": 1}, {"version": 0})
+            store.set_payload_if(table, p.id, {"status": "lost", "version": 9}, {"version": 0})  # loses: no-op
+        store.delete(table, [p.id for p in kept[40:60]])
+        store.compact(table, wait=True)  # queued behind the first: it is over too
+
+        expected = {p.id: p.payload for p in kept[60:] + added}
+        expected |= {p.id: p.payload | {"status": "reported", "version": 1} for p in kept[:40]}
+        assert dict(store.scroll(table)) == expected
+        generation = (path / f"{table}.current").read_text()
+        assert [p.name for p in path.iterdir() if p.is_dir() and p.name.startswith(table)] == [generation]
+        after = du_mb(path / generation)
+        assert after < 0.7 * before, (before, after)
+    finally:
+        store.close()
+    reopened = EdgeStore(path, 384)
+    try:
+        assert dict(reopened.scroll(table)) == expected
+    finally:
+        reopened.close()
+
+
+def test_a_small_forget_is_given_back_at_the_next_check(tmp_path: Path) -> None:
+    """Below 20% of its table, a forgotten namespace waits for the hourly check, which the next open also makes
+    (the deleted bytes are saved with the usage at close)."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "edge"
+
+    def points(namespace: str, first: int, n: int) -> list[Point]:
+        vectors = rng.standard_normal((n, 384)).astype(np.float32)
+        return [
+            Point(str(uuid.UUID(int=i + 1, version=4)), vector, {"namespace": namespace, "blob": text(i, 5000)})
+            for i, vector in zip(range(first, first + n), vectors, strict=True)
+        ]
+
+    store = MeteredStore(EdgeStore(path, 384), path, 384)
+    for first in range(0, 2000, 200):
+        store.upsert("memories", points("alice", first, 200))
+    store.upsert("memories", points("bob", 10_000, 300))  # 13% of the table
+    store.delete_namespace("memories", "bob")
+    before = du_mb(path)
+    store.close()
+    assert not [p for p in path.iterdir() if p.name.startswith("memories-")]  # nothing compacted yet
+
+    store = MeteredStore(EdgeStore(path, 384), path, 384)  # the check at open compacts the memories
+    try:
+        deadline = time.monotonic() + 60
+        while (path / "memories").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the compaction runs in the background; the old generation goes last
+        assert du_mb(path) < before - 1.2, (before, du_mb(path))  # bob's 300 records of 5 KB
+        assert store.usage("alice") == recount(store, "alice")
+    finally:
+        store.close()
