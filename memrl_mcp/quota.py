@@ -135,17 +135,25 @@ class MeteredStore(StoreLayer):
         self._folder = folder
         self._dims = {table: vector_size(table, dim) for table in TABLES}
         self._lock = threading.Lock()  # one write at a time: each is counted from what it changed
-        saved = folder / SAVED
-        if saved.exists():
-            text = saved.read_text()
-            saved.unlink()
-            sync_folder(folder)
-            self._usage = Usage.from_json(text)
-        else:
-            self._usage = self._recount()
+        self._usage = self._saved() or self._recount()
         self._reclaimed_at = -RECLAIM_EVERY
         with self._lock:
             self._reclaim()
+
+    def _saved(self) -> Usage | None:
+        """The counts saved at the last clean close, removed at once (a crash must not find them); None if there
+        are none, or none readable."""
+        saved = self._folder / SAVED
+        if not saved.exists():
+            return None
+        text = saved.read_text()
+        saved.unlink()
+        sync_folder(self._folder)
+        try:
+            return Usage.from_json(text)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            log.warning("the saved usage is unreadable (%s); counting it again", error)
+            return None
 
     def _recount(self) -> Usage:
         usage = Usage()
