@@ -650,8 +650,7 @@ class MemoryService:
         if experience is None and meta is None and not reset:
             raise MemoryRequestError("give at least one of experience, metadata or reset_q=true: nothing to change")
         with self._call():
-            stored = self.get(memory_id, access=access)
-            admitted = self.quotas.admit(stored.namespace, text_bytes(experience, meta) + UPDATE_BYTES)
+            namespace = self.get(memory_id, access=access).namespace
             now = self._clock()
             new = self._new_memory
 
@@ -670,7 +669,7 @@ class MemoryService:
                     update |= {"q": q_init, "visits": 0, "last_reward": None, "history": history}
                 return update
 
-            with admitted:
+            with self.quotas.admit(namespace, text_bytes(experience, meta) + UPDATE_BYTES):
                 written = self._ledger.update_once(memory_id, f"edit:{new_id()}", edit)
         if written is None:
             raise MemoryRequestError(f"memory_id: no memory {memory_id!r} (it was forgotten meanwhile)")

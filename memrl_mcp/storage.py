@@ -22,7 +22,12 @@ Every open creates the payload indexes a table lacks: a process killed during th
 
 Embedded stores refuse writes before their disk is too full for the engine (:class:`DiskRoom`): qdrant-edge
 writes through memory-mapped files, and a page it cannot allocate kills the process with SIGBUS instead of an
-error. Deletes are always allowed (they free room); reads never need room.
+error. Deletes are always allowed (they free room); reads never need room. An open that could run out of room is
+tried in a child process first (:meth:`DiskRoom.check_open`).
+
+Layers over a store (:class:`StoreLayer`): :class:`~memrl_mcp.quota.MeteredStore` counts each namespace's bytes
+for its storage quota and has tables whose deleted points hold too much disk compacted (:meth:`EdgeStore.compact`);
+:class:`ReadOnlyStore` refuses every write, and gives an embedded engine a private copy of the store to open.
 
 :meth:`Store.set_payload_if` is the one primitive for writers that share a store (threads, or replicas on one
 Qdrant server): a write applied only while the point still matches a condition. Qdrant applies the update
@@ -166,7 +171,7 @@ class StoreLockedError(MemrlError):
         )
 
 
-class StoreReadOnlyError(MemrlError):
+class StoreNotWritableError(MemrlError):
     """A writable server was given a store it cannot write (a read-only volume)."""
 
 
@@ -1298,7 +1303,7 @@ def open_store(settings: Settings, dim: int) -> Store:
     if not settings.read_only:
         existing = next(path for path in (folder, *folder.parents) if path.exists())
         if not os.access(existing, os.W_OK):
-            raise StoreReadOnlyError(
+            raise StoreNotWritableError(
                 f"the memory store at {folder} cannot be written ({existing} is read-only to this process): serve "
                 "it with read_only: true (MEMRL_READ_ONLY=true), which reads a copy, or move it to a writable folder"
             )
