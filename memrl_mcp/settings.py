@@ -124,7 +124,7 @@ class Settings(BaseSettings):
         description="Storage quota (MB) of each namespace: what its memories, recalls, step and episode records "
         "may take (payload JSON and vectors), so that no tenant fills the disk the others share (0: none; a "
         "token's namespace_quota_mb overrides it). Embedded engines only. 1 GB holds ~300,000 memories of a "
-        "typical 1.9 KB payload, or ~45,000 with 20,000-character experiences.",
+        "typical 1.9 KB payload, or ~48,000 with 20,000-character experiences.",
     )
     index_min_memories: int = Field(
         10_000,
