@@ -110,9 +110,12 @@ def prefill(settings: Settings, points: list[Point]) -> float:
     start = time.perf_counter()
     for i in range(0, len(points), BATCH):
         store.upsert("memories", points[i : i + BATCH])
-    if isinstance(store, EdgeStore) and 0 < settings.index_min_memories <= len(points):
-        store.build_index(wait=True)
     store.close()
+    embedded_edge = not settings.qdrant_url and settings.embedded_engine == "edge"
+    if embedded_edge and 0 < settings.index_min_memories <= len(points):
+        edge = EdgeStore(settings.data_dir / settings.collection / "edge", B.DIM)
+        edge.build_index(wait=True)
+        edge.close()
     return time.perf_counter() - start
 
 

@@ -144,7 +144,7 @@ def namespace_tasks(settings: Settings, namespace: str, dim: int) -> list[str]:
     """Task texts of the memories of ``namespace`` in the configured store."""
     if not settings.qdrant_url and not settings.data_dir.is_dir():
         raise CalibrationError(f"no memory store in {settings.data_dir}")
-    store = open_store(settings, dim)
+    store = open_store(settings.model_copy(update={"read_only": True}), dim)  # a reader: changes nothing
     try:
         return [
             payload["task"]

@@ -15,10 +15,8 @@ from typing import TextIO
 from memrl_mcp import __version__, backup
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.memory import MemoryService
-from memrl_mcp.migrations import SchemaTooNewError
 from memrl_mcp.observability import configure_logging
 from memrl_mcp.settings import Settings, SettingsError, load_settings
-from memrl_mcp.storage import DiskFullError, StoreLockedError
 
 log = logging.getLogger("memrl_mcp")
 
@@ -132,7 +130,7 @@ def run_backup(args: argparse.Namespace) -> int:
             summary = backup.export_memories(settings, args.out, args.namespace, sys.stdout.buffer)
         else:
             summary = backup.import_memories(settings, args.file, Progress(f"memrl-mcp {args.command}", sys.stderr))
-    except (SettingsError, StoreLockedError, DiskFullError, SchemaTooNewError, backup.BackupError, OSError) as error:
+    except (MemrlError, OSError) as error:  # bad settings or file, a locked or damaged store, no room for the copy
         print(f"memrl-mcp {args.command}: {error}", file=sys.stderr)
         return 2
     print(f"memrl-mcp {args.command}: {summary}", file=sys.stderr)

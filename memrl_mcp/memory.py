@@ -18,13 +18,15 @@ import binascii
 import functools
 import itertools
 import json
+import logging
 import math
 import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Self
 
 import numpy as np
@@ -55,6 +57,7 @@ from memrl_mcp.models import (
     TrajectoryResult,
 )
 from memrl_mcp.optimistic import Ledger, NewMemory
+from memrl_mcp.quota import UPDATE_BYTES, Quotas, new_record_bytes, record_bytes, text_bytes
 from memrl_mcp.records import (
     ClaimedReport,
     RecallRecord,
@@ -64,9 +67,9 @@ from memrl_mcp.records import (
     memory_view,
     with_event,
 )
-from memrl_mcp.settings import Settings
+from memrl_mcp.settings import Settings, TokenGrant, load_grants
 from memrl_mcp.steps import StepMemory, StepRules, step_id
-from memrl_mcp.storage import Hit, Point, Range, Store, Table, Where, Words, new_id, open_store
+from memrl_mcp.storage import DiskFullError, Hit, Point, Range, Store, Table, Where, Words, new_id, open_store
 from memrl_mcp.tally import q_summary
 from memrl_mcp.validation import (
     COUNT,
@@ -89,6 +92,7 @@ STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was int
 RESTORE_BATCH = 256  # memories or step records an import embeds and writes together
 EVICT_DOWN_TO = 0.9  # of a bound (OldestBeyond): what an eviction leaves, so the next count is a tenth of it away
 DEFAULT_PAGE = 20  # memories a list_memories page returns when the caller names no limit (at most max_list_page)
+log = logging.getLogger(__name__)
 
 
 class OldestBeyond:
@@ -133,8 +137,15 @@ class MemoryService:
     The constructor does no I/O; :meth:`open` builds the parts and finishes what a crash interrupted."""
 
     def __init__(
-        self, settings: Settings, embedder: Embedder, store: Store, clock: Callable[[], float] = time.time
+        self,
+        settings: Settings,
+        embedder: Embedder,
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        grants: Sequence[TokenGrant] | None = None,
     ) -> None:
+        """``grants``: the tokens whose ``namespace_quota_mb`` set their namespaces' quotas (None: the settings'
+        ``tokens``; :meth:`open` also reads ``tokens_file``)."""
         self.settings = settings
         self.embedder = embedder
         self.limits = Limits(
@@ -146,6 +157,7 @@ class MemoryService:
             settings.max_list_page,
         )
         self._store = store
+        self.quotas = Quotas(store, settings.namespace_quota_mb, settings.tokens if grants is None else grants)
         self._ledger = Ledger(store)
         self._clock = clock
         self._rng = random.Random(settings.seed)
@@ -204,12 +216,21 @@ class MemoryService:
         """Build the embedder and open the store the settings name (unless given), bring its schema up to date
         (:mod:`memrl_mcp.migrations`), then recover: an embedded store is this process's alone, so whatever is
         still "applying" was interrupted and is finished now; on a Qdrant server another replica may be
-        mid-report, so only reports left for a while are."""
+        mid-report, so only reports left for a while are. A recovery refused for want of disk space is left for
+        later (the next open, or the hourly housekeeping of recall): a full disk must not stop the reads.
+
+        ``read_only`` writes nothing: a store that needs a migration is refused, and what a crash interrupted is
+        left for a writable server to finish (reads show it as it stands)."""
         embedder = embedder or create_embedder(settings)
-        service = cls(settings, embedder, store or open_store(settings, embedder.dim), clock)
+        grants = load_grants(settings)
+        service = cls(settings, embedder, store or open_store(settings, embedder.dim), clock, grants)
         try:
-            migrate(service._store, embedder.dim)
-            service.housekeeping(stale_after=STALE_REPORT_SECONDS if settings.qdrant_url else 0.0)
+            migrate(service._store, embedder.dim, read_only=settings.read_only)
+            if not settings.read_only:
+                try:
+                    service.housekeeping(stale_after=STALE_REPORT_SECONDS if settings.qdrant_url else 0.0)
+                except DiskFullError as error:
+                    log.warning("interrupted reports are left unfinished until there is room: %s", error)
         except BaseException:
             service.close()  # release the store (an embedded one is locked while open)
             raise
@@ -301,7 +322,9 @@ class MemoryService:
                 expires_at=now + self.settings.recall_ttl_seconds,
             )
             recall_id = new_id()
-            self._store.upsert("recalls", [Point(recall_id, vector, record.payload())])
+            payload = record.payload()
+            with self.quotas.admit(result.namespace, record_bytes(payload, vector.size)):
+                self._store.upsert("recalls", [Point(recall_id, vector, payload)])
             self._pending.added(result.namespace)
         return RecallResult(recall_id=recall_id, **result.model_dump())
 
@@ -360,7 +383,7 @@ class MemoryService:
             _check_outcome(outcome)
         meta = self._metadata(metadata)
         with self._call():
-            self._recall_to_report(recall_id, access)
+            recall = self._recall_to_report(recall_id, access)
             report = ClaimedReport(
                 claim=new_id(),
                 reward=reward,
@@ -369,7 +392,16 @@ class MemoryService:
                 outcome=outcome,
                 metadata=meta,
             )
-            return self._ledger.report(recall_id, report, self.settings.alpha, self._new_memory)
+            with self.quotas.admit(recall.namespace, self._report_bytes(recall, experience, meta)):
+                return self._ledger.report(recall_id, report, self.settings.alpha, self._new_memory)
+
+    def _report_bytes(self, recall: RecallRecord, experience: str | None, metadata: Mapping[str, Any]) -> int:
+        """What reporting ``recall`` may add: the report in the recall's record, a Q update per recalled memory,
+        and the new memory of ``experience``."""
+        added = new_record_bytes(experience, metadata, dims=0) + UPDATE_BYTES * len(recall.memory_ids)
+        if experience is not None:
+            added += new_record_bytes(recall.task, experience, metadata, dims=self.embedder.dim)
+        return added
 
     def _recall_to_report(self, recall_id: str, access: Access) -> RecallRecord:
         payload = self._store.get("recalls", [recall_id]).get(recall_id) if _is_point_id(recall_id) else None
@@ -429,10 +461,15 @@ class MemoryService:
             already = self.steps.applied(namespace, episode_id)
             if already is not None:
                 return already
+            # The episode's record (task and every step), a step record per step, and the recall's report.
+            added = new_record_bytes(task, [[s.observation, s.action] for s in checked], dims=1) + sum(
+                new_record_bytes(task, s.observation, s.action, dims=2 * self.embedder.dim) for s in checked
+            )
             if recall_id is not None:
-                self._recall_to_report(recall_id, access)
+                added += self._report_bytes(self._recall_to_report(recall_id, access), None, {})
             trajectory = [(step.observation, step.action, step.reward) for step in checked]
-            result = self.steps.report(task, trajectory, episode_id, namespace, recall_id, self._clock())
+            with self.quotas.admit(namespace, added):
+                result = self.steps.report(task, trajectory, episode_id, namespace, recall_id, self._clock())
             if not result.already_applied:
                 self._reported.added(namespace)
             return result
@@ -458,7 +495,8 @@ class MemoryService:
         if q is not None:
             q = self.limits.reward.check("q", q)
         meta = self._metadata(metadata)
-        with self._call():
+        added = new_record_bytes(task, experience, meta, dims=self.embedder.dim)
+        with self._call(), self.quotas.admit(namespace, added):
             vector = self._embed_tasks([task], namespace)[0]
             with self._store_lock:
                 now = self._clock()
@@ -503,13 +541,14 @@ class MemoryService:
                 self.get(memory_id, access=access)
                 self._store.delete("memories", [memory_id])
                 return ForgetResult(deleted=1)
-            where = {"namespace": self._namespace(namespace, access)}
-            self._store.delete_where("recalls", where)
-            self._store.delete_where("episodes", where)
+            forgotten = self._namespace(namespace, access)
+            where = {"namespace": forgotten}
+            self._store.delete_namespace("recalls", forgotten)
+            self._store.delete_namespace("episodes", forgotten)
             deleted = self._store.count("memories", where)
-            self._store.delete_where("memories", where)
+            self._store.delete_namespace("memories", forgotten)
             steps_deleted = self._store.count("steps", where)
-            self._store.delete_where("steps", where)
+            self._store.delete_namespace("steps", forgotten)
             return ForgetResult(deleted=deleted, steps_deleted=steps_deleted)
 
     def get(self, memory_id: str, *, access: Access) -> MemoryDetail:
@@ -631,7 +670,7 @@ class MemoryService:
         if experience is None and meta is None and not reset:
             raise MemoryRequestError("give at least one of experience, metadata or reset_q=true: nothing to change")
         with self._call():
-            self.get(memory_id, access=access)
+            namespace = self.get(memory_id, access=access).namespace
             now = self._clock()
             new = self._new_memory
 
@@ -650,7 +689,8 @@ class MemoryService:
                     update |= {"q": q_init, "visits": 0, "last_reward": None, "history": history}
                 return update
 
-            written = self._ledger.update_once(memory_id, f"edit:{new_id()}", edit)
+            with self.quotas.admit(namespace, text_bytes(experience, meta) + UPDATE_BYTES):
+                written = self._ledger.update_once(memory_id, f"edit:{new_id()}", edit)
         if written is None:
             raise MemoryRequestError(f"memory_id: no memory {memory_id!r} (it was forgotten meanwhile)")
         return memory_detail(memory_id, {**written.before, **(written.update or {})})
@@ -743,7 +783,7 @@ class MemoryService:
         A memory whose id is already stored is replaced. Every memory is checked before any is written."""
         for memory in memories:
             self.check_memory(memory)
-        with self._call():
+        with self._call(), self._admitted(self.restore_bytes(memories)):
             for start in range(0, len(memories), batch):
                 chunk = sorted(memories[start : start + batch], key=lambda m: m.namespace)
                 points = []
@@ -785,9 +825,37 @@ class MemoryService:
         """Write step records exactly as given, re-embedding their texts; every one is checked first."""
         for record in records:
             self.check_step(record)
-        with self._call():
+        with self._call(), self._admitted(self.restore_bytes(records)):
             self.steps.restore(records)
         return len(records)
+
+    def restore_bytes(self, records: Sequence[MemoryView | StepRecordView]) -> Counter[str]:
+        """Per namespace, what restoring ``records`` adds: the size of those whose id is not stored yet (a
+        resumed import replaces the others with the same)."""
+        added: Counter[str] = Counter()
+        for start in range(0, len(records), RESTORE_BATCH):
+            chunk = records[start : start + RESTORE_BATCH]
+            for table, kind in (("memories", MemoryView), ("steps", StepRecordView)):
+                mine = [record for record in chunk if isinstance(record, kind)]
+                stored = self._store.get(table, [record.id for record in mine], ())
+                for record in mine:
+                    if record.id not in stored:
+                        added[record.namespace] += self._record_bytes(record)
+        return added
+
+    def _record_bytes(self, record: MemoryView | StepRecordView) -> int:
+        if isinstance(record, MemoryView):
+            return record_bytes(memory_payload(record), self.embedder.dim)
+        step = StepPayload(**record.model_dump(exclude={"id"}))
+        return record_bytes(step.model_dump(), 2 * self.embedder.dim)
+
+    @contextmanager
+    def _admitted(self, added: Mapping[str, int]) -> Iterator[None]:
+        """Admission of a write that adds to several namespaces at once: all of them, or none."""
+        with ExitStack() as stack:
+            for namespace, size in sorted(added.items()):
+                stack.enter_context(self.quotas.admit(namespace, size))
+            yield
 
     # -- validation -----------------------------------------------------------------------------
 

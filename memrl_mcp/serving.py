@@ -17,10 +17,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from memrl_mcp.auth import TokenTable, is_loopback, load_grants
+from memrl_mcp.auth import TokenTable, is_loopback
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.server import create_server
-from memrl_mcp.settings import Settings, SettingsError
+from memrl_mcp.settings import Settings, SettingsError, load_grants
 
 Transport = Literal["stdio", "streamable-http", "sse"]
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")

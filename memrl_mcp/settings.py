@@ -6,12 +6,23 @@ Precedence, highest first: explicit arguments, environment, YAML file (``MEMRL_C
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+import yaml
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
@@ -37,11 +48,23 @@ class TokenGrant(BaseModel):
     token: SecretStr | None = Field(None, min_length=MIN_TOKEN_CHARS, description="The bearer token.")
     token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the bearer token.")
     namespaces: list[str] = Field(min_length=1, description='Namespaces this token may use; "*": all.')
+    namespace_quota_mb: int | None = Field(
+        None,
+        ge=0,
+        le=1 << 30,
+        description="Storage quota (MB) of each namespace this token names, instead of the namespace_quota_mb "
+        "setting (0: none); a namespace several tokens name gets the largest.",
+    )
 
     @model_validator(mode="after")
     def _one_secret(self) -> TokenGrant:
         if (self.token is None) == (self.token_sha256 is None):
             raise ValueError(f"token {self.name!r}: give exactly one of token or token_sha256")
+        if self.namespace_quota_mb is not None and ALL_NAMESPACES in self.namespaces:
+            raise ValueError(
+                f'token {self.name!r}: namespace_quota_mb applies to the namespaces a token names, and "*" names '
+                "none: set the namespace_quota_mb setting instead"
+            )
         for namespace in self.namespaces:
             if namespace != ALL_NAMESPACES:
                 try:
@@ -93,6 +116,15 @@ class Settings(BaseSettings):
         ge=0,
         le=1 << 20,
         description="Free disk space (MB) under the embedded store below which writes are refused (0: no check).",
+    )
+    namespace_quota_mb: int = Field(
+        1024,
+        ge=0,
+        le=1 << 30,
+        description="Storage quota (MB) of each namespace: what its memories, recalls, step and episode records "
+        "may take (payload JSON and vectors), so that no tenant fills the disk the others share (0: none; a "
+        "token's namespace_quota_mb overrides it). Embedded engines only. 1 GB holds ~300,000 memories of a "
+        "typical 1.9 KB payload, or ~48,000 with 20,000-character experiences.",
     )
     index_min_memories: int = Field(
         10_000,
@@ -294,7 +326,9 @@ class Settings(BaseSettings):
     read_only: bool = Field(
         False,
         description="Offer lookups only (search_experience, memory_stats, list_memories, resources): a frozen "
-        "memory, e.g. for a transfer evaluation. Recovery of an interrupted report still runs when the store opens.",
+        "memory, e.g. for a transfer evaluation. Nothing is written, not even at open: an embedded store is read "
+        "from a private copy in TMPDIR (so it may sit on a read-only volume), a store that needs a schema "
+        "migration is refused, and an interrupted report is left for a writable server to finish.",
     )
     ui_runs: list[Path] = Field(
         default_factory=list,
@@ -326,6 +360,45 @@ class Settings(BaseSettings):
         if config_file:
             sources += (YamlConfigSettingsSource(settings_cls, yaml_file=config_file),)
         return sources
+
+
+def load_grants(settings: Settings) -> list[TokenGrant]:
+    """The tokens of the settings and of ``tokens_file``; a bad file or entry is named in the error."""
+    grants = list(settings.tokens)
+    if settings.tokens_file is not None:
+        grants += _grants_from_file(settings.tokens_file)
+    names = [grant.name for grant in grants]
+    for name in names:
+        if names.count(name) > 1:
+            raise SettingsError(f"tokens: the name {name!r} is given twice")
+    digests = [grant_digest(grant) for grant in grants]
+    if len(set(digests)) < len(digests):
+        raise SettingsError("tokens: one token is given twice")
+    return grants
+
+
+def _grants_from_file(path: Path) -> list[TokenGrant]:
+    try:
+        content: Any = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise SettingsError(f"tokens_file: cannot read {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise SettingsError(f"tokens_file: {path} is not YAML or JSON: {error}") from None
+    if not isinstance(content, dict) or set(content) != {"tokens"}:
+        raise SettingsError(f"tokens_file: {path} must hold one key, tokens: a list of tokens")
+    try:
+        return TypeAdapter(list[TokenGrant]).validate_python(content["tokens"])
+    except ValidationError as error:
+        problems = "; ".join(f"tokens.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise SettingsError(f"tokens_file {path}: {problems}") from None
+
+
+def grant_digest(grant: TokenGrant) -> str:
+    """The SHA-256 (hex) of the grant's token: what is kept of it in memory."""
+    if grant.token is not None:
+        return hashlib.sha256(grant.token.get_secret_value().encode()).hexdigest()
+    assert grant.token_sha256 is not None
+    return grant.token_sha256
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -22,7 +22,12 @@ Every open creates the payload indexes a table lacks: a process killed during th
 
 Embedded stores refuse writes before their disk is too full for the engine (:class:`DiskRoom`): qdrant-edge
 writes through memory-mapped files, and a page it cannot allocate kills the process with SIGBUS instead of an
-error. Deletes are always allowed (they free room); reads never need room.
+error. Deletes are always allowed (they free room); reads never need room. An open that could run out of room is
+tried in a child process first (:meth:`DiskRoom.check_open`).
+
+Layers over a store (:class:`StoreLayer`): :class:`~memrl_mcp.quota.MeteredStore` counts each namespace's bytes
+for its storage quota and has tables whose deleted points hold too much disk compacted (:meth:`EdgeStore.compact`);
+:class:`ReadOnlyStore` refuses every write, and gives an embedded engine a private copy of the store to open.
 
 :meth:`Store.set_payload_if` is the one primitive for writers that share a store (threads, or replicas on one
 Qdrant server): a write applied only while the point still matches a condition. Qdrant applies the update
@@ -32,11 +37,13 @@ qdrant-client's local mode is plain Python, so this adapter makes each of its ca
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,15 +52,15 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from memrl_mcp.edge_index import RESCORE_OVERSAMPLING, IndexParams, payload_schema
+from memrl_mcp.edge_index import RESCORE_OVERSAMPLING, ShardParams, payload_schema, shard_config
 from memrl_mcp.errors import MemrlError
-from memrl_mcp.files import sync_folder, write_atomically
+from memrl_mcp.files import allocated_bytes, copy_sparse, free_bytes, hole_bytes, sync_folder, write_atomically
 from memrl_mcp.numbers import kept
 from memrl_mcp.settings import Settings
 from memrl_mcp.tally import FIELDS as TALLY_FIELDS
@@ -170,6 +177,14 @@ class StoreLockedError(MemrlError):
         )
 
 
+class StoreNotWritableError(MemrlError):
+    """A writable server was given a store it cannot write (a read-only volume)."""
+
+
+class StoreMissingError(MemrlError):
+    """A read-only server found no store to read."""
+
+
 class DiskFullError(MemrlError):
     """A write was refused: the disk under the embedded store has less free space than ``min_free_disk_mb``."""
 
@@ -186,18 +201,46 @@ class DiskRoom:
         self._path = path
         self._min_free = min_free_mb * MB
 
+    @property
+    def min_free(self) -> int:
+        """The margin, in bytes."""
+        return self._min_free
+
     def check(self, share: float = 1.0) -> None:
         """Raise :class:`DiskFullError` unless ``share`` of the margin is still free."""
         if self._min_free == 0:
             return
-        stats = os.statvfs(self._path)
-        free = stats.f_bavail * stats.f_frsize
+        free = free_bytes(self._path)
         if free < self._min_free * share:
             raise DiskFullError(
                 f"the disk holding the memory store ({self._path}) has {free / MB:.1f} MB free, below "
                 f"min_free_disk_mb={self._min_free // MB}: writes are refused until space is freed (recall, "
                 "stats and export still work; forgetting memories is allowed)"
             )
+
+    def check_open(self, folders: Sequence[Path]) -> None:
+        """Before this process opens the shards in ``folders``: make sure opening them cannot kill it.
+
+        qdrant-edge maps its files into memory, and on tmpfs it allocates their holes as it opens them (a small
+        store's first reopen grew it from 30 to 178 MB); a page it cannot allocate kills the process with SIGBUS,
+        where no error can be caught. When the free space could not cover every hole of the store's files plus
+        the margin, a child process opens the shards first: if it dies of SIGBUS, the disk is too full and this
+        is said; if it lives, what it allocated stays allocated and this process's open needs no more."""
+        free = free_bytes(self._path)
+        if free >= sum(hole_bytes(folder) for folder in folders) + self._min_free:
+            return
+        probe = "import sys, qdrant_edge as e\nfor p in sys.argv[1:]: e.EdgeShard.load(p).close()"
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *map(str, folders)], stdin=subprocess.DEVNULL, capture_output=True
+        )
+        if done.returncode == -signal.SIGBUS:
+            raise DiskFullError(
+                f"cannot open the memory store at {self._path}: its disk has {free / MB:.1f} MB free, too little "
+                "for the engine to map its files (a process opening it died of SIGBUS). Free some space; "
+                "meanwhile a read-only server (MEMRL_READ_ONLY=true) serves it and `memrl-mcp export` backs it "
+                "up: both open a copy of it in TMPDIR"
+            )
+        # Any other failure (a lock held, no space for a file the engine writes) is met and named by our own open.
 
 
 RECALL_SHARE = 0.5  # of the free-space margin, that a new recall may use
@@ -236,7 +279,9 @@ class Store(Protocol):
         others change nothing; read it back to learn which."""
         ...
 
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
+    def get(self, table: Table, ids: Sequence[str], fields: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """The points of ``ids`` that exist, with only ``fields`` of their payload (None: all of it)."""
+        ...
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None: ...
 
@@ -249,7 +294,7 @@ class Store(Protocol):
 
     def delete(self, table: Table, ids: Sequence[str]) -> None: ...
 
-    def delete_where(self, table: Table, where: Where) -> None: ...
+    def delete_namespace(self, table: Table, namespace: str) -> None: ...
 
     def purge_recalls(self, expired_before: float) -> None: ...
 
@@ -297,24 +342,36 @@ class Store(Protocol):
         """The memories' counts for ``memory_stats``, of ``namespaces`` (None: all)."""
         ...
 
+    def usage(self, namespace: str) -> int | None:
+        """Bytes the namespace's records take (:mod:`memrl_mcp.quota`); None where they are not measured."""
+        ...
+
+    def compact(self, table: Table) -> None:
+        """Give back the disk space of the table's deleted points (in the background), where the engine can."""
+        ...
+
     def close(self) -> None: ...
 
 
 class EdgeStore:
     """Embedded Qdrant (qdrant-edge): one shard folder per table under ``path``.
 
-    Memories are searched exactly until ``index_min`` of them are not in an HNSW index; then an index is built in a
-    child process (:mod:`memrl_mcp.edge_index`) while this one keeps serving, and swapped in: the new shard is a
-    generation folder ``memories-<n>`` named by the file ``memories.current`` (replaced atomically, so a crash
-    leaves either the old complete generation or the new one; stray folders are removed at the next open). While
-    the child builds, every write to the memories is logged, and replayed on the new shard before the swap: the
-    stream the child indexed was read while writes went on, but each logged write is an upsert, a delete, or a
-    write conditional on a ``version`` it advances, so replaying it on a state that already has it changes nothing.
-    Readers hold the shard they started with until they finish; the old one is closed after the last.
+    A table's shard can be rebuilt while this process keeps serving: its points are streamed to a child process
+    (:mod:`memrl_mcp.edge_index`) that writes them into a new generation folder ``<table>-<n>``, named by the file
+    ``<table>.current`` (replaced atomically, so a crash leaves either the old complete generation or the new one;
+    stray folders are removed at the next open). While the child builds, every write to the table is logged, and
+    replayed on the new shard before the swap: the stream the child read was read while writes went on, but each
+    logged write is an upsert, a delete, or a write conditional on a state it changes (a ``version`` it advances,
+    a status it leaves), so replaying it on a state that already has it changes nothing. Readers hold the shard
+    they started with until they finish; the old one is closed after the last, and its folder removed. One rebuild
+    runs at a time; others wait their turn (:meth:`compact`, :meth:`build_index`).
 
-    Points written after a build land in an appendable segment of the new shard, searched exactly; the index is
-    rebuilt when that part reaches ``max(index_min, REBUILD_SHARE x the indexed ones)``: each rebuild reads every
-    memory, so spacing rebuilds in proportion to the store keeps their cost per write constant.
+    A rebuild serves two ends. Memories are searched exactly until ``index_min`` of them are not in an HNSW index;
+    then the memories are rebuilt with one. Points written after that land in an appendable segment of the new
+    shard, searched exactly; the index is rebuilt when that part reaches ``max(index_min, REBUILD_SHARE x the
+    indexed ones)``: each rebuild reads every memory, so spacing rebuilds in proportion to the store keeps their
+    cost per write constant. And a table whose deleted points hold too much disk is compacted (:meth:`compact`):
+    qdrant-edge only marks deleted points, and a new generation holds the live ones only.
 
     The counts of ``memory_stats`` are kept up to date write by write (:class:`Tally`: the writes are this
     process's alone, the store being locked), saved at close and read back at open; a store not closed cleanly is
@@ -339,40 +396,35 @@ class EdgeStore:
         self._rescore = edge.QuantizationSearchParams(rescore=True, oversampling=RESCORE_OVERSAMPLING)
         self._originals = edge.QuantizationSearchParams(ignore=True)  # exact: every score from the original vector
         self._generations = threading.Condition()  # guards the shards in use and their readers
-        self._writing = threading.Lock()  # one memories write at a time: the tally and the replay log follow it
-        self._log: list[Any] | None = None  # memories writes since a build started streaming
+        self._writing = threading.Lock()  # one write at a time: the tally and the replay log follow them
+        self._jobs: list[_Rebuild] = []  # rebuilds to run, the first one running
+        self._log: list[Any] | None = None  # writes to the table being rebuilt since its stream started
         self._builder: threading.Thread | None = None
         self._child: subprocess.Popen[bytes] | None = None
         self._closing = False
         self._writes_to_check = 0
         self._unflushed: dict[Table, int] = dict.fromkeys(TABLES, 0)
         self.last_build: BuildTimes | None = None
-        current = self._current_generation()
-        self._live: dict[Table, _Live] = {
-            table: _Live(self._open(path / name, dim, table), name)
-            for table in TABLES
-            for name in [current if table == "memories" else table]
-        }
-        for stray in path.glob("memories*"):  # a build or a retired generation a crash left behind
-            if stray.is_dir() and stray.name != current:
-                shutil.rmtree(stray)
+        names = {table: self._current_generation(table) for table in TABLES}
+        self._room.check_open([path / name for name in names.values() if (path / name / "edge_config.json").exists()])
+        self._live = {table: _Live(self._open(path / name, dim, table), name) for table, name in names.items()}
+        for table, name in names.items():
+            for stray in path.glob(f"{table}*"):  # a rebuild or a retired generation a crash left behind
+                if stray.is_dir() and stray.name != name:
+                    shutil.rmtree(stray)
         self._tally = self._read_tally()
         self._maybe_build()
 
     # -- generations ------------------------------------------------------------------------------
 
-    def _current_generation(self) -> str:
-        pointer = self._path / CURRENT
-        return pointer.read_text().strip() if pointer.exists() else "memories"
+    def _current_generation(self, table: Table) -> str:
+        pointer = self._path / f"{table}.current"
+        return pointer.read_text().strip() if pointer.exists() else table
 
-    def _config(self, dim: int, table: Table) -> Any:
-        edge = self._edge
-        size = vector_size(table, dim)
-        distance = edge.Distance.Dot if is_dot(table) else edge.Distance.Cosine
-        if table != "recalls":
-            return edge.EdgeConfig(vectors=edge.EdgeVectorParams(size=size, distance=distance))
-        vectors = edge.EdgeVectorParams(size=size, distance=distance, memory=edge.Memory.Cold)
-        return edge.EdgeConfig(vectors=vectors, payload_memory=edge.Memory.Cold)
+    def _params(self, table: Table, hnsw: bool) -> ShardParams:
+        size = vector_size(table, self._dim)
+        indexes = tuple(INDEXES[table].items())
+        return ShardParams(size, is_dot(table), table == "recalls", hnsw, FULL_SCAN_KB, indexes, self._room.min_free)
 
     def _open(self, path: Path, dim: int, table: Table) -> Any:
         edge = self._edge
@@ -385,13 +437,14 @@ class EdgeStore:
                     f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones "
                     f"({vector_size(table, dim)}-d in this table)"
                 )
+        config = shard_config(edge, self._params(table, hnsw=False))
         try:
             if stored is None:
-                shard = edge.EdgeShard.create(str(path), self._config(dim, table))
+                shard = edge.EdgeShard.create(str(path), config)
             elif table == "recalls" and stored.get("payload_memory") != "cold":
                 # A store made before recalls were memory-mapped: loading with a config rewrites it (that needs
                 # a little room, so it is done only when something changes).
-                shard = edge.EdgeShard.load(str(path), self._config(dim, table))
+                shard = edge.EdgeShard.load(str(path), config)
             else:
                 shard = edge.EdgeShard.load(str(path))
         except Exception as error:
@@ -399,7 +452,9 @@ class EdgeStore:
                 raise StoreLockedError(path, "its write-ahead log is locked") from None
             if "No space left on device" in str(error):  # the engine writes a little at every open
                 raise DiskFullError(
-                    f"cannot open the memory store at {path}: its disk is full. Free some space"
+                    f"cannot open the memory store at {path}: its disk is full. Free some space; meanwhile a "
+                    "read-only server (MEMRL_READ_ONLY=true) serves it and `memrl-mcp export` backs it up: both "
+                    "open a copy of it in TMPDIR"
                 ) from None
             raise
         indexed = set(shard.info().payload_schema)
@@ -410,7 +465,7 @@ class EdgeStore:
 
     @contextmanager
     def _reading(self, table: Table) -> Iterator[Any]:
-        """The table's shard in use now, kept open until the block ends (an index swap waits for it)."""
+        """The table's shard in use now, kept open until the block ends (a swap waits for it)."""
         with self._generations:
             live = self._live[table]
             live.readers += 1
@@ -428,59 +483,86 @@ class EdgeStore:
         return int(info.points_count), int(info.indexed_vectors_count)
 
     def _maybe_build(self) -> None:
-        """Start a build when the memories searched exactly have outgrown the bound (see the class)."""
-        if self._index_min <= 0 or self._builder is not None or self._closing:
+        """Index the memories when those searched exactly have outgrown the bound (see the class)."""
+        if self._index_min <= 0 or self._closing or any(job.table == "memories" for job in self._jobs):
             return
         points, indexed = self.index_status()
         if points - indexed >= max(self._index_min, REBUILD_SHARE * indexed):
             self.build_index()
 
     def build_index(self, wait: bool = False) -> None:
-        """Build an HNSW index of the memories in the background (now, whatever their number); ``wait``: return
-        once it is in use (tests, benchmarks)."""
+        """Rebuild the memories with an HNSW index in the background (now, whatever their number); ``wait``:
+        return once it is in use (tests, benchmarks)."""
+        self._rebuild("memories", hnsw=True, wait=wait)
+
+    def compact(self, table: Table, wait: bool = False) -> None:
+        """Rebuild ``table`` in the background with its live points only, giving back the disk its deleted ones
+        hold; the memories keep an HNSW index once ``index_min`` of them are stored. ``wait``: return once the
+        new generation is in use."""
+        hnsw = table == "memories" and 0 < self._index_min <= self.index_status()[0]
+        self._rebuild(table, hnsw, wait)
+
+    def _rebuild(self, table: Table, hnsw: bool, wait: bool) -> None:
+        """Queue a rebuild, unless the same one is queued already and not started: it will see every write."""
         with self._writing:
+            if self._closing:
+                return
+            job = next((j for j in self._jobs[1:] if (j.table, j.hnsw) == (table, hnsw)), None)
+            if job is None:
+                job = _Rebuild(table, hnsw)
+                self._jobs.append(job)
             if self._builder is None:
-                self._log = []
-                self._builder = threading.Thread(target=self._build, name="memrl-index-build", daemon=True)
+                self._builder = threading.Thread(target=self._build, name="memrl-rebuild", daemon=True)
                 self._builder.start()
-            builder = self._builder
         if wait:
-            builder.join()
+            job.done.wait()
 
     def _build(self) -> None:
-        target = self._path / f"memories-{time.time_ns()}"
-        times = BuildTimes()
-        try:
-            new = self._build_shard(target, times)
-            if new is not None and self._swap(new, times):
-                self.last_build = times
-                log.info("memories' HNSW index in use: %s", times)
-        except Exception:
-            if not self._closing:  # else: the child was killed by close()
-                log.exception("building the memories' HNSW index failed; searches stay exact until the next open")
-            shutil.rmtree(target, ignore_errors=True)
-            self._index_min = 0  # no retry in this process
-        finally:
+        """Run the rebuilds queued, one after another, until none is left or the store closes."""
+        while True:
             with self._writing:
-                self._log = None
-                self._builder = None
-                self._child = None
+                if not self._jobs or self._closing:
+                    self._builder = None
+                    for job in self._jobs:
+                        job.done.set()
+                    self._jobs.clear()
+                    return
+                job = self._jobs[0]
+                self._log = []
+            target = self._path / f"{job.table}-{time.time_ns()}"
+            times = BuildTimes()
+            try:
+                new = self._build_shard(job, target, times)
+                if new is not None and self._swap(job.table, new, times):
+                    self.last_build = times
+                    log.info("%s rebuilt%s: %s", job.table, " with an HNSW index" if job.hnsw else "", times)
+            except Exception:
+                if not self._closing:  # else: the child was killed by close()
+                    log.exception("rebuilding the %s table failed; it stays as it was", job.table)
+                shutil.rmtree(target, ignore_errors=True)
+                if job.hnsw:
+                    self._index_min = 0  # no retry in this process: searches stay exact until the next open
+            finally:
+                with self._writing:
+                    self._log = None
+                    self._child = None
+                    self._jobs.remove(job)
+                job.done.set()
 
-    def _build_shard(self, target: Path, times: BuildTimes) -> _Live | None:
-        """Stream every memory to the child, wait for its index; None if the store closed meanwhile."""
+    def _build_shard(self, job: _Rebuild, target: Path, times: BuildTimes) -> _Live | None:
+        """Stream every point of the table to the child, wait for its shard; None if the store closed meanwhile."""
         start = time.perf_counter()
-        params = IndexParams(self._dim, FULL_SCAN_KB, tuple(INDEXES["memories"].items()))
-        self._room.check()
+        params = self._params(job.table, job.hnsw).to_json()
         with tempfile.TemporaryFile() as errors:  # not a pipe: nobody reads it until the child is done
             child = subprocess.Popen(
-                [sys.executable, "-m", "memrl_mcp.edge_index", str(target), params.to_json()],
+                [sys.executable, "-m", "memrl_mcp.edge_index", str(target), params],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
             )
             self._child = child
             assert child.stdin is not None
-            with child.stdin, self._reading("memories") as shard:
+            with child.stdin, self._reading(job.table) as shard:
                 offset = None
                 while not self._closing:
                     request = self._edge.ScrollRequest(
@@ -488,7 +570,7 @@ class EdgeStore:
                     )
                     records, offset = shard.scroll(request)
                     pickle.dump([(str(r.id), r.vector, r.payload) for r in records], child.stdin)
-                    times.memories += len(records)
+                    times.points += len(records)
                     if offset is None:
                         pickle.dump(None, child.stdin)
                         break
@@ -501,14 +583,15 @@ class EdgeStore:
             if child.returncode != 0:
                 errors.seek(0)
                 detail = errors.read().decode(errors="replace")[-2000:]
-                raise RuntimeError(f"the index build exited with status {child.returncode}: {detail}")
+                raise RuntimeError(f"the rebuild exited with status {child.returncode}: {detail}")
         start = time.perf_counter()
+        self._room.check_open([target])
         new = _Live(self._edge.EdgeShard.load(str(target)), target.name)
         times.load_s = time.perf_counter() - start
         return new
 
-    def _swap(self, new: _Live, times: BuildTimes) -> bool:
-        """Replay the writes logged during the build on ``new``, in rounds until one is short enough to finish
+    def _swap(self, table: Table, new: _Live, times: BuildTimes) -> bool:
+        """Replay the writes logged during the rebuild on ``new``, in rounds until one is short enough to finish
         with writers held back, then make ``new`` current (on disk first) and retire the old shard. False if the
         store closed meanwhile."""
         while True:
@@ -525,9 +608,10 @@ class EdgeStore:
                         shutil.rmtree(self._path / new.name, ignore_errors=True)
                         return False
                     new.shard.flush()
-                    write_atomically(self._path / CURRENT, lambda stream: stream.write(new.name.encode()))
+                    pointer = self._path / f"{table}.current"
+                    write_atomically(pointer, lambda stream: stream.write(new.name.encode()))
                     with self._generations:
-                        old, self._live["memories"] = self._live["memories"], new
+                        old, self._live[table] = self._live[table], new
                     times.held_s = time.perf_counter() - held
                     break
             for operation in replay:
@@ -561,31 +645,35 @@ class EdgeStore:
         selector = self._edge.PayloadSelector.Include(list(TALLY_FIELDS))
         return {str(r.id): dict(r.payload or {}) for r in shard.retrieve(list(ids), selector, False)} if ids else {}
 
-    def _write_memories(
+    def _write(
         self,
+        table: Table,
         operation: Any,
-        ids: Sequence[str] | None,
         room: float | None,
+        ids: Sequence[str] | None = None,
         new: Mapping[str, Mapping[str, Any]] | None = None,
-        where: Where | None = None,
     ) -> None:
-        """Apply a write to the memories: count its effect (on ``ids``, or on the points matching ``where``, read
-        under the lock that orders the writes), log it for a build in flight, and start a build when one is due."""
-        with self._writing, self._reading("memories") as shard:
+        """Apply one write under the lock that orders them: check the free space it needs (``room``: the share of
+        the margin; None: a delete, always let through since it frees room), count its effect on the memories'
+        tally (on ``ids``, None: every point it may touch, read first; ``new``: their payloads, when known), log it
+        for a rebuild of its table in flight, and start an index build of the memories when one is due."""
+        memories = table == "memories"
+        with self._writing, self._reading(table) as shard:
             if room is not None:
                 self._room.check(room)
-            if ids is None:
-                ids = [point_id for point_id, _ in self.scroll("memories", where, ())]
-            old = self._fields(shard, ids)
+            if memories:
+                ids = [point_id for point_id, _ in self.scroll("memories", fields=())] if ids is None else ids
+                old = self._fields(shard, ids)
             shard.update(operation)
-            self._flush_when_due("memories", shard)
-            after = new if new is not None else self._fields(shard, ids)
-            for point_id in set(old) | set(after):
-                self._tally.apply(old.get(point_id), after.get(point_id))
-            if self._log is not None:
+            self._flush_when_due(table, shard)
+            if memories:
+                after = new if new is not None else self._fields(shard, ids)
+                for point_id in set(old) | set(after):
+                    self._tally.apply(old.get(point_id), after.get(point_id))
+                self._writes_to_check -= 1
+            if self._log is not None and self._jobs[0].table == table:
                 self._log.append(operation)
-            self._writes_to_check -= 1
-        if self._writes_to_check <= 0:
+        if memories and self._writes_to_check <= 0:
             self._writes_to_check = CHECK_EVERY
             self._maybe_build()
 
@@ -617,15 +705,6 @@ class EdgeStore:
             return edge.FieldCondition(key, match=edge.MatchAny(list(value)))
         return edge.FieldCondition(key, match=edge.MatchValue(value))
 
-    def _apply(self, table: Table, operation: Any, room: float | None = 1.0) -> None:
-        """Apply one update to a table other than the memories; ``room``: the share of the free-space margin it
-        needs (None: a delete, always let through since it frees room)."""
-        if room is not None:
-            self._room.check(room)
-        with self._reading(table) as shard:
-            shard.update(operation)
-            self._flush_when_due(table, shard)
-
     def _flush_when_due(self, table: Table, shard: Any) -> None:
         """Flush a table at every :data:`FLUSH_EVERY`-th write to it in this process (its only writer)."""
         self._unflushed[table] += 1
@@ -633,30 +712,23 @@ class EdgeStore:
             self._unflushed[table] = 0
             shard.flush()
 
-    def _write(self, table: Table, operation: Any, ids: Sequence[str] | None, room: float | None = 1.0) -> None:
-        if table == "memories":
-            self._write_memories(operation, ids, room)
-        else:
-            self._apply(table, operation, room)
-
     def upsert(self, table: Table, points: Sequence[Point]) -> None:
         batch = [self._edge.Point(p.id, p.vector.astype(np.float32).tolist(), p.payload) for p in points]
         operation = self._edge.UpdateOperation.upsert_points(batch)
-        if table == "memories":
-            self._write_memories(operation, [p.id for p in points], 1.0, {p.id: p.payload for p in points})
-        else:
-            self._apply(table, operation, RECALL_SHARE if table == "recalls" else 1.0)
+        room = RECALL_SHARE if table == "recalls" else 1.0
+        self._write(table, operation, room, [p.id for p in points], {p.id: p.payload for p in points})
 
     def insert(self, table: Table, point: Point) -> None:
         batch = [self._edge.Point(point.id, point.vector.astype(np.float32).tolist(), point.payload)]
         operation = self._edge.UpdateOperation.upsert_points(batch, update_mode=self._edge.UpdateMode.InsertOnly)
-        self._write(table, operation, [point.id])
+        self._write(table, operation, 1.0, [point.id])
 
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def get(self, table: Table, ids: Sequence[str], fields: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         if not ids:
             return {}
+        payload = True if fields is None else self._edge.PayloadSelector.Include(list(fields))
         with self._reading(table) as shard:
-            records = shard.retrieve(list(ids), True, False)
+            records = shard.retrieve(list(ids), payload, False)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
@@ -665,27 +737,26 @@ class EdgeStore:
         return np.asarray(records[0].vector, dtype=np.float32) if records else None
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
-        self._write(table, self._edge.UpdateOperation.set_payload([point_id], kept(payload)), [point_id])
+        self._write(table, self._edge.UpdateOperation.set_payload([point_id], kept(payload)), 1.0, [point_id])
 
     def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
         operation = self._edge.UpdateOperation.set_payload_by_filter(self._filter(where, point_id), kept(payload))
-        self._write(table, operation, [point_id])
+        self._write(table, operation, 1.0, [point_id])
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:
-            self._write(table, self._edge.UpdateOperation.delete_points(list(ids)), ids, room=None)
+            self._write(table, self._edge.UpdateOperation.delete_points(list(ids)), None, ids)
 
-    def delete_where(self, table: Table, where: Where) -> None:
+    def delete_namespace(self, table: Table, namespace: str) -> None:
+        where = {"namespace": namespace}
         operation = self._edge.UpdateOperation.delete_points_by_filter(self._filter(where))
-        if table == "memories":
-            self._write_memories(operation, None, None, where=where)
-        else:
-            self._apply(table, operation, None)
+        ids = [point_id for point_id, _ in self.scroll(table, where, ())] if table == "memories" else None
+        self._write(table, operation, None, ids)
 
     def purge_recalls(self, expired_before: float) -> None:
         edge = self._edge
         expired = edge.Filter(must=[edge.FieldCondition(EXPIRY, range=edge.RangeFloat(lt=expired_before))])
-        self._apply("recalls", edge.UpdateOperation.delete_points_by_filter(expired), None)
+        self._write("recalls", edge.UpdateOperation.delete_points_by_filter(expired), None)
 
     def search(
         self,
@@ -782,6 +853,9 @@ class EdgeStore:
         with self._reading(table) as shard:
             return int(shard.count(request))
 
+    def usage(self, namespace: str) -> int | None:
+        return None  # measured by the layer over it (memrl_mcp.quota.MeteredStore)
+
     def close(self) -> None:
         """Stop a build in flight (its child is killed, its folder removed), then flush, close and save the
         counts."""
@@ -806,16 +880,25 @@ class EdgeStore:
 
 @dataclass
 class BuildTimes:
-    """Where an index build's time went: streaming the memories to the child (the server's share, interleaved
-    with its requests), the child's indexing after that, opening the new shard (holds the GIL), and the last
-    replay round with writers held back."""
+    """Where a rebuild's time went: streaming the table's points to the child (the server's share, interleaved
+    with its requests), the child's writing and indexing after that, opening the new shard (holds the GIL), and
+    the last replay round with writers held back."""
 
-    memories: int = 0
+    points: int = 0
     stream_s: float = 0.0
     index_s: float = 0.0
     load_s: float = 0.0
     replayed: int = 0
     held_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Rebuild:
+    """A rebuild of a table waiting or running; ``done`` is set once it is over (swapped in, failed or dropped)."""
+
+    table: Table
+    hnsw: bool
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -843,7 +926,9 @@ class QdrantClientStore:
         api_key: str | None = None,
         path: Path | None = None,
         room: DiskRoom | None = None,
+        create: bool = True,
     ) -> None:
+        """``create``: create the collections and payload indexes a store lacks (not for a read-only server)."""
         from qdrant_client import QdrantClient, models
 
         self._models = models
@@ -871,13 +956,15 @@ class QdrantClientStore:
         else:
             raise ValueError("QdrantClientStore needs a url or a path")
         for table in TABLES:
-            self._ensure_collection(table, dim)
+            self._ensure_collection(table, dim, create)
 
-    def _ensure_collection(self, table: Table, dim: int) -> None:
+    def _ensure_collection(self, table: Table, dim: int, create: bool) -> None:
         """Create the collection if it is missing, then the payload indexes it lacks (server mode: local mode
-        scans everything and warns that indexes do nothing)."""
+        scans everything and warns that indexes do nothing); without ``create``, a missing collection is refused."""
         models, name = self._models, self._names[table]
         size = vector_size(table, dim)
+        if not create and not self._client.collection_exists(name):
+            raise StoreMissingError(f"the Qdrant server has no collection {name}, and a read-only server creates none")
         if self._client.collection_exists(name):
             stored_dim = getattr(self._client.get_collection(name).config.params.vectors, "size", None)
             if stored_dim is not None and stored_dim != size:
@@ -889,7 +976,7 @@ class QdrantClientStore:
             distance = models.Distance.DOT if is_dot(table) else models.Distance.COSINE
             vectors = models.VectorParams(size=size, distance=distance)
             self._client.create_collection(name, vectors_config=vectors)
-        if self._client_is_local:
+        if self._client_is_local or not create:
             return
         indexed = set(self._client.get_collection(name).payload_schema)
         schemas = {
@@ -950,11 +1037,12 @@ class QdrantClientStore:
         with self._atomic:
             self._client.upsert(self._names[table], batch, update_mode=models.UpdateMode.INSERT_ONLY, **self._write)
 
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def get(self, table: Table, ids: Sequence[str], fields: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         if not ids:
             return {}
+        payload = True if fields is None else list(fields)
         with self._atomic:
-            records = self._client.retrieve(self._names[table], list(ids), with_payload=True, **self._read)
+            records = self._client.retrieve(self._names[table], list(ids), with_payload=payload, **self._read)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
@@ -981,8 +1069,8 @@ class QdrantClientStore:
             with self._atomic:
                 self._client.delete(self._names[table], points_selector=selector, **self._write)
 
-    def delete_where(self, table: Table, where: Where) -> None:
-        selector = self._models.FilterSelector(filter=self._filter(where))
+    def delete_namespace(self, table: Table, namespace: str) -> None:
+        selector = self._models.FilterSelector(filter=self._filter({"namespace": namespace}))
         with self._atomic:
             self._client.delete(self._names[table], points_selector=selector, **self._write)
 
@@ -1094,22 +1182,208 @@ class QdrantClientStore:
         where = None if namespaces is None else {"namespace": list(namespaces)}
         return Tally.of(payload for _, payload in self.scroll("memories", where, TALLY_FIELDS)).total()
 
+    def usage(self, namespace: str) -> int | None:
+        return None  # measured by the layer over an embedded store (memrl_mcp.quota); a server's replicas cannot
+
+    def compact(self, table: Table) -> None:
+        """Nothing to do: local mode keeps its points in SQLite, which reuses the pages of deleted points for later
+        writes (it does not return them to the filesystem); a Qdrant server vacuums its own segments."""
+
     def close(self) -> None:
         with self._atomic:
             self._client.close()
 
 
+class StoreLayer:
+    """A store over another one: every primitive is handed to ``inner`` unless a subclass overrides it."""
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+
+    def upsert(self, table: Table, points: Sequence[Point]) -> None:
+        self._inner.upsert(table, points)
+
+    def insert(self, table: Table, point: Point) -> None:
+        self._inner.insert(table, point)
+
+    def get(self, table: Table, ids: Sequence[str], fields: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        return self._inner.get(table, ids, fields)
+
+    def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
+        return self._inner.get_vector(table, point_id)
+
+    def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
+        self._inner.set_payload(table, point_id, payload)
+
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
+        self._inner.set_payload_if(table, point_id, payload, where)
+
+    def delete(self, table: Table, ids: Sequence[str]) -> None:
+        self._inner.delete(table, ids)
+
+    def delete_namespace(self, table: Table, namespace: str) -> None:
+        self._inner.delete_namespace(table, namespace)
+
+    def purge_recalls(self, expired_before: float) -> None:
+        self._inner.purge_recalls(expired_before)
+
+    def search(
+        self,
+        vector: np.ndarray,
+        limit: int,
+        min_similarity: float,
+        where: Where,
+        table: Table = "memories",
+        with_vectors: bool = False,
+    ) -> list[Hit]:
+        return self._inner.search(vector, limit, min_similarity, where, table, with_vectors)
+
+    def scroll_from(
+        self, table: Table, where: Where, offset: str | None, limit: int
+    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        return self._inner.scroll_from(table, where, offset, limit)
+
+    def ordered(
+        self, table: Table, where: Where, key: str, descending: bool, limit: int
+    ) -> list[tuple[str, dict[str, Any]]]:
+        return self._inner.ordered(table, where, key, descending, limit)
+
+    def scroll(
+        self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        return self._inner.scroll(table, where, fields)
+
+    def vectors(
+        self, table: Table, where: Where, fields: Sequence[str]
+    ) -> Iterator[tuple[str, np.ndarray, dict[str, Any]]]:
+        return self._inner.vectors(table, where, fields)
+
+    def count(self, table: Table, where: Where | None = None) -> int:
+        return self._inner.count(table, where)
+
+    def tally(self, namespaces: Sequence[str] | None = None) -> Counts:
+        return self._inner.tally(namespaces)
+
+    def usage(self, namespace: str) -> int | None:
+        return self._inner.usage(namespace)
+
+    def compact(self, table: Table) -> None:
+        self._inner.compact(table)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class ReadOnlyError(MemrlError):
+    """A write reached a read-only store."""
+
+
+class ReadOnlyStore(StoreLayer):
+    """``read_only``: every write is refused here, under the tools that already offer none, so that no code path
+    can change the store. An embedded engine writes its own files at every open (qdrant-edge rewrites its config
+    and compacts its journals; it cannot open a read-only filesystem at all), so it is given a private copy of the
+    store (``scratch``), removed at close: the store itself is only ever read, and may sit on a read-only volume."""
+
+    def __init__(self, inner: Store, scratch: Path | None = None) -> None:
+        super().__init__(inner)
+        self._scratch = scratch
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise ReadOnlyError("the memory store is read-only (read_only: true): nothing is written")
+
+    upsert = insert = set_payload = set_payload_if = delete = delete_namespace = purge_recalls = compact = _refuse
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+ENGINE_FOLDERS = {"edge": "edge", "qdrant-local": "qdrant-local"}
+
+
 def open_store(settings: Settings, dim: int) -> Store:
-    """The store the settings ask for: a Qdrant server if a URL is set, else an embedded engine."""
+    """The store the settings ask for: a Qdrant server if a URL is set, else an embedded engine, whose usage per
+    namespace is measured (:class:`~memrl_mcp.quota.MeteredStore`); read-only (:class:`ReadOnlyStore`) with
+    ``read_only``."""
     if settings.qdrant_url:
         api_key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
-        return QdrantClientStore(dim, settings.collection, url=settings.qdrant_url, api_key=api_key)
-    folder = settings.data_dir / settings.collection
+        server = QdrantClientStore(
+            dim, settings.collection, url=settings.qdrant_url, api_key=api_key, create=not settings.read_only
+        )
+        return ReadOnlyStore(server) if settings.read_only else server
+    folder = settings.data_dir / settings.collection / ENGINE_FOLDERS[settings.embedded_engine]
+    if not settings.read_only:
+        existing = next(path for path in (folder, *folder.parents) if path.exists())
+        if not os.access(existing, os.W_OK):
+            raise StoreNotWritableError(
+                f"the memory store at {folder} cannot be written ({existing} is read-only to this process): serve "
+                "it with read_only: true (MEMRL_READ_ONLY=true), which reads a copy, or move it to a writable folder"
+            )
+        from memrl_mcp.quota import MeteredStore  # a layer over the stores of this module
+
+        store = _embedded(settings, folder, dim)
+        try:
+            return MeteredStore(store, folder, dim)
+        except BaseException:
+            store.close()
+            raise
+    scratch = private_copy(folder, settings.min_free_disk_mb)
+    try:
+        return ReadOnlyStore(_embedded(settings, scratch / folder.name, dim, index_min=0), scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+
+
+def _embedded(settings: Settings, folder: Path, dim: int, index_min: int | None = None) -> Store:
+    room = DiskRoom(folder, settings.min_free_disk_mb)
     if settings.embedded_engine == "qdrant-local":
-        path = folder / "qdrant-local"
-        return QdrantClientStore(dim, settings.collection, path=path, room=DiskRoom(path, settings.min_free_disk_mb))
-    room = DiskRoom(folder / "edge", settings.min_free_disk_mb)
-    return EdgeStore(folder / "edge", dim, room, settings.index_min_memories, settings.hnsw_ef)
+        return QdrantClientStore(dim, settings.collection, path=folder, room=room)
+    index_min = settings.index_min_memories if index_min is None else index_min
+    return EdgeStore(folder, dim, room, index_min, settings.hnsw_ef)
+
+
+def private_copy(folder: Path, min_free_mb: int) -> Path:
+    """A new temporary folder (under TMPDIR) holding a copy of the embedded store at ``folder``, made while the
+    engines' own locks are held shared (qdrant-edge locks each table's ``wal`` folder, qdrant-client its
+    ``.lock`` file), so that no server writes the store mid-copy; a store a server holds is refused as locked."""
+    scratch = Path(tempfile.mkdtemp(prefix="memrl-read-only-"))
+    try:
+        with _held_shared(folder):
+            need, free = allocated_bytes(folder) + min_free_mb * MB, free_bytes(scratch)
+            if free < need:
+                raise DiskFullError(
+                    f"a read-only open works on a copy of the memory store, and {scratch.parent} has "
+                    f"{free / MB:.1f} MB free where the copy needs {need / MB:.1f} MB (the store's "
+                    f"{(need - min_free_mb * MB) / MB:.1f} MB and min_free_disk_mb={min_free_mb}): point TMPDIR "
+                    "to a folder with room"
+                )
+            if folder.is_dir():
+                copy_sparse(folder, scratch / folder.name)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return scratch
+
+
+@contextmanager
+def _held_shared(folder: Path) -> Iterator[None]:
+    locks = [path for path in folder.rglob("*") if path.name in ("wal", ".lock")] if folder.is_dir() else []
+    held: list[int] = []
+    try:
+        for path in locks:
+            held.append(os.open(path, os.O_RDONLY))
+            try:
+                fcntl.flock(held[-1], fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StoreLockedError(folder, f"{path} is locked by the process serving it") from None
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
 
 
 def new_id() -> str:

@@ -12,7 +12,7 @@ from memrl_mcp.access import EVERYTHING
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory import MemoryService
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import QdrantClientStore, open_store
+from memrl_mcp.storage import QdrantClientStore
 
 WRITES = {"upsert", "set_payload", "delete", "create_payload_index"}
 READS = {"retrieve", "scroll", "query_points"}
@@ -39,8 +39,7 @@ class Recording:
 
 def test_every_write_is_strongly_ordered_and_every_read_a_majority_read(embedder: Embedder, tmp_path: Path) -> None:
     settings = load_settings(data_dir=tmp_path, embedded_engine="qdrant-local")
-    store = open_store(settings, embedder.dim)
-    assert isinstance(store, QdrantClientStore)
+    store = QdrantClientStore(embedder.dim, settings.collection, path=tmp_path / "qdrant-local")
     recording = Recording(store._client)
     store._client = recording
     service = MemoryService.open(settings, embedder, store)

@@ -90,7 +90,7 @@ def test_writes_made_during_a_build_survive_the_swap(tmp_path: Path) -> None:
             store.set_payload_if("memories", point.id, {"q": 0.5, "version": 1}, {"version": 0})
             store.set_payload_if("memories", point.id, {"q": 0.9, "version": 9}, {"version": 0})  # loses: no-op
         store.delete("memories", [p.id for p in points[40:60]])
-        store.delete_where("memories", {"namespace": "tiny"})
+        store.delete_namespace("memories", "tiny")
         store.build_index(wait=True)
         assert (tmp_path / "edge" / CURRENT).read_text().startswith("memories-")
         expected = {p.id: p.payload for p in points[60:] + added if p.payload["namespace"] != "tiny"}
