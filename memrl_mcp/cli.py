@@ -17,9 +17,7 @@ from memrl_mcp.memory import archive
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.observability import configure_logging
 from memrl_mcp.settings import Settings, SettingsError, as_yaml, load_settings
-from memrl_mcp.storage import DiskFullError, StoreLockedError
 from memrl_mcp.storage.files import write_atomically
-from memrl_mcp.storage.migrations import SchemaTooNewError
 
 log = logging.getLogger("memrl_mcp")
 
@@ -149,7 +147,7 @@ def run_backup(args: argparse.Namespace) -> int:
             summary = archive.export_memories(settings, args.out, args.namespace, sys.stdout.buffer)
         else:
             summary = archive.import_memories(settings, args.file, Progress(f"memrl-mcp {args.command}", sys.stderr))
-    except (SettingsError, StoreLockedError, DiskFullError, SchemaTooNewError, archive.BackupError, OSError) as error:
+    except (MemrlError, OSError) as error:  # bad settings or file, a locked or damaged store, no room for the copy
         print(f"memrl-mcp {args.command}: {error}", file=sys.stderr)
         return 2
     print(f"memrl-mcp {args.command}: {summary}", file=sys.stderr)

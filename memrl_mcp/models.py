@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, with_config
 
 from memrl_mcp.storage.numbers import KeptFloat, KeptJson
+from memrl_mcp.storage.tally import Q_STEP, Counts
 from memrl_mcp.validation import Outcome
 
 
@@ -145,6 +147,33 @@ class QSummary(BaseModel):
     p75: float
     max: float
     mean: float
+
+    @classmethod
+    def of(cls, counts: Counts) -> QSummary | None:
+        """Min, quartiles (linear interpolation, as ``numpy.percentile``), max and mean of a tally's Q histogram
+        (None: no memory)."""
+        if not counts.q_steps:
+            return None
+        steps = np.array(sorted(counts.q_steps), dtype=np.int64)
+        weights = np.array([counts.q_steps[s] for s in steps], dtype=np.int64)
+        ends = np.cumsum(weights)  # the sorted Qs of step i are at ranks ends[i-1] .. ends[i]-1
+        n = int(ends[-1])
+
+        def at(fraction: float) -> float:
+            rank = fraction * (n - 1)
+            low, high = int(np.floor(rank)), int(np.ceil(rank))
+            value_low = steps[np.searchsorted(ends, low, side="right")]
+            value_high = steps[np.searchsorted(ends, high, side="right")]
+            return float(value_low + (value_high - value_low) * (rank - low)) * Q_STEP
+
+        return cls(
+            min=float(steps[0]) * Q_STEP,
+            p25=at(0.25),
+            median=at(0.5),
+            p75=at(0.75),
+            max=float(steps[-1]) * Q_STEP,
+            mean=float((steps * weights).sum()) / n * Q_STEP,
+        )
 
 
 class Stats(BaseModel):

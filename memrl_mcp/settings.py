@@ -22,6 +22,7 @@ key, an argument), with the closest known one: a typo must not silently leave a 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import textwrap
@@ -31,7 +32,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import platformdirs
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, TypeAdapter, ValidationError, model_validator
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.validation import MAX_K, NAMESPACE, NAMESPACE_PATTERN, NamespaceName
@@ -96,6 +97,15 @@ class StorageSettings(Group):
         ge=0,
         le=1 << 20,
         description="Free disk space (MB) under the embedded store below which writes are refused (0: no check).",
+    )
+    namespace_quota_mb: int = Field(
+        1024,
+        ge=0,
+        le=1 << 30,
+        description="Storage quota (MB) of each namespace: what its memories, recalls, step and episode records "
+        "may take (payload JSON and vectors), so that no tenant fills the disk the others share (0: none; a "
+        "token's namespace_quota_mb overrides it). Embedded engines only. 1 GB holds ~300,000 memories of a "
+        "typical 1.9 KB payload, or ~48,000 with 20,000-character experiences.",
     )
     index_min_memories: int = Field(
         10_000,
@@ -315,11 +325,23 @@ class TokenGrant(BaseModel):
     token: SecretStr | None = Field(None, min_length=MIN_TOKEN_CHARS, description="The bearer token.")
     token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the bearer token.")
     namespaces: list[str] = Field(min_length=1, description='Namespaces this token may use; "*": all.')
+    namespace_quota_mb: int | None = Field(
+        None,
+        ge=0,
+        le=1 << 30,
+        description="Storage quota (MB) of each namespace this token names, instead of the namespace_quota_mb "
+        "setting (0: none); a namespace several tokens name gets the largest.",
+    )
 
     @model_validator(mode="after")
     def _one_secret(self) -> TokenGrant:
         if (self.token is None) == (self.token_sha256 is None):
             raise ValueError(f"token {self.name!r}: give exactly one of token or token_sha256")
+        if self.namespace_quota_mb is not None and ALL_NAMESPACES in self.namespaces:
+            raise ValueError(
+                f'token {self.name!r}: namespace_quota_mb applies to the namespaces a token names, and "*" names '
+                "none: set the namespace_quota_mb setting instead"
+            )
         for namespace in self.namespaces:
             if namespace != ALL_NAMESPACES:
                 try:
@@ -363,7 +385,9 @@ class ServingSettings(Group):
     read_only: bool = Field(
         False,
         description="Offer lookups only (search_experience, memory_stats, list_memories, resources): a frozen "
-        "memory, e.g. for a transfer evaluation.",
+        "memory, e.g. for a transfer evaluation. Nothing is written, not even at open: an embedded store is read "
+        "from a private copy in TMPDIR (so it may sit on a read-only volume), a store that needs a schema "
+        "migration is refused, and an interrupted report is left for a writable server to finish.",
     )
     ui_runs: list[Path] = Field(
         default_factory=list,
@@ -522,6 +546,45 @@ def _problem(error: Any, origins: Mapping[str, str]) -> str:
     where = f" (from {origins[name]})" if name in origins else ""
     message = str(error["msg"]).removeprefix("Value error, ")
     return f"{name}{'.' + inner if inner else ''}{where}: {message}"
+
+
+def load_grants(settings: ServingSettings) -> list[TokenGrant]:
+    """The tokens of the settings and of ``tokens_file``; a bad file or entry is named in the error."""
+    grants = list(settings.tokens)
+    if settings.tokens_file is not None:
+        grants += _grants_from_file(settings.tokens_file)
+    names = [grant.name for grant in grants]
+    for name in names:
+        if names.count(name) > 1:
+            raise SettingsError(f"tokens: the name {name!r} is given twice")
+    digests = [grant_digest(grant) for grant in grants]
+    if len(set(digests)) < len(digests):
+        raise SettingsError("tokens: one token is given twice")
+    return grants
+
+
+def _grants_from_file(path: Path) -> list[TokenGrant]:
+    try:
+        content: Any = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise SettingsError(f"tokens_file: cannot read {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise SettingsError(f"tokens_file: {path} is not YAML or JSON: {error}") from None
+    if not isinstance(content, dict) or set(content) != {"tokens"}:
+        raise SettingsError(f"tokens_file: {path} must hold one key, tokens: a list of tokens")
+    try:
+        return TypeAdapter(list[TokenGrant]).validate_python(content["tokens"])
+    except ValidationError as error:
+        problems = "; ".join(f"tokens.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise SettingsError(f"tokens_file {path}: {problems}") from None
+
+
+def grant_digest(grant: TokenGrant) -> str:
+    """The SHA-256 (hex) of the grant's token: what is kept of it in memory."""
+    if grant.token is not None:
+        return hashlib.sha256(grant.token.get_secret_value().encode()).hexdigest()
+    assert grant.token_sha256 is not None
+    return grant.token_sha256
 
 
 def as_yaml(settings: Settings | None = None) -> str:

@@ -111,9 +111,13 @@ def prefill(settings: Settings, points: list[Point]) -> float:
     start = time.perf_counter()
     for i in range(0, len(points), BATCH):
         store.upsert("memories", points[i : i + BATCH])
-    if isinstance(store, EdgeStore) and 0 < settings.index_min_memories <= len(points):
-        store.build_index(wait=True)
     store.close()
+    storage = settings.storage
+    embedded_edge = not storage.qdrant_url and storage.embedded_engine == "edge"
+    if embedded_edge and 0 < storage.index_min_memories <= len(points):
+        edge = EdgeStore(storage.data_dir / storage.collection / "edge", B.DIM)
+        edge.build_index(wait=True)
+        edge.close()
     return time.perf_counter() - start
 
 

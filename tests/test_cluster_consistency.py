@@ -13,7 +13,7 @@ from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import QdrantClientStore, open_store
+from memrl_mcp.storage import QdrantClientStore
 
 WRITES = {"upsert", "set_payload", "delete", "create_payload_index"}
 READS = {"retrieve", "scroll", "query_points"}
@@ -40,8 +40,7 @@ class Recording:
 
 def test_every_write_is_strongly_ordered_and_every_read_a_majority_read(embedder: Embedder, tmp_path: Path) -> None:
     settings = load_settings(data_dir=tmp_path, embedded_engine="qdrant-local")
-    store = open_store(settings.storage, embedder.dim)
-    assert isinstance(store, QdrantClientStore)
+    store = QdrantClientStore(embedder.dim, settings.storage.collection, path=tmp_path / "qdrant-local")
     recording = Recording(store._client)
     store._client = recording
     service = MemoryService.open(settings, embedder, store)

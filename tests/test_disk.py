@@ -1,4 +1,4 @@
-"""A full disk never kills the server nor loses what it acknowledged (issue 11.8), on a real small filesystem.
+"""A full disk never kills the server nor loses what it acknowledged (issues 11.8, 22.3), on a real small filesystem.
 
 qdrant-edge writes through memory-mapped files; on a full disk the page it cannot allocate used to kill the server
 with SIGBUS mid-stream. Here a loop-mounted ext4 image (root: ``mount -o loop``) holds the store, a ballast file
@@ -9,19 +9,29 @@ acknowledged memory must be there after a restart on the same disk.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
+from mcp import Client
 
-from tests.conftest import call, refused
+from memrl_mcp.embeddings import Embedder
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.settings import load_settings
+from memrl_mcp.storage import open_store
+from tests.conftest import call, make_service, refused
 from tests.test_http import mcp_client
-from tests.test_transports import http_server
+from tests.test_recovery import DiesAtWrite
+from tests.test_transports import child_env, http_server, run_cli, stdio_server
 
 DISK_MB, MARGIN_MB, ROOM_ABOVE_MARGIN_MB = 96, 8, 3
 EXPERIENCE_CHARS = 15_000  # a long experience: the disk fills in a few hundred writes
@@ -117,3 +127,133 @@ async def test_a_full_disk_refuses_writes_keeps_reads_and_loses_nothing(tmp_path
                 assert (await call(client, "memory_stats"))["memories"] == len(acknowledged)
                 for memory_id in [*sorted(acknowledged)[:: max(1, len(acknowledged) // 20)], first["id"]]:
                     await client.read_resource(f"memrl://memories/{memory_id}")
+
+
+@contextmanager
+def small_tmpfs(tmp_path: Path, megabytes: int) -> Iterator[Path]:
+    """A fresh tmpfs of ``megabytes`` (root): where qdrant-edge's memory-mapped files allocate as they are mapped."""
+    mountpoint = tmp_path / "tmpfs"
+    mountpoint.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(mountpoint)])
+    if result.returncode != 0:
+        pytest.fail(f"this test needs root to mount a tmpfs: {result.stderr}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=True)
+
+
+def write_store(embedder: Embedder, data_dir: Path, memories: int, **overrides: Any) -> list[str]:
+    """A closed store of ``memories`` memories and a pending recall; returns the memories' ids."""
+    service = make_service(embedder, data_dir, **overrides)
+    try:
+        ids = [
+            service.store_experience(task_text(random.Random(i), i), f"lesson {i}", access=EVERYTHING).id
+            for i in range(memories)
+        ]
+        service.recall(task_text(random.Random(0), 0), access=EVERYTHING)
+    finally:
+        service.close()
+    return ids
+
+
+def exported_ids(data_dir: Path, tmp_path: Path) -> list[str]:
+    """``memrl-mcp export`` of the store (its copy goes to ``tmp_path``, another filesystem): the memories' ids."""
+    out = tmp_path / "backup.jsonl"
+    done = run_cli("export", "--data-dir", str(data_dir), "--out", str(out), env=child_env(TMPDIR=str(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    return sorted(json.loads(line)["id"] for line in out.read_text().splitlines())
+
+
+async def assert_served_read_only(data_dir: Path, tmp_path: Path, ids: list[str]) -> None:
+    with anyio.fail_after(60):
+        env = {"MEMRL_READ_ONLY": "true", "TMPDIR": str(tmp_path)}
+        async with Client(stdio_server(data_dir, **env)) as client:
+            assert (await call(client, "memory_stats"))["memories"] == len(ids)
+            found = await call(client, "search_experience", task=task_text(random.Random(0), 0))
+            assert found["memories"][0]["id"] == ids[0]  # the first memory, by its own task
+
+
+@pytest.mark.anyio
+async def test_a_restart_on_a_nearly_full_tmpfs_says_so_instead_of_dying_and_reads_go_on(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    """qdrant-edge allocates its mapped files' holes as it opens them on tmpfs (this store's first reopen needs
+    ~150 MB): a page it cannot get used to kill the restarted server with SIGBUS (exit 135)."""
+    with small_tmpfs(tmp_path, 320) as disk:
+        data_dir = disk / "data"
+        ids = write_store(embedder, data_dir, 30)
+        ballast = leave_free(disk, 5)
+
+        restart = run_cli("--data-dir", str(data_dir), env=child_env(), timeout=120)
+        assert restart.returncode == 2, (restart.returncode, restart.stderr)
+        assert "too little for the engine to map its files (a process opening it died of SIGBUS)" in restart.stderr
+        assert "MEMRL_READ_ONLY=true" in restart.stderr and "memrl-mcp export" in restart.stderr
+
+        assert exported_ids(data_dir, tmp_path) == sorted(ids)  # the full disk is only read
+        await assert_served_read_only(data_dir, tmp_path, ids)
+
+        ballast.unlink()  # room again: the same store opens, whole
+        with anyio.fail_after(60):
+            async with Client(stdio_server(data_dir)) as client:
+                assert (await call(client, "memory_stats"))["memories"] == len(ids)
+
+
+def write_store_with_an_interrupted_report(embedder: Embedder, data_dir: Path) -> list[str]:
+    """A closed store of 30 memories whose report of the first one a crash cut after its claim (it is "applying":
+    the next writable open finishes it); returns the memories' ids."""
+    ids = write_store(embedder, data_dir, 30)
+    settings = load_settings(data_dir=data_dir)
+    store = open_store(settings, embedder.dim)
+    service = MemoryService.open(settings, embedder, store)
+    try:
+        recall = service.recall(task_text(random.Random(0), 0), access=EVERYTHING)
+        with pytest.raises(KeyboardInterrupt):
+            dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # type: ignore[arg-type]
+            dying.report(recall.recall_id, 1.0, access=EVERYTHING)
+    finally:
+        service.close()
+    return ids
+
+
+@pytest.mark.anyio
+async def test_a_restart_on_a_full_ext4_serves_reads_or_says_so_and_export_works(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    """Below the margin, finishing an interrupted report is a write the disk refuses: the restart used to stop
+    there (exit 2, saying "export still works"), and so did export. Now the server starts and reads; with no byte
+    left, where the engine cannot open the store, it says so (exit 2); export works either way. Once there is room
+    again, the report is finished."""
+    with small_disk(tmp_path, DISK_MB) as disk:
+        data_dir = disk / "data"
+        ids = write_store_with_an_interrupted_report(embedder, data_dir)
+        first = task_text(random.Random(0), 0)
+        ballast = leave_free(disk, 1)  # below the 64 MB margin
+
+        with anyio.fail_after(60):
+            async with Client(stdio_server(data_dir)) as client:
+                found = await call(client, "search_experience", task=first)
+                assert [(m["id"], m["visits"]) for m in found["memories"][:1]] == [(ids[0], 0)]  # left unfinished
+                assert (await call(client, "memory_stats"))["memories"] == len(ids)
+                assert "min_free_disk_mb" in await refused(client, "store_experience", task="new", experience="x")
+        assert exported_ids(data_dir, tmp_path) == sorted(ids)
+
+        fill = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)  # then the last blocks, one by one
+        for chunk in (4096, 1024, 1):
+            with contextlib.suppress(OSError):
+                while os.write(fill, b"\0" * chunk):
+                    pass
+        os.close(fill)
+        assert free_mb(disk) == 0
+        restart = run_cli("--data-dir", str(data_dir), env=child_env(), timeout=120)
+        assert restart.returncode == 2, (restart.returncode, restart.stderr)
+        assert "its disk is full" in restart.stderr and "MEMRL_READ_ONLY=true" in restart.stderr
+        assert exported_ids(data_dir, tmp_path) == sorted(ids)  # "export still works" is now true
+        await assert_served_read_only(data_dir, tmp_path, ids)
+
+        ballast.unlink()
+        (disk / "fill").unlink()
+        with anyio.fail_after(60):
+            async with Client(stdio_server(data_dir)) as client:
+                found = await call(client, "search_experience", task=first)
+                assert [(m["id"], m["visits"]) for m in found["memories"][:1]] == [(ids[0], 1)]

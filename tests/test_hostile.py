@@ -236,16 +236,16 @@ class KilledAtDelete:
 
     def __getattr__(self, name):
         method = getattr(store, name)
-        if name != "delete_where":
+        if name != "delete_namespace":
             return method
 
-        def delete_where(*args, **kwargs):
+        def delete_namespace(*args, **kwargs):
             if self.left == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
             self.left -= 1
             return method(*args, **kwargs)
 
-        return delete_where
+        return delete_namespace
 
 
 service = MemoryService.open(settings, embedder, KilledAtDelete())

@@ -22,8 +22,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from memrl_mcp.serving.auth import load_grants
-from memrl_mcp.settings import SettingsError, load_settings
+from memrl_mcp.settings import SettingsError, load_grants, load_settings
 from tests.conftest import call, refused
 from tests.test_transports import DEADLINE_S, HttpServer, child_env, http_server, run_cli
 

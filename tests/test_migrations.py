@@ -201,3 +201,44 @@ def test_a_store_of_a_newer_schema_is_refused_untouched(embedder: Embedder, tmp_
 async def test_the_schema_point_is_no_recall(client: Client) -> None:
     message = await refused(client, "report_outcome", recall_id=SCHEMA_POINT, reward=1.0)
     assert "unknown recall" in message
+
+
+@pytest.mark.parametrize(
+    ("marker", "shown"),
+    [
+        ({"schema_version": "abc"}, 'schema_version "abc"'),
+        ({"schema_version": None}, "schema_version null"),
+        ({"schema_version": "2"}, 'schema_version "2"'),
+        ({"schema_version": 2.9}, "schema_version 2.9"),
+        ({"schema_version": True}, "schema_version true"),
+        ({}, "no schema_version"),
+    ],
+)
+def test_a_damaged_schema_marker_is_refused_clearly_and_never_misread(
+    embedder: Embedder, tmp_path: Path, marker: dict[str, Any], shown: str
+) -> None:
+    """ "2" or 2.9 read as version 2 would let this code take a store of unknown shape for its own."""
+    data_dir = tmp_path / "data"
+    make_service(embedder, data_dir).close()
+    store = open_store(load_settings(data_dir=data_dir), 384)
+    store.upsert("recalls", [Point(SCHEMA_POINT, np.eye(1, 384, dtype=np.float32)[0], marker)])
+    store.close()
+
+    for command in ([], ["export"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "memrl_mcp.cli", *command, "--data-dir", str(data_dir)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2, (command, done.returncode, done.stderr)
+        assert f"schema marker (point {SCHEMA_POINT} of the recalls table) holds {shown}, not a whole number" in (
+            done.stderr
+        )
+        assert "Traceback" not in done.stderr
+    store = open_store(load_settings(data_dir=data_dir), 384)
+    try:
+        assert store.get("recalls", [SCHEMA_POINT])[SCHEMA_POINT] == marker  # refused untouched
+    finally:
+        store.close()

@@ -1,14 +1,26 @@
-"""A read-only server offers lookups only, and every server says which constants it runs with."""
+"""A read-only server offers lookups only and changes no byte of its store, even on a read-only volume; every server
+says which constants it runs with."""
 
+import hashlib
 import json
+import subprocess
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.tools import create_server
+from memrl_mcp.settings import load_settings
+from memrl_mcp.storage import Point, StoreLockedError, new_id, open_store
 from tests.conftest import call, make_service
+from tests.test_disk import small_disk
+from tests.test_migrations import TASKS, old_payload, write_old_store
+from tests.test_recovery import DiesAtWrite
+from tests.test_transports import DEADLINE_S, child_env, run_cli, stdio_server
 
 
 @pytest.mark.anyio
@@ -58,3 +70,110 @@ async def test_the_settings_resource_gives_the_effective_constants(embedder: Emb
     profile = embedder.similarity
     assert (settings["delta"], settings["sim_mean"], settings["sim_std"]) == (profile.delta, profile.mean, profile.std)
     assert settings["merge_threshold"] == profile.merge and settings["read_only"] is False
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
+    """Every file and folder under ``folder``: (size, modification time, SHA-256 of the content)."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        stat = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "folder"
+        found[str(path.relative_to(folder))] = (stat.st_size if path.is_file() else 0, stat.st_mtime_ns, digest)
+    return found
+
+
+def write_store_with_an_interrupted_report(embedder: Embedder, data_dir: Path, engine: str) -> str:
+    """A store holding memories, a step record, an episode, and a report that a crash cut after its claim (what a
+    writable open would finish); returns the memory's id."""
+    settings = load_settings(data_dir=data_dir, embedded_engine=engine)
+    store = open_store(settings, embedder.dim)
+    writer = MemoryService.open(settings, embedder, store)
+    try:
+        memory = writer.store_experience("water the plants", "use the blue can", access=EVERYTHING)
+        step = {"observation": "a dry plant", "action": "water it", "reward": 1.0}
+        writer.report_trajectory("water the plants", [step], "e1", access=EVERYTHING)
+        recall = writer.recall("water the plants", access=EVERYTHING)
+        dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # type: ignore[arg-type]
+        with pytest.raises(KeyboardInterrupt):
+            dying.report(recall.recall_id, 1.0, experience="rain water is better", access=EVERYTHING)
+    finally:
+        writer.close()
+    return memory.id
+
+
+@pytest.mark.anyio
+async def test_a_read_only_server_changes_no_byte_of_the_store(embedder: Embedder, tmp_path: Path, engine: str) -> None:
+    """Not at open (no migration, no recovery, no engine write), not while serving, not at close."""
+    data_dir = tmp_path / "data"
+    memory_id = write_store_with_an_interrupted_report(embedder, data_dir, engine)
+    before = snapshot(data_dir)
+
+    reader = make_service(embedder, data_dir, engine, read_only=True)
+    try:
+        async with Client(create_server(reader)) as client:
+            found = await call(client, "search_experience", task="water the plants")
+            assert [m["id"] for m in found["memories"]] == [memory_id]
+            assert found["memories"][0]["visits"] == 0  # the interrupted report is left as it stands
+            assert (await call(client, "memory_stats"))["memories"] == 1
+            assert (await call(client, "list_memories"))["total"] == 1
+            advice = await call(client, "recall_step_advice", task="water the plants", observation="a dry plant")
+            assert [a["action"] for a in advice["encouraged"]] == ["water it"]
+            await client.read_resource(f"memrl://memories/{memory_id}")
+    finally:
+        reader.close()
+    assert snapshot(data_dir) == before
+
+    writer = make_service(embedder, data_dir, engine)  # a writable open still finishes the report
+    try:
+        assert writer.get(memory_id, access=EVERYTHING).visits == 1
+    finally:
+        writer.close()
+
+
+def test_a_read_only_open_of_a_store_a_server_holds_is_refused(embedder: Embedder, tmp_path: Path) -> None:
+    """The copy is made under the engine's own locks: never a copy torn by a writer."""
+    writer = make_service(embedder, tmp_path / "data")
+    try:
+        with pytest.raises(StoreLockedError, match="already open in another process"):
+            make_service(embedder, tmp_path / "data", read_only=True)
+    finally:
+        writer.close()
+
+
+@pytest.mark.anyio
+async def test_a_store_on_a_read_only_volume_is_served_read_only_and_exported(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    with small_disk(tmp_path, 160) as disk:
+        data_dir = disk / "data"
+        memory_id = write_store_with_an_interrupted_report(embedder, data_dir, "edge")
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+
+        refused_start = run_cli("--data-dir", str(data_dir), env=child_env())
+        assert refused_start.returncode == 2, refused_start.stderr
+        assert "cannot be written" in refused_start.stderr and "MEMRL_READ_ONLY=true" in refused_start.stderr
+
+        with anyio.fail_after(DEADLINE_S):
+            async with Client(stdio_server(data_dir, MEMRL_READ_ONLY="true")) as client:
+                found = await call(client, "search_experience", task="water the plants")
+                assert [m["id"] for m in found["memories"]] == [memory_id]
+                assert (await call(client, "memory_stats"))["steps"] == 1
+
+        backup = tmp_path / "backup.jsonl"
+        exported = run_cli("export", "--data-dir", str(data_dir), "--out", str(backup), env=child_env())
+        assert exported.returncode == 0, exported.stderr
+        lines = [json.loads(line) for line in backup.read_text().splitlines()]
+        assert [(line["kind"], line["id"]) for line in lines if line["kind"] == "memory"] == [("memory", memory_id)]
+
+
+def test_a_read_only_server_refuses_a_store_that_needs_a_migration(embedder: Embedder, tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    point = Point(new_id(), embedder.embed([TASKS[0]])[0], old_payload("team", TASKS[0]))
+    write_old_store(data_dir, "edge", [point])
+    before = snapshot(data_dir)
+    done = run_cli("--data-dir", str(data_dir), env=child_env(MEMRL_READ_ONLY="true"), timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "schema version 0 and needs a migration to version 2" in done.stderr
+    assert "bookkeeping (to version 1), history_as_text (to version 2)" in done.stderr
+    assert "a read-only server writes nothing" in done.stderr
+    assert snapshot(data_dir) == before

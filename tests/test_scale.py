@@ -19,8 +19,8 @@ import pytest
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.memory.service import MemoryService, q_summary
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import QSummary, RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import EdgeStore, Point, open_store
 from memrl_mcp.storage.edge import CURRENT, TALLY
@@ -92,7 +92,7 @@ def test_writes_made_during_a_build_survive_the_swap(tmp_path: Path) -> None:
             store.set_payload_if("memories", point.id, {"q": 0.5, "version": 1}, {"version": 0})
             store.set_payload_if("memories", point.id, {"q": 0.9, "version": 9}, {"version": 0})  # loses: no-op
         store.delete("memories", [p.id for p in points[40:60]])
-        store.delete_where("memories", {"namespace": "tiny"})
+        store.delete_namespace("memories", "tiny")
         store.build_index(wait=True)
         assert (tmp_path / "edge" / CURRENT).read_text().startswith("memories-")
         expected = {p.id: p.payload for p in points[60:] + added if p.payload["namespace"] != "tiny"}
@@ -180,7 +180,7 @@ CRASHING_WRITER = """
 import os, sys
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.models import QSummary, RecallQuery
 from memrl_mcp.settings import load_settings
 service = MemoryService.open(load_settings(data_dir=sys.argv[1]))
 for i in range(5):
@@ -210,7 +210,7 @@ def _assert_stats_match_a_full_count_single(service: MemoryService) -> None:
     stats = service.stats(access=EVERYTHING)
     assert stats.memories == len(payloads) > 1
     assert stats.visits == sum(p["visits"] for p in payloads) > 0
-    assert stats.q == q_summary(Tally.of(payloads).total())
+    assert stats.q == QSummary.of(Tally.of(payloads).total())
 
 
 def test_import_reports_progress_on_stderr_and_imports_everything(tmp_path: Path, engine: str) -> None:

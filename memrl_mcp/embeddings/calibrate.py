@@ -145,7 +145,7 @@ def namespace_tasks(settings: Settings, namespace: str, dim: int) -> list[str]:
     storage = settings.storage
     if not storage.qdrant_url and not storage.data_dir.is_dir():
         raise CalibrationError(f"no memory store in {storage.data_dir}")
-    store = open_store(storage, dim)
+    store = open_store(storage, dim, read_only=True)  # a reader: changes nothing
     try:
         return [
             payload["task"]

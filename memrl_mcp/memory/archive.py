@@ -9,13 +9,15 @@ embedder or engine. Floats are written in Python's shortest round-trip form, so 
 for bit. Which episode ids and recalls were reported is not exported: a restored store would apply a repeated
 report of an old episode again.
 
-An export to a file writes a temporary file in the same folder, syncs it and renames it over the
-target: a crashed export leaves a stray ``.<name>.*.tmp``, never a file that looks complete.
+An export opens the store read-only (:class:`~memrl_mcp.storage.layers.ReadOnlyStore`: an embedded store is read from a
+copy in TMPDIR), so it works on a full disk or a read-only volume and changes nothing. An export to a file writes
+a temporary file in the same folder, syncs it and renames it over the target: a crashed export leaves a stray
+``.<name>.*.tmp``, never a file that looks complete.
 
-An import checks every line first (JSON, fields, types, limits, ids unique in the file) and writes
-nothing unless all of them pass. Blank lines are skipped. Each memory is then written under its own
-id, replacing a stored memory with that id (other memories are kept; none is merged into a twin).
-So an import is resumable: if it dies mid-write, run it again.
+An import checks every line first (JSON, fields, types, limits, ids unique in the file, and that what it adds to
+each namespace fits in the namespace's storage quota) and writes nothing unless all of them pass. Blank lines are
+skipped. Each memory is then written under its own id, replacing a stored memory with that id (other memories are
+kept; none is merged into a twin). So an import is resumable: if it dies mid-write, run it again.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def export_memories(settings: Settings, out: Path | None, namespaces: Sequence[s
     storage = settings.storage
     if not storage.qdrant_url and not storage.data_dir.is_dir():
         raise BackupError(f"no memory store in {storage.data_dir}")  # a typo must not create an empty store
-    service = MemoryService.open(settings)
+    service = MemoryService.open(settings, read_only=True)  # changes no byte of the store
     try:
         # One scan, filtered here: a namespace without memories (a typo) is then reported, not refused mid-stream.
         wanted = set(namespaces)
@@ -99,14 +101,25 @@ def import_memories(settings: Settings, path: Path, progress: Callable[[int, int
     service = MemoryService.open(settings)
     try:
         problems = []
-        for number, record in records_in(path):
+        added: Counter[str] = Counter()  # per namespace, what the import adds: it must fit in the quota
+        numbered = records_in(path)
+        while batch := list(itertools.islice(numbered, RESTORE_BATCH)):
+            valid = []
+            for number, record in batch:
+                try:
+                    if isinstance(record, StepRecordView):
+                        service.check_step(record)
+                    else:
+                        service.check_memory(record)
+                    valid.append(record)
+                except MemoryRequestError as error:
+                    problems.append(f"line {number}: {error}")
+            added += service.restore_bytes(valid)
+        for namespace, size in sorted(added.items()):
             try:
-                if isinstance(record, StepRecordView):
-                    service.check_step(record)
-                else:
-                    service.check_memory(record)
+                service.quotas.check(namespace, size)
             except MemoryRequestError as error:
-                problems.append(f"line {number}: {error}")
+                problems.append(str(error))
         _refuse(path, problems)
         memories: Counter[str] = Counter()
         steps: Counter[str] = Counter()

@@ -36,6 +36,7 @@ from memrl_mcp.models import (
 from memrl_mcp.settings import Settings
 from memrl_mcp.storage import Hit, Point, Store, new_id
 from memrl_mcp.storage.migrations import SCHEMA_POINT
+from memrl_mcp.storage.quota import Quotas, record_bytes
 from memrl_mcp.validation import is_point_id
 
 
@@ -112,7 +113,13 @@ class EpisodeMemory:
     """Recall, report and store over the ``memories`` and ``recalls`` tables (module docstring)."""
 
     def __init__(
-        self, store: Store, ledger: Ledger, embedder: Embedder, settings: Settings, clock: Callable[[], float]
+        self,
+        store: Store,
+        ledger: Ledger,
+        embedder: Embedder,
+        settings: Settings,
+        clock: Callable[[], float],
+        quotas: Quotas,
     ) -> None:
         self._store = store
         self._ledger = ledger
@@ -121,6 +128,7 @@ class EpisodeMemory:
         self._learning = settings.learning
         self.scale = Scale.of(settings, embedder)
         self._clock = clock
+        self._quotas = quotas
         self._rng = random.Random(settings.retrieval.seed)
         # One store_experience at a time per process, so that two stores of one task make one memory.
         self._store_lock = threading.Lock()
@@ -157,7 +165,9 @@ class EpisodeMemory:
             expires_at=now + self._learning.recall_ttl_seconds,
         )
         recall_id = new_id()
-        self._store.upsert("recalls", [Point(recall_id, found.vector, record.payload())])
+        payload = record.payload()
+        with self._quotas.admit(found.namespace, record_bytes(payload, found.vector.size)):
+            self._store.upsert("recalls", [Point(recall_id, found.vector, payload)])
         self._pending.added(found.namespace)
         return RecallResult(recall_id=recall_id, **result.model_dump())
 

@@ -15,8 +15,10 @@ without limit. Reported episodes of the step memory likewise: a namespace keeps 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Self
@@ -27,6 +29,7 @@ from pydantic import BaseModel
 from memrl_mcp.embeddings import Embedder, create_embedder, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
+from memrl_mcp.memory.admission import RESTORE_BATCH, report_bytes, restore_bytes, trajectory_bytes
 from memrl_mcp.memory.bounds import OldestBeyond
 from memrl_mcp.memory.episodes import EpisodeMemory
 from memrl_mcp.memory.ledger import Ledger
@@ -63,10 +66,10 @@ from memrl_mcp.models import (
     StoreResult,
     TrajectoryResult,
 )
-from memrl_mcp.settings import GROUP_OF, Settings
-from memrl_mcp.storage import Point, Range, Store, Words, new_id, open_store
+from memrl_mcp.settings import GROUP_OF, Settings, TokenGrant, load_grants
+from memrl_mcp.storage import DiskFullError, Point, Range, Store, Words, new_id, open_store
 from memrl_mcp.storage.migrations import migrate
-from memrl_mcp.storage.tally import Q_STEP, Counts
+from memrl_mcp.storage.quota import UPDATE_BYTES, Quotas, new_record_bytes, text_bytes
 from memrl_mcp.validation import (
     DELTA,
     EPISODE_ID,
@@ -84,7 +87,7 @@ from memrl_mcp.validation import (
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
-RESTORE_BATCH = 256  # memories or step records an import embeds and writes together
+log = logging.getLogger(__name__)
 
 
 class MemoryService:
@@ -93,8 +96,15 @@ class MemoryService:
     The constructor does no I/O; :meth:`open` builds the parts and finishes what a crash interrupted."""
 
     def __init__(
-        self, settings: Settings, embedder: Embedder, store: Store, clock: Callable[[], float] = time.time
+        self,
+        settings: Settings,
+        embedder: Embedder,
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        grants: Sequence[TokenGrant] | None = None,
     ) -> None:
+        """``grants``: the tokens whose ``namespace_quota_mb`` set their namespaces' quotas (None: the settings'
+        ``tokens``; :meth:`open` also reads ``tokens_file``)."""
         self.settings = settings
         self.embedder = embedder
         limits, learning = settings.limits, settings.learning
@@ -107,13 +117,16 @@ class MemoryService:
             limits.max_list_page,
         )
         self._store = store
+        self.quotas = Quotas(
+            store, settings.storage.namespace_quota_mb, settings.serving.tokens if grants is None else grants
+        )
         self._ledger = Ledger(store, learning, limits.max_metadata_chars)
         self._clock = clock
         self._calls = threading.Condition()
         self._active_calls = 0
         self._closed = False
         self._housekept_at = -float("inf")
-        self.episodes = EpisodeMemory(store, self._ledger, embedder, settings, clock)
+        self.episodes = EpisodeMemory(store, self._ledger, embedder, settings, clock, self.quotas)
         self.scale = self.episodes.scale
         self.steps = StepMemory(store, self._ledger, settings.steps, embedder)
         self._reported = OldestBeyond(
@@ -127,16 +140,28 @@ class MemoryService:
         embedder: Embedder | None = None,
         store: Store | None = None,
         clock: Callable[[], float] = time.time,
+        read_only: bool | None = None,
     ) -> Self:
         """Build the embedder and open the store the settings name (unless given), bring its schema up to date
         (:mod:`memrl_mcp.storage.migrations`), then recover: an embedded store is this process's alone, so whatever is
         still "applying" was interrupted and is finished now; on a Qdrant server another replica may be
-        mid-report, so only reports left for a while are."""
+        mid-report, so only reports left for a while are. A recovery refused for want of disk space is left for
+        later (the next open, or the hourly housekeeping of recall): a full disk must not stop the reads.
+
+        ``read_only`` (default: the settings' read-only profile) writes nothing: a store that needs a migration is
+        refused, and what a crash interrupted is left for a writable server to finish (reads show it as it stands)."""
+        read_only = settings.serving.read_only if read_only is None else read_only
         embedder = embedder or create_embedder(settings.embeddings, settings.similarity)
-        service = cls(settings, embedder, store or open_store(settings.storage, embedder.dim), clock)
+        grants = load_grants(settings.serving)
+        store = store or open_store(settings.storage, embedder.dim, read_only)
+        service = cls(settings, embedder, store, clock, grants)
         try:
-            migrate(service._store, embedder.dim)
-            service.housekeeping(stale_after=STALE_REPORT_SECONDS if settings.storage.qdrant_url else 0.0)
+            migrate(service._store, embedder.dim, read_only=read_only)
+            if not read_only:
+                try:
+                    service.housekeeping(stale_after=STALE_REPORT_SECONDS if settings.storage.qdrant_url else 0.0)
+                except DiskFullError as error:
+                    log.warning("interrupted reports are left unfinished until there is room: %s", error)
         except BaseException:
             service.close()  # release the store (an embedded one is locked while open)
             raise
@@ -240,7 +265,7 @@ class MemoryService:
             check_outcome(outcome)
         meta = self._metadata(metadata)
         with self._call():
-            self.episodes.reportable(recall_id, access)
+            recall = self.episodes.reportable(recall_id, access)
             report = ClaimedReport(
                 claim=new_id(),
                 reward=reward,
@@ -249,7 +274,8 @@ class MemoryService:
                 outcome=outcome,
                 metadata=meta,
             )
-            return self._ledger.report(recall_id, report)
+            with self.quotas.admit(recall.namespace, report_bytes(recall, experience, meta, self.embedder.dim)):
+                return self._ledger.report(recall_id, report)
 
     # -- the step memory (Rememberer) ----------------------------------------------------------
 
@@ -288,10 +314,12 @@ class MemoryService:
             already = self.steps.applied(namespace, episode_id)
             if already is not None:
                 return already
-            if recall_id is not None:
-                self.episodes.reportable(recall_id, access)
             trajectory = [(step.observation, step.action, step.reward) for step in checked]
-            result = self.steps.report(task, trajectory, episode_id, namespace, recall_id, self._clock())
+            added = trajectory_bytes(task, trajectory, self.embedder.dim)
+            if recall_id is not None:
+                added += report_bytes(self.episodes.reportable(recall_id, access), None, {}, self.embedder.dim)
+            with self.quotas.admit(namespace, added):
+                result = self.steps.report(task, trajectory, episode_id, namespace, recall_id, self._clock())
             if not result.already_applied:
                 self._reported.added(namespace)
             return result
@@ -317,7 +345,8 @@ class MemoryService:
         if q is not None:
             q = self.limits.reward.check("q", q)
         meta = self._metadata(metadata)
-        with self._call():
+        added = new_record_bytes(task, experience, meta, dims=self.embedder.dim)
+        with self._call(), self.quotas.admit(namespace, added):
             return self.episodes.store(namespace, task, experience, outcome, q, meta)
 
     # -- forget, read, stats --------------------------------------------------------------------
@@ -334,13 +363,14 @@ class MemoryService:
                 self.get(memory_id, access=access)
                 self._store.delete("memories", [memory_id])
                 return ForgetResult(deleted=1)
-            where = {"namespace": self._namespace(namespace, access)}
-            self._store.delete_where("recalls", where)
-            self._store.delete_where("episodes", where)
+            forgotten = self._namespace(namespace, access)
+            where = {"namespace": forgotten}
+            self._store.delete_namespace("recalls", forgotten)
+            self._store.delete_namespace("episodes", forgotten)
             deleted = self._store.count("memories", where)
-            self._store.delete_where("memories", where)
+            self._store.delete_namespace("memories", forgotten)
             steps_deleted = self._store.count("steps", where)
-            self._store.delete_where("steps", where)
+            self._store.delete_namespace("steps", forgotten)
             return ForgetResult(deleted=deleted, steps_deleted=steps_deleted)
 
     def get(self, memory_id: str, *, access: Access) -> MemoryDetail:
@@ -365,7 +395,7 @@ class MemoryService:
             memories=counts.memories,
             successes=counts.successes,
             failures=counts.failures,
-            q=q_summary(counts),
+            q=QSummary.of(counts),
             visits=counts.visits,
             recalls_pending=self._store.count("recalls", {**where, "status": "pending"}),
             recalls_reported=self._store.count("recalls", {**where, "status": "reported"}),
@@ -456,7 +486,7 @@ class MemoryService:
             raise MemoryRequestError("give at least one of experience, metadata or reset_q=true: nothing to change")
         learning = self.settings.learning
         with self._call():
-            self.get(memory_id, access=access)
+            namespace = self.get(memory_id, access=access).namespace
             now = self._clock()
 
             def edit(m: Mapping[str, Any]) -> dict[str, Any]:
@@ -474,7 +504,8 @@ class MemoryService:
                     update |= {"q": q_init, "visits": 0, "last_reward": None, "history": history}
                 return update
 
-            written = self._ledger.update_once(memory_id, f"edit:{new_id()}", edit)
+            with self.quotas.admit(namespace, text_bytes(experience, meta) + UPDATE_BYTES):
+                written = self._ledger.update_once(memory_id, f"edit:{new_id()}", edit)
         if written is None:
             raise MemoryRequestError(f"memory_id: no memory {memory_id!r} (it was forgotten meanwhile)")
         return memory_detail(memory_id, {**written.before, **(written.update or {})})
@@ -508,7 +539,7 @@ class MemoryService:
         A memory whose id is already stored is replaced. Every memory is checked before any is written."""
         for memory in memories:
             self.check_memory(memory)
-        with self._call():
+        with self._call(), self.quotas.admit_all(self.restore_bytes(memories)):
             for start in range(0, len(memories), batch):
                 chunk = sorted(memories[start : start + batch], key=lambda m: m.namespace)
                 points = []
@@ -523,9 +554,13 @@ class MemoryService:
         """Write step records exactly as given, re-embedding their texts; every one is checked first."""
         for record in records:
             self.check_step(record)
-        with self._call():
+        with self._call(), self.quotas.admit_all(self.restore_bytes(records)):
             self.steps.restore(records)
         return len(records)
+
+    def restore_bytes(self, records: Sequence[MemoryView | StepRecordView]) -> Counter[str]:
+        """Per namespace, what restoring ``records`` adds (:func:`admission.restore_bytes`)."""
+        return restore_bytes(self._store, records, self.embedder.dim)
 
     # -- validation -----------------------------------------------------------------------------
 
@@ -541,32 +576,6 @@ class MemoryService:
         if metadata is None:
             return {}
         return self.limits.metadata.check("metadata", dict(metadata) if isinstance(metadata, Mapping) else metadata)
-
-
-def q_summary(counts: Counts) -> QSummary | None:
-    """Min, quartiles (linear interpolation, as ``numpy.percentile``), max and mean of the tally's Q histogram."""
-    if not counts.q_steps:
-        return None
-    steps = np.array(sorted(counts.q_steps), dtype=np.int64)
-    weights = np.array([counts.q_steps[s] for s in steps], dtype=np.int64)
-    ends = np.cumsum(weights)  # the sorted Qs of step i are at ranks ends[i-1] .. ends[i]-1
-    n = int(ends[-1])
-
-    def at(fraction: float) -> float:
-        rank = fraction * (n - 1)
-        low, high = int(np.floor(rank)), int(np.ceil(rank))
-        value_low = steps[np.searchsorted(ends, low, side="right")]
-        value_high = steps[np.searchsorted(ends, high, side="right")]
-        return float(value_low + (value_high - value_low) * (rank - low)) * Q_STEP
-
-    return QSummary(
-        min=float(steps[0]) * Q_STEP,
-        p25=at(0.25),
-        median=at(0.5),
-        p75=at(0.75),
-        max=float(steps[-1]) * Q_STEP,
-        mean=float((steps * weights).sum()) / n * Q_STEP,
-    )
 
 
 def _plain(step: Any) -> Any:

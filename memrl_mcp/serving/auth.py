@@ -8,64 +8,22 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from pathlib import Path
-from typing import Any
 
-import yaml
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
-from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 
 from memrl_mcp.memory.access import EVERYTHING, Access
-from memrl_mcp.settings import ALL_NAMESPACES, ServingSettings, SettingsError, TokenGrant
+from memrl_mcp.settings import ALL_NAMESPACES, TokenGrant, grant_digest
 
 NAMESPACES_CLAIM = "memrl_namespaces"
-
-
-def load_grants(settings: ServingSettings) -> list[TokenGrant]:
-    """The tokens of the settings and of ``tokens_file``; a bad file or entry is named in the error."""
-    grants = list(settings.tokens)
-    if settings.tokens_file is not None:
-        grants += _grants_from_file(settings.tokens_file)
-    names = [grant.name for grant in grants]
-    for name in names:
-        if names.count(name) > 1:
-            raise SettingsError(f"tokens: the name {name!r} is given twice")
-    digests = [_digest_of(grant) for grant in grants]
-    if len(set(digests)) < len(digests):
-        raise SettingsError("tokens: one token is given twice")
-    return grants
-
-
-def _grants_from_file(path: Path) -> list[TokenGrant]:
-    try:
-        content: Any = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise SettingsError(f"tokens_file: cannot read {path}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise SettingsError(f"tokens_file: {path} is not YAML or JSON: {error}") from None
-    if not isinstance(content, dict) or set(content) != {"tokens"}:
-        raise SettingsError(f"tokens_file: {path} must hold one key, tokens: a list of tokens")
-    try:
-        return TypeAdapter(list[TokenGrant]).validate_python(content["tokens"])
-    except ValidationError as error:
-        problems = "; ".join(f"tokens.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise SettingsError(f"tokens_file {path}: {problems}") from None
-
-
-def _digest_of(grant: TokenGrant) -> str:
-    if grant.token is not None:
-        return hashlib.sha256(grant.token.get_secret_value().encode()).hexdigest()
-    assert grant.token_sha256 is not None
-    return grant.token_sha256
 
 
 class TokenTable:
     """The SDK's ``TokenVerifier``: a known token becomes an access token carrying its namespaces."""
 
     def __init__(self, grants: list[TokenGrant]) -> None:
-        self._by_digest = {_digest_of(grant): grant for grant in grants}
+        self._by_digest = {grant_digest(grant): grant for grant in grants}
 
     def __len__(self) -> int:
         """How many tokens (tenants) there are."""

@@ -18,9 +18,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.auth import TokenTable, is_loopback, load_grants
+from memrl_mcp.serving.auth import TokenTable, is_loopback
 from memrl_mcp.serving.tools import create_server
-from memrl_mcp.settings import ServingSettings, SettingsError
+from memrl_mcp.settings import ServingSettings, SettingsError, load_grants
 
 Transport = Literal["stdio", "streamable-http", "sse"]
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")

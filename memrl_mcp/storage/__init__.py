@@ -1,11 +1,13 @@
-"""Storage: the store port (:mod:`~memrl_mcp.storage.store`) and its two engines, the disk guard, the counts of
+"""Storage: the store port (:mod:`~memrl_mcp.storage.store`) and its two engines (qdrant-edge in process, a Qdrant
+server or qdrant-client's local mode), the layers over them (quotas, read-only), the disk guard, the counts of
 ``memory_stats``, the schema's migrations, and the floats the engines keep exactly."""
 
 from __future__ import annotations
 
-from memrl_mcp.settings import StorageSettings
 from memrl_mcp.storage.disk import DiskFullError, DiskRoom
 from memrl_mcp.storage.edge import EdgeStore
+from memrl_mcp.storage.layers import ReadOnlyError, ReadOnlyStore, StoreLayer
+from memrl_mcp.storage.opening import open_store, private_copy
 from memrl_mcp.storage.qdrant import QdrantClientStore
 from memrl_mcp.storage.store import (
     PLACEHOLDER,
@@ -14,6 +16,8 @@ from memrl_mcp.storage.store import (
     Range,
     Store,
     StoreLockedError,
+    StoreMissingError,
+    StoreNotWritableError,
     Table,
     Where,
     Words,
@@ -23,29 +27,23 @@ from memrl_mcp.storage.store import (
 __all__ = [
     "PLACEHOLDER",
     "DiskFullError",
+    "DiskRoom",
     "EdgeStore",
     "Hit",
     "Point",
     "QdrantClientStore",
     "Range",
+    "ReadOnlyError",
+    "ReadOnlyStore",
     "Store",
+    "StoreLayer",
     "StoreLockedError",
+    "StoreMissingError",
+    "StoreNotWritableError",
     "Table",
     "Where",
     "Words",
     "new_id",
     "open_store",
+    "private_copy",
 ]
-
-
-def open_store(settings: StorageSettings, dim: int) -> Store:
-    """The store the settings ask for: a Qdrant server if a URL is set, else an embedded engine."""
-    if settings.qdrant_url:
-        api_key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
-        return QdrantClientStore(dim, settings.collection, url=settings.qdrant_url, api_key=api_key)
-    folder = settings.data_dir / settings.collection
-    if settings.embedded_engine == "qdrant-local":
-        path = folder / "qdrant-local"
-        return QdrantClientStore(dim, settings.collection, path=path, room=DiskRoom(path, settings.min_free_disk_mb))
-    room = DiskRoom(folder / "edge", settings.min_free_disk_mb)
-    return EdgeStore(folder / "edge", dim, room, settings.index_min_memories, settings.hnsw_ef)

@@ -2,15 +2,20 @@
 
 qdrant-edge writes through memory-mapped files, and a page it cannot allocate kills the process with SIGBUS instead of
 an error: an embedded store refuses writes before its disk is too full for the engine. Deletes are always allowed
-(they free room); reads never need room.
+(they free room); reads never need room. An open that could run out of room is tried in a child process first
+(:meth:`DiskRoom.check_open`).
 """
 
 from __future__ import annotations
 
-import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from memrl_mcp.errors import MemrlError
+from memrl_mcp.storage.files import free_bytes, hole_bytes
 
 MB = 1 << 20
 
@@ -31,17 +36,44 @@ class DiskRoom:
         self._path = path
         self._min_free = min_free_mb * MB
 
+    @property
+    def min_free(self) -> int:
+        """The margin, in bytes."""
+        return self._min_free
+
     def check(self, share: float = 1.0) -> None:
         """Raise :class:`DiskFullError` unless ``share`` of the margin is still free."""
         if self._min_free == 0:
             return
-        stats = os.statvfs(self._path)
-        free = stats.f_bavail * stats.f_frsize
+        free = free_bytes(self._path)
         if free < self._min_free * share:
             raise DiskFullError(
                 f"the disk holding the memory store ({self._path}) has {free / MB:.1f} MB free, below "
                 f"min_free_disk_mb={self._min_free // MB}: writes are refused until space is freed (recall, "
                 "stats and export still work; forgetting memories is allowed)"
+            )
+
+    def check_open(self, folders: Sequence[Path]) -> None:
+        """Before this process opens the shards in ``folders``: make sure opening them cannot kill it.
+
+        qdrant-edge maps its files into memory, and on tmpfs it allocates their holes as it opens them (a small
+        store's first reopen grew it from 30 to 178 MB); a page it cannot allocate kills the process with SIGBUS,
+        where no error can be caught. When the free space could not cover every hole of the store's files plus
+        the margin, a child process opens the shards first: if it dies of SIGBUS, the disk is too full and this
+        is said; if it lives, what it allocated stays allocated and this process's open needs no more."""
+        free = free_bytes(self._path)
+        if free >= sum(hole_bytes(folder) for folder in folders) + self._min_free:
+            return
+        probe = "import sys, qdrant_edge as e\nfor p in sys.argv[1:]: e.EdgeShard.load(p).close()"
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *map(str, folders)], stdin=subprocess.DEVNULL, capture_output=True
+        )
+        if done.returncode == -signal.SIGBUS:
+            raise DiskFullError(
+                f"cannot open the memory store at {self._path}: its disk has {free / MB:.1f} MB free, too little "
+                "for the engine to map its files (a process opening it died of SIGBUS). Free some space; "
+                "meanwhile a read-only server (MEMRL_READ_ONLY=true) serves it and `memrl-mcp export` backs it "
+                "up: both open a copy of it in TMPDIR"
             )
 
 

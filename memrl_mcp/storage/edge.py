@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from memrl_mcp.storage.disk import RECALL_SHARE, DiskFullError, DiskRoom
-from memrl_mcp.storage.edge_index import RESCORE_OVERSAMPLING, IndexParams, payload_schema
+from memrl_mcp.storage.edge_index import (
+    RESCORE_OVERSAMPLING,
+    BuildTimes,
+    Rebuild,
+    ShardParams,
+    payload_schema,
+    shard_config,
+)
 from memrl_mcp.storage.files import sync_folder, write_atomically
 from memrl_mcp.storage.numbers import kept
 from memrl_mcp.storage.store import (
@@ -47,7 +54,6 @@ from memrl_mcp.storage.tally import Counts, Tally
 
 log = logging.getLogger(__name__)
 
-# The embedded engine's HNSW index (EdgeStore)
 CURRENT = "memories.current"  # names the memories' generation folder in use
 TALLY = "memories.tally.json"  # the counts of memory_stats, saved at a clean close
 # Rebuild once the memories outside the index (new ones: payload updates stay in it) reach this share of the indexed
@@ -69,25 +75,23 @@ FLUSH_EVERY = 1000
 class EdgeStore:
     """Embedded Qdrant (qdrant-edge): one shard folder per table under ``path``.
 
-    Memories are searched exactly until ``index_min`` of them are not in an HNSW index; then an index is built in a
-    child process (:mod:`memrl_mcp.storage.edge_index`) while this one keeps serving, and swapped in: the new shard is a
-    generation folder ``memories-<n>`` named by the file ``memories.current`` (replaced atomically, so a crash
-    leaves either the old complete generation or the new one; stray folders are removed at the next open). While
-    the child builds, every write to the memories is logged, and replayed on the new shard before the swap: the
-    stream the child indexed was read while writes went on, but each logged write is an upsert, a delete, or a
-    write conditional on a ``version`` it advances, so replaying it on a state that already has it changes nothing.
-    Readers hold the shard they started with until they finish; the old one is closed after the last.
+    A table's shard can be rebuilt while this process keeps serving: its points are streamed to a child process
+    (:mod:`~memrl_mcp.storage.edge_index`) that writes them into a new generation folder ``<table>-<n>``, named by
+    ``<table>.current`` (replaced atomically: a crash leaves the old complete generation or the new one; strays are
+    removed at the next open). Writes to the table meanwhile are logged and replayed on the new shard before the
+    swap: each is an upsert, a delete, or a write conditional on a state it changes (a ``version`` it advances, a
+    status it leaves), so replaying it on a state that already has it changes nothing. Readers keep the shard they
+    started with; the old one is closed after the last. One rebuild runs at a time (:meth:`compact`,
+    :meth:`build_index`).
 
-    Points written after a build land in an appendable segment of the new shard, searched exactly; the index is
-    rebuilt when that part reaches ``max(index_min, REBUILD_SHARE x the indexed ones)``: each rebuild reads every
-    memory, so spacing rebuilds in proportion to the store keeps their cost per write constant.
+    Rebuilds serve two ends. Memories are searched exactly until ``index_min`` of them are outside an HNSW index;
+    then they are rebuilt with one, and again when the new ones reach ``max(index_min, REBUILD_SHARE x the indexed
+    ones)``, so that the cost of rebuilds per write stays constant. And a table whose deleted points hold too much
+    disk is compacted: qdrant-edge only marks deleted points, a new generation holds the live ones only.
 
-    The counts of ``memory_stats`` are kept up to date write by write (:class:`Tally`: the writes are this
-    process's alone, the store being locked), saved at close and read back at open; a store not closed cleanly is
-    counted again at open.
-
-    The recalls table keeps its vectors and payload in memory-mapped files (``Memory.Cold``): a pending recall
-    is read once, when it is reported, so its bytes need not stay resident (a restarted server holding 50,000
+    The counts of ``memory_stats`` are kept write by write (:class:`Tally`: this process is the store's only writer),
+    saved at close and read back at open; a store not closed cleanly is counted again. The recalls table is
+    memory-mapped (``Memory.Cold``): a pending recall is read once, when reported (a restarted server holding 50,000
     pending recalls: 164 MB resident instead of 272, perf/recall_rss.py)."""
 
     def __init__(
@@ -105,40 +109,35 @@ class EdgeStore:
         self._rescore = edge.QuantizationSearchParams(rescore=True, oversampling=RESCORE_OVERSAMPLING)
         self._originals = edge.QuantizationSearchParams(ignore=True)  # exact: every score from the original vector
         self._generations = threading.Condition()  # guards the shards in use and their readers
-        self._writing = threading.Lock()  # one memories write at a time: the tally and the replay log follow it
-        self._log: list[Any] | None = None  # memories writes since a build started streaming
+        self._writing = threading.Lock()  # one write at a time: the tally and the replay log follow them
+        self._jobs: list[Rebuild] = []  # rebuilds to run, the first one running
+        self._log: list[Any] | None = None  # writes to the table being rebuilt since its stream started
         self._builder: threading.Thread | None = None
         self._child: subprocess.Popen[bytes] | None = None
         self._closing = False
         self._writes_to_check = 0
         self._unflushed: dict[Table, int] = dict.fromkeys(TABLES, 0)
         self.last_build: BuildTimes | None = None
-        current = self._current_generation()
-        self._live: dict[Table, _Live] = {
-            table: _Live(self._open(path / name, dim, table), name)
-            for table in TABLES
-            for name in [current if table == "memories" else table]
-        }
-        for stray in path.glob("memories*"):  # a build or a retired generation a crash left behind
-            if stray.is_dir() and stray.name != current:
-                shutil.rmtree(stray)
+        names = {table: self._current_generation(table) for table in TABLES}
+        self._room.check_open([path / name for name in names.values() if (path / name / "edge_config.json").exists()])
+        self._live = {table: _Live(self._open(path / name, dim, table), name) for table, name in names.items()}
+        for table, name in names.items():
+            for stray in path.glob(f"{table}*"):  # a rebuild or a retired generation a crash left behind
+                if stray.is_dir() and stray.name != name:
+                    shutil.rmtree(stray)
         self._tally = self._read_tally()
         self._maybe_build()
 
     # -- generations ------------------------------------------------------------------------------
 
-    def _current_generation(self) -> str:
-        pointer = self._path / CURRENT
-        return pointer.read_text().strip() if pointer.exists() else "memories"
+    def _current_generation(self, table: Table) -> str:
+        pointer = self._path / f"{table}.current"
+        return pointer.read_text().strip() if pointer.exists() else table
 
-    def _config(self, dim: int, table: Table) -> Any:
-        edge = self._edge
-        size = vector_size(table, dim)
-        distance = edge.Distance.Dot if is_dot(table) else edge.Distance.Cosine
-        if table != "recalls":
-            return edge.EdgeConfig(vectors=edge.EdgeVectorParams(size=size, distance=distance))
-        vectors = edge.EdgeVectorParams(size=size, distance=distance, memory=edge.Memory.Cold)
-        return edge.EdgeConfig(vectors=vectors, payload_memory=edge.Memory.Cold)
+    def _params(self, table: Table, hnsw: bool) -> ShardParams:
+        size = vector_size(table, self._dim)
+        indexes = tuple(INDEXES[table].items())
+        return ShardParams(size, is_dot(table), table == "recalls", hnsw, FULL_SCAN_KB, indexes, self._room.min_free)
 
     def _open(self, path: Path, dim: int, table: Table) -> Any:
         edge = self._edge
@@ -151,13 +150,14 @@ class EdgeStore:
                     f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones "
                     f"({vector_size(table, dim)}-d in this table)"
                 )
+        config = shard_config(edge, self._params(table, hnsw=False))
         try:
             if stored is None:
-                shard = edge.EdgeShard.create(str(path), self._config(dim, table))
+                shard = edge.EdgeShard.create(str(path), config)
             elif table == "recalls" and stored.get("payload_memory") != "cold":
                 # A store made before recalls were memory-mapped: loading with a config rewrites it (that needs
                 # a little room, so it is done only when something changes).
-                shard = edge.EdgeShard.load(str(path), self._config(dim, table))
+                shard = edge.EdgeShard.load(str(path), config)
             else:
                 shard = edge.EdgeShard.load(str(path))
         except Exception as error:
@@ -165,7 +165,9 @@ class EdgeStore:
                 raise StoreLockedError(path, "its write-ahead log is locked") from None
             if "No space left on device" in str(error):  # the engine writes a little at every open
                 raise DiskFullError(
-                    f"cannot open the memory store at {path}: its disk is full. Free some space"
+                    f"cannot open the memory store at {path}: its disk is full. Free some space; meanwhile a "
+                    "read-only server (MEMRL_READ_ONLY=true) serves it and `memrl-mcp export` backs it up: both "
+                    "open a copy of it in TMPDIR"
                 ) from None
             raise
         indexed = set(shard.info().payload_schema)
@@ -176,7 +178,7 @@ class EdgeStore:
 
     @contextmanager
     def _reading(self, table: Table) -> Iterator[Any]:
-        """The table's shard in use now, kept open until the block ends (an index swap waits for it)."""
+        """The table's shard in use now, kept open until the block ends (a swap waits for it)."""
         with self._generations:
             live = self._live[table]
             live.readers += 1
@@ -194,59 +196,86 @@ class EdgeStore:
         return int(info.points_count), int(info.indexed_vectors_count)
 
     def _maybe_build(self) -> None:
-        """Start a build when the memories searched exactly have outgrown the bound (see the class)."""
-        if self._index_min <= 0 or self._builder is not None or self._closing:
+        """Index the memories when those searched exactly have outgrown the bound (see the class)."""
+        if self._index_min <= 0 or self._closing or any(job.table == "memories" for job in self._jobs):
             return
         points, indexed = self.index_status()
         if points - indexed >= max(self._index_min, REBUILD_SHARE * indexed):
             self.build_index()
 
     def build_index(self, wait: bool = False) -> None:
-        """Build an HNSW index of the memories in the background (now, whatever their number); ``wait``: return
-        once it is in use (tests, benchmarks)."""
+        """Rebuild the memories with an HNSW index in the background (now, whatever their number); ``wait``:
+        return once it is in use (tests, benchmarks)."""
+        self._rebuild("memories", hnsw=True, wait=wait)
+
+    def compact(self, table: Table, wait: bool = False) -> None:
+        """Rebuild ``table`` in the background with its live points only, giving back the disk its deleted ones
+        hold; the memories keep an HNSW index once ``index_min`` of them are stored. ``wait``: return once the
+        new generation is in use."""
+        hnsw = table == "memories" and 0 < self._index_min <= self.index_status()[0]
+        self._rebuild(table, hnsw, wait)
+
+    def _rebuild(self, table: Table, hnsw: bool, wait: bool) -> None:
+        """Queue a rebuild, unless the same one is queued already and not started: it will see every write."""
         with self._writing:
+            if self._closing:
+                return
+            job = next((j for j in self._jobs[1:] if (j.table, j.hnsw) == (table, hnsw)), None)
+            if job is None:
+                job = Rebuild(table, hnsw)
+                self._jobs.append(job)
             if self._builder is None:
-                self._log = []
-                self._builder = threading.Thread(target=self._build, name="memrl-index-build", daemon=True)
+                self._builder = threading.Thread(target=self._build, name="memrl-rebuild", daemon=True)
                 self._builder.start()
-            builder = self._builder
         if wait:
-            builder.join()
+            job.done.wait()
 
     def _build(self) -> None:
-        target = self._path / f"memories-{time.time_ns()}"
-        times = BuildTimes()
-        try:
-            new = self._build_shard(target, times)
-            if new is not None and self._swap(new, times):
-                self.last_build = times
-                log.info("memories' HNSW index in use: %s", times)
-        except Exception:
-            if not self._closing:  # else: the child was killed by close()
-                log.exception("building the memories' HNSW index failed; searches stay exact until the next open")
-            shutil.rmtree(target, ignore_errors=True)
-            self._index_min = 0  # no retry in this process
-        finally:
+        """Run the rebuilds queued, one after another, until none is left or the store closes."""
+        while True:
             with self._writing:
-                self._log = None
-                self._builder = None
-                self._child = None
+                if not self._jobs or self._closing:
+                    self._builder = None
+                    for job in self._jobs:
+                        job.done.set()
+                    self._jobs.clear()
+                    return
+                job = self._jobs[0]
+                self._log = []
+            target = self._path / f"{job.table}-{time.time_ns()}"
+            times = BuildTimes()
+            try:
+                new = self._build_shard(job, target, times)
+                if new is not None and self._swap(job.table, new, times):
+                    self.last_build = times
+                    log.info("%s rebuilt%s: %s", job.table, " with an HNSW index" if job.hnsw else "", times)
+            except Exception:
+                if not self._closing:  # else: the child was killed by close()
+                    log.exception("rebuilding the %s table failed; it stays as it was", job.table)
+                shutil.rmtree(target, ignore_errors=True)
+                if job.hnsw:
+                    self._index_min = 0  # no retry in this process: searches stay exact until the next open
+            finally:
+                with self._writing:
+                    self._log = None
+                    self._child = None
+                    self._jobs.remove(job)
+                job.done.set()
 
-    def _build_shard(self, target: Path, times: BuildTimes) -> _Live | None:
-        """Stream every memory to the child, wait for its index; None if the store closed meanwhile."""
+    def _build_shard(self, job: Rebuild, target: Path, times: BuildTimes) -> _Live | None:
+        """Stream every point of the table to the child, wait for its shard; None if the store closed meanwhile."""
         start = time.perf_counter()
-        params = IndexParams(self._dim, FULL_SCAN_KB, tuple(INDEXES["memories"].items()))
-        self._room.check()
+        params = self._params(job.table, job.hnsw).to_json()
         with tempfile.TemporaryFile() as errors:  # not a pipe: nobody reads it until the child is done
             child = subprocess.Popen(
-                [sys.executable, "-m", "memrl_mcp.storage.edge_index", str(target), params.to_json()],
+                [sys.executable, "-m", "memrl_mcp.edge_index", str(target), params],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
             )
             self._child = child
             assert child.stdin is not None
-            with child.stdin, self._reading("memories") as shard:
+            with child.stdin, self._reading(job.table) as shard:
                 offset = None
                 while not self._closing:
                     request = self._edge.ScrollRequest(
@@ -254,7 +283,7 @@ class EdgeStore:
                     )
                     records, offset = shard.scroll(request)
                     pickle.dump([(str(r.id), r.vector, r.payload) for r in records], child.stdin)
-                    times.memories += len(records)
+                    times.points += len(records)
                     if offset is None:
                         pickle.dump(None, child.stdin)
                         break
@@ -267,14 +296,15 @@ class EdgeStore:
             if child.returncode != 0:
                 errors.seek(0)
                 detail = errors.read().decode(errors="replace")[-2000:]
-                raise RuntimeError(f"the index build exited with status {child.returncode}: {detail}")
+                raise RuntimeError(f"the rebuild exited with status {child.returncode}: {detail}")
         start = time.perf_counter()
+        self._room.check_open([target])
         new = _Live(self._edge.EdgeShard.load(str(target)), target.name)
         times.load_s = time.perf_counter() - start
         return new
 
-    def _swap(self, new: _Live, times: BuildTimes) -> bool:
-        """Replay the writes logged during the build on ``new``, in rounds until one is short enough to finish
+    def _swap(self, table: Table, new: _Live, times: BuildTimes) -> bool:
+        """Replay the writes logged during the rebuild on ``new``, in rounds until one is short enough to finish
         with writers held back, then make ``new`` current (on disk first) and retire the old shard. False if the
         store closed meanwhile."""
         while True:
@@ -291,9 +321,10 @@ class EdgeStore:
                         shutil.rmtree(self._path / new.name, ignore_errors=True)
                         return False
                     new.shard.flush()
-                    write_atomically(self._path / CURRENT, lambda stream: stream.write(new.name.encode()))
+                    pointer = self._path / f"{table}.current"
+                    write_atomically(pointer, lambda stream: stream.write(new.name.encode()))
                     with self._generations:
-                        old, self._live["memories"] = self._live["memories"], new
+                        old, self._live[table] = self._live[table], new
                     times.held_s = time.perf_counter() - held
                     break
             for operation in replay:
@@ -327,31 +358,35 @@ class EdgeStore:
         selector = self._edge.PayloadSelector.Include(list(TALLY_FIELDS))
         return {str(r.id): dict(r.payload or {}) for r in shard.retrieve(list(ids), selector, False)} if ids else {}
 
-    def _write_memories(
+    def _write(
         self,
+        table: Table,
         operation: Any,
-        ids: Sequence[str] | None,
         room: float | None,
+        ids: Sequence[str] | None = None,
         new: Mapping[str, Mapping[str, Any]] | None = None,
-        where: Where | None = None,
     ) -> None:
-        """Apply a write to the memories: count its effect (on ``ids``, or on the points matching ``where``, read
-        under the lock that orders the writes), log it for a build in flight, and start a build when one is due."""
-        with self._writing, self._reading("memories") as shard:
+        """Apply one write under the lock that orders them: check the free space it needs (``room``: the share of
+        the margin; None: a delete, always let through since it frees room), count its effect on the memories'
+        tally (on ``ids``, None: every point it may touch, read first; ``new``: their payloads, when known), log it
+        for a rebuild of its table in flight, and start an index build of the memories when one is due."""
+        memories = table == "memories"
+        with self._writing, self._reading(table) as shard:
             if room is not None:
                 self._room.check(room)
-            if ids is None:
-                ids = [point_id for point_id, _ in self.scroll("memories", where, ())]
-            old = self._fields(shard, ids)
+            if memories:
+                ids = [point_id for point_id, _ in self.scroll("memories", fields=())] if ids is None else ids
+                old = self._fields(shard, ids)
             shard.update(operation)
-            self._flush_when_due("memories", shard)
-            after = new if new is not None else self._fields(shard, ids)
-            for point_id in set(old) | set(after):
-                self._tally.apply(old.get(point_id), after.get(point_id))
-            if self._log is not None:
+            self._flush_when_due(table, shard)
+            if memories:
+                after = new if new is not None else self._fields(shard, ids)
+                for point_id in set(old) | set(after):
+                    self._tally.apply(old.get(point_id), after.get(point_id))
+                self._writes_to_check -= 1
+            if self._log is not None and self._jobs[0].table == table:
                 self._log.append(operation)
-            self._writes_to_check -= 1
-        if self._writes_to_check <= 0:
+        if memories and self._writes_to_check <= 0:
             self._writes_to_check = CHECK_EVERY
             self._maybe_build()
 
@@ -383,15 +418,6 @@ class EdgeStore:
             return edge.FieldCondition(key, match=edge.MatchAny(list(value)))
         return edge.FieldCondition(key, match=edge.MatchValue(value))
 
-    def _apply(self, table: Table, operation: Any, room: float | None = 1.0) -> None:
-        """Apply one update to a table other than the memories; ``room``: the share of the free-space margin it
-        needs (None: a delete, always let through since it frees room)."""
-        if room is not None:
-            self._room.check(room)
-        with self._reading(table) as shard:
-            shard.update(operation)
-            self._flush_when_due(table, shard)
-
     def _flush_when_due(self, table: Table, shard: Any) -> None:
         """Flush a table at every :data:`FLUSH_EVERY`-th write to it in this process (its only writer)."""
         self._unflushed[table] += 1
@@ -399,30 +425,23 @@ class EdgeStore:
             self._unflushed[table] = 0
             shard.flush()
 
-    def _write(self, table: Table, operation: Any, ids: Sequence[str] | None, room: float | None = 1.0) -> None:
-        if table == "memories":
-            self._write_memories(operation, ids, room)
-        else:
-            self._apply(table, operation, room)
-
     def upsert(self, table: Table, points: Sequence[Point]) -> None:
         batch = [self._edge.Point(p.id, p.vector.astype(np.float32).tolist(), p.payload) for p in points]
         operation = self._edge.UpdateOperation.upsert_points(batch)
-        if table == "memories":
-            self._write_memories(operation, [p.id for p in points], 1.0, {p.id: p.payload for p in points})
-        else:
-            self._apply(table, operation, RECALL_SHARE if table == "recalls" else 1.0)
+        room = RECALL_SHARE if table == "recalls" else 1.0
+        self._write(table, operation, room, [p.id for p in points], {p.id: p.payload for p in points})
 
     def insert(self, table: Table, point: Point) -> None:
         batch = [self._edge.Point(point.id, point.vector.astype(np.float32).tolist(), point.payload)]
         operation = self._edge.UpdateOperation.upsert_points(batch, update_mode=self._edge.UpdateMode.InsertOnly)
-        self._write(table, operation, [point.id])
+        self._write(table, operation, 1.0, [point.id])
 
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def get(self, table: Table, ids: Sequence[str], fields: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         if not ids:
             return {}
+        payload = True if fields is None else self._edge.PayloadSelector.Include(list(fields))
         with self._reading(table) as shard:
-            records = shard.retrieve(list(ids), True, False)
+            records = shard.retrieve(list(ids), payload, False)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
@@ -431,27 +450,26 @@ class EdgeStore:
         return np.asarray(records[0].vector, dtype=np.float32) if records else None
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
-        self._write(table, self._edge.UpdateOperation.set_payload([point_id], kept(payload)), [point_id])
+        self._write(table, self._edge.UpdateOperation.set_payload([point_id], kept(payload)), 1.0, [point_id])
 
     def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
         operation = self._edge.UpdateOperation.set_payload_by_filter(self._filter(where, point_id), kept(payload))
-        self._write(table, operation, [point_id])
+        self._write(table, operation, 1.0, [point_id])
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:
-            self._write(table, self._edge.UpdateOperation.delete_points(list(ids)), ids, room=None)
+            self._write(table, self._edge.UpdateOperation.delete_points(list(ids)), None, ids)
 
-    def delete_where(self, table: Table, where: Where) -> None:
+    def delete_namespace(self, table: Table, namespace: str) -> None:
+        where = {"namespace": namespace}
         operation = self._edge.UpdateOperation.delete_points_by_filter(self._filter(where))
-        if table == "memories":
-            self._write_memories(operation, None, None, where=where)
-        else:
-            self._apply(table, operation, None)
+        ids = [point_id for point_id, _ in self.scroll(table, where, ())] if table == "memories" else None
+        self._write(table, operation, None, ids)
 
     def purge_recalls(self, expired_before: float) -> None:
         edge = self._edge
         expired = edge.Filter(must=[edge.FieldCondition(EXPIRY, range=edge.RangeFloat(lt=expired_before))])
-        self._apply("recalls", edge.UpdateOperation.delete_points_by_filter(expired), None)
+        self._write("recalls", edge.UpdateOperation.delete_points_by_filter(expired), None)
 
     def search(
         self,
@@ -548,6 +566,9 @@ class EdgeStore:
         with self._reading(table) as shard:
             return int(shard.count(request))
 
+    def usage(self, namespace: str) -> int | None:
+        return None  # measured by the layer over it (memrl_mcp.quota.MeteredStore)
+
     def close(self) -> None:
         """Stop a build in flight (its child is killed, its folder removed), then flush, close and save the
         counts."""
@@ -568,20 +589,6 @@ class EdgeStore:
                 write_atomically(self._path / TALLY, lambda stream: stream.write(saved))
             except OSError as error:  # a full disk: the next open counts the memories again
                 log.warning("could not save the memories' counts (%s); the next open recounts them", error)
-
-
-@dataclass
-class BuildTimes:
-    """Where an index build's time went: streaming the memories to the child (the server's share, interleaved
-    with its requests), the child's indexing after that, opening the new shard (holds the GIL), and the last
-    replay round with writers held back."""
-
-    memories: int = 0
-    stream_s: float = 0.0
-    index_s: float = 0.0
-    load_s: float = 0.0
-    replayed: int = 0
-    held_s: float = 0.0
 
 
 @dataclass

@@ -1,11 +1,19 @@
-"""The HNSW index of the embedded engine's memories, built in a child process.
+"""The embedded engine's shards rebuilt in a child process: the HNSW index of the memories, and the compaction of
+any table.
 
 qdrant-edge builds an index only in ``EdgeShard.optimize()``, which holds the GIL until it is done (measured: a
 Python thread got no tick in 8.7 s of building 10,000 points; 1M take minutes): run in the server's process it
-would stop every recall and report. So the server streams its memories (ids, vectors, payloads) to a child
-process that writes them into a new shard folder, indexes it and exits; the server then opens that shard, replays
-the writes it made meanwhile and swaps it in (:class:`memrl_mcp.storage.EdgeStore`). The child runs at a lower
-priority with one indexing thread, so that one core stays with the server.
+would stop every recall and report. So the server streams a table's points (ids, vectors, payloads) to a child
+process that writes them into a new shard folder, indexes it if asked and exits; the server then opens that shard,
+replays the writes it made meanwhile and swaps it in (:class:`memrl_mcp.storage.EdgeStore`). The child runs at a
+lower priority with one indexing thread, so that one core stays with the server.
+
+The same rebuild, without the index, is how deleted points give their disk back: qdrant-edge only marks a deleted
+point (deleting 90% of a 135 MB shard freed nothing, measured), and its ``optimize()``, which would vacuum it,
+holds the GIL for the whole rewrite (1.4 s for 250 MB, without indexing). A new shard holds only the live points,
+and the old folder, write-ahead log included, is removed.
+
+Shard configurations are defined here, once (:func:`shard_config`): the server creates its tables with them too.
 
 A built shard keeps its vectors and payloads in memory-mapped files that are read on demand (``Memory.Cold``), and
 in RAM only the graph, the namespace index and int8 copies of the vectors (:func:`indexed_config`): at a million
@@ -22,7 +30,8 @@ import json
 import os
 import pickle
 import sys
-from dataclasses import asdict, dataclass
+import threading
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 HNSW_M = 16  # links per node: Qdrant's default; recall@5 against exact 1.00 at 1M, ef 32-256 (perf/scale.py)
@@ -33,21 +42,26 @@ RESCORE_OVERSAMPLING = 4.0  # candidates per result found on the int8 copies and
 
 
 @dataclass(frozen=True)
-class IndexParams:
-    """What the child needs to build a shard the server can open."""
+class ShardParams:
+    """What a shard of a table is: enough for the child to build one the server can open."""
 
-    dim: int
+    size: int  # of the table's vectors
+    dot: bool  # scored by dot product (else cosine)
+    cold: bool  # vectors and payloads memory-mapped, read on demand (the recalls)
+    hnsw: bool  # HNSW-indexed (the memories, once many)
     full_scan_kb: int  # a filter matching fewer vectors than this many KB is searched exactly (the planner's)
-    payload_indexes: tuple[tuple[str, str], ...]  # the memories table's (field, kind), as storage.INDEXES
+    payload_indexes: tuple[tuple[str, str], ...]  # the table's (field, kind), as storage.INDEXES
+    min_free: int = 0  # bytes of free disk a rebuild leaves to the server (min_free_disk_mb)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> IndexParams:
+    def from_json(cls, text: str) -> ShardParams:
         raw = json.loads(text)
         indexes = tuple((str(field), str(kind)) for field, kind in raw["payload_indexes"])
-        return cls(int(raw["dim"]), int(raw["full_scan_kb"]), indexes)
+        flags = (bool(raw["dot"]), bool(raw["cold"]), bool(raw["hnsw"]))
+        return cls(int(raw["size"]), *flags, int(raw["full_scan_kb"]), indexes, int(raw["min_free"]))
 
 
 GRAPH_FIELDS = ("namespace",)
@@ -73,13 +87,25 @@ def payload_schema(edge: Any, field: str, kind: str) -> Any:
     raise ValueError(f"no payload index kind {kind!r}")
 
 
-def indexed_config(edge: Any, params: IndexParams) -> Any:
-    """An indexed shard: vectors and payloads memory-mapped, read on demand; the HNSW graph and int8 copies of the
-    vectors in RAM (a quarter of the vectors' size), which the graph search reads; only the few best candidates are
-    then rescored with their original vectors (:data:`RESCORE_OVERSAMPLING`), read from disk."""
+def shard_config(edge: Any, params: ShardParams) -> Any:
+    """A table's shard: :func:`indexed_config` for an HNSW one; else its vectors in RAM (memory-mapped, read on
+    demand, for a cold table)."""
+    distance = edge.Distance.Dot if params.dot else edge.Distance.Cosine
+    if params.hnsw:
+        return indexed_config(edge, params)
+    if not params.cold:
+        return edge.EdgeConfig(vectors=edge.EdgeVectorParams(size=params.size, distance=distance))
+    vectors = edge.EdgeVectorParams(size=params.size, distance=distance, memory=edge.Memory.Cold)
+    return edge.EdgeConfig(vectors=vectors, payload_memory=edge.Memory.Cold)
+
+
+def indexed_config(edge: Any, params: ShardParams) -> Any:
+    """An indexed shard (cosine): vectors and payloads memory-mapped, read on demand; the HNSW graph and int8 copies
+    of the vectors in RAM (a quarter of the vectors' size), which the graph search reads; only the few best
+    candidates are then rescored with their original vectors (:data:`RESCORE_OVERSAMPLING`), read from disk."""
     int8 = edge.ScalarQuantizationConfig(type=edge.ScalarType.Int8, quantile=INT8_QUANTILE, memory=edge.Memory.Pinned)
     vectors = edge.EdgeVectorParams(
-        size=params.dim, distance=edge.Distance.Cosine, memory=edge.Memory.Cold, quantization_config=int8
+        size=params.size, distance=edge.Distance.Cosine, memory=edge.Memory.Cold, quantization_config=int8
     )
     hnsw = edge.HnswIndexConfig(
         m=HNSW_M, ef_construct=HNSW_EF_CONSTRUCT, full_scan_threshold=params.full_scan_kb, max_indexing_threads=1
@@ -89,22 +115,26 @@ def indexed_config(edge: Any, params: IndexParams) -> Any:
     return edge.EdgeConfig(vectors=vectors, payload_memory=edge.Memory.Cold, hnsw_config=hnsw, optimizers=optimizers)
 
 
-def build(folder: str, params: IndexParams, stream: Any) -> int:
-    """Write the streamed points into a new shard at ``folder``, index it, close it; returns the points written."""
+def build(folder: str, params: ShardParams, stream: Any) -> int:
+    """Write the streamed points into a new shard at ``folder``, index it if ``params.hnsw``, close it; returns the
+    points written."""
     import qdrant_edge as edge
 
-    shard = edge.EdgeShard.create(folder, indexed_config(edge, params))
-    # The graph's fields before the points, so that the graph links per namespace (a filtered search stays in the
-    # graph); the others once it is built, so that they are built once, on the optimized segment.
-    graph = [(key, kind) for key, kind in params.payload_indexes if key in GRAPH_FIELDS]
-    others = [(key, kind) for key, kind in params.payload_indexes if key not in GRAPH_FIELDS]
-    for key, kind in graph:
+    shard = edge.EdgeShard.create(folder, shard_config(edge, params))
+    # For the graph: its fields before the points, so that it links per namespace (a filtered search stays in the
+    # graph), and the others once it is built, so that they are built once, on the optimized segment.
+    first = [(key, kind) for key, kind in params.payload_indexes if key in GRAPH_FIELDS or not params.hnsw]
+    others = [(key, kind) for key, kind in params.payload_indexes if (key, kind) not in first]
+    for key, kind in first:
         shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind)))
     written = 0
     while (batch := pickle.load(stream)) is not None:
+        _leave_room(folder, params.min_free)
         shard.update(edge.UpdateOperation.upsert_points([edge.Point(i, v, p) for i, v, p in batch]))
         written += len(batch)
-    shard.optimize()
+    _leave_room(folder, params.min_free)
+    if params.hnsw:
+        shard.optimize()
     for key, kind in others:
         shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind)))
     shard.flush()
@@ -112,8 +142,40 @@ def build(folder: str, params: IndexParams, stream: Any) -> int:
     return written
 
 
+def _leave_room(folder: str, min_free: int) -> None:
+    """Stop before the disk falls below the server's margin (it refuses its own writes there): a rebuild writes a
+    whole copy of its table, and must not take the room the server's writes were promised."""
+    stats = os.statvfs(folder)
+    free = stats.f_bavail * stats.f_frsize
+    if free < min_free:
+        raise SystemExit(f"stopped: {free >> 20} MB free, below the server's min_free_disk_mb ({min_free >> 20} MB)")
+
+
+@dataclass
+class BuildTimes:
+    """Where a rebuild's time went: streaming the table's points to the child (the server's share, interleaved
+    with its requests), the child's writing and indexing after that, opening the new shard (holds the GIL), and
+    the last replay round with writers held back."""
+
+    points: int = 0
+    stream_s: float = 0.0
+    index_s: float = 0.0
+    load_s: float = 0.0
+    replayed: int = 0
+    held_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """A rebuild of a table waiting or running; ``done`` is set once it is over (swapped in, failed or dropped)."""
+
+    table: str
+    hnsw: bool
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 def main(argv: list[str]) -> int:
-    folder, params = argv[0], IndexParams.from_json(argv[1])
+    folder, params = argv[0], ShardParams.from_json(argv[1])
     os.nice(BUILD_NICENESS)
     written = build(folder, params, sys.stdin.buffer)
     print(written)

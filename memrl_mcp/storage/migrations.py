@@ -23,17 +23,26 @@ from collections.abc import Callable
 import numpy as np
 
 from memrl_mcp.errors import MemrlError
-from memrl_mcp.storage import Point, Store
+from memrl_mcp.storage.store import Point, Store
 
 SCHEMA_VERSION = 3
 SCHEMA_POINT = str(uuid.uuid5(uuid.NAMESPACE_URL, "memrl-schema"))
 PROGRESS_EVERY = 1000  # records per progress line of a long migration
+MISSING = object()
 
 log = logging.getLogger("memrl_mcp.storage.migrations")
 
 
 class SchemaTooNewError(MemrlError):
     """The store was written by a newer memrl-mcp, whose records this one does not know."""
+
+
+class SchemaMarkerError(MemrlError):
+    """The store's schema marker holds no readable version: which shape its records have cannot be known."""
+
+
+class MigrationNeededError(MemrlError):
+    """A read-only server was given a store that needs a migration, which is a write."""
 
 
 def bookkeeping(store: Store) -> int:
@@ -76,12 +85,27 @@ its own ``done``). Older code refuses those fields and points, so the version ma
 
 
 def schema_version(store: Store) -> int:
+    """The version the store records; 0 without a marker. A marker whose version is not a whole number (text,
+    null, a fraction: a damaged or hand-edited point) is refused, never rounded: ``"2"`` or ``2.9`` read as 2 would
+    let this code misread, then rewrite, records of another shape."""
     payload = store.get("recalls", [SCHEMA_POINT]).get(SCHEMA_POINT)
-    return 0 if payload is None else int(payload["schema_version"])
+    if payload is None:
+        return 0
+    found = payload.get("schema_version", MISSING)
+    if type(found) is not int or found < 0:
+        shown = "no schema_version" if found is MISSING else f"schema_version {json.dumps(found)}"
+        raise SchemaMarkerError(
+            f"the memory store's schema marker (point {SCHEMA_POINT} of the recalls table) holds {shown}, not a "
+            "whole number: the store is damaged or was edited by hand, and the shape of its records cannot be "
+            "known. Nothing was changed; restore the data folder from a backup (or `memrl-mcp import` an export "
+            "into a new one)"
+        )
+    return found
 
 
-def migrate(store: Store, dim: int) -> None:
-    """Bring the store to :data:`SCHEMA_VERSION`, or refuse it if it is newer (module docstring)."""
+def migrate(store: Store, dim: int, read_only: bool = False) -> None:
+    """Bring the store to :data:`SCHEMA_VERSION`, or refuse it if it is newer (module docstring); ``read_only``:
+    refuse a store that would need a migration, naming it, instead of writing it."""
     found = schema_version(store)
     if found > SCHEMA_VERSION:
         raise SchemaTooNewError(
@@ -90,11 +114,23 @@ def migrate(store: Store, dim: int) -> None:
         )
     if found == SCHEMA_VERSION:
         return
-    for version, step in STEPS:
-        if version > found:
-            changed = step(store)
-            if changed:
-                log.info("schema migration to version %d: %d records changed (%s)", version, changed, step.__name__)
+    pending = [(version, step) for version, step in STEPS if version > found]
+    if read_only and found == 0 and store.count("memories") == 0:
+        return  # a fresh store, never opened for writing: no record to migrate (every step is the memories')
+    if read_only and not pending:
+        return  # only versions that convert nothing (3) stand between: the records already read as they are
+    if read_only:
+        needed = ", ".join(f"{step.__name__} (to version {version})" for version, step in pending)
+        raise MigrationNeededError(
+            f"the memory store has schema version {found} and needs a migration to version {SCHEMA_VERSION} "
+            f"({needed}) before this memrl-mcp can read it, and a read-only server writes nothing. Open it once "
+            "without read_only (a writable memrl-mcp migrates it at start-up), then serve it read-only (nothing "
+            "was changed)"
+        )
+    for version, step in pending:
+        changed = step(store)
+        if changed:
+            log.info("schema migration to version %d: %d records changed (%s)", version, changed, step.__name__)
     marker = np.zeros(dim, dtype=np.float32)
     marker[0] = 1.0  # the recalls table is cosine: any unit vector; nothing searches it
     store.upsert("recalls", [Point(SCHEMA_POINT, marker, {"schema_version": SCHEMA_VERSION})])

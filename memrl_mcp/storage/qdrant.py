@@ -24,6 +24,7 @@ from memrl_mcp.storage.store import (
     Point,
     Range,
     StoreLockedError,
+    StoreMissingError,
     Table,
     Where,
     Words,
@@ -47,7 +48,9 @@ class QdrantClientStore:
         api_key: str | None = None,
         path: Path | None = None,
         room: DiskRoom | None = None,
+        create: bool = True,
     ) -> None:
+        """``create``: create the collections and payload indexes a store lacks (not for a read-only server)."""
         from qdrant_client import QdrantClient, models
 
         self._models = models
@@ -75,13 +78,15 @@ class QdrantClientStore:
         else:
             raise ValueError("QdrantClientStore needs a url or a path")
         for table in TABLES:
-            self._ensure_collection(table, dim)
+            self._ensure_collection(table, dim, create)
 
-    def _ensure_collection(self, table: Table, dim: int) -> None:
+    def _ensure_collection(self, table: Table, dim: int, create: bool) -> None:
         """Create the collection if it is missing, then the payload indexes it lacks (server mode: local mode
-        scans everything and warns that indexes do nothing)."""
+        scans everything and warns that indexes do nothing); without ``create``, a missing collection is refused."""
         models, name = self._models, self._names[table]
         size = vector_size(table, dim)
+        if not create and not self._client.collection_exists(name):
+            raise StoreMissingError(f"the Qdrant server has no collection {name}, and a read-only server creates none")
         if self._client.collection_exists(name):
             stored_dim = getattr(self._client.get_collection(name).config.params.vectors, "size", None)
             if stored_dim is not None and stored_dim != size:
@@ -93,7 +98,7 @@ class QdrantClientStore:
             distance = models.Distance.DOT if is_dot(table) else models.Distance.COSINE
             vectors = models.VectorParams(size=size, distance=distance)
             self._client.create_collection(name, vectors_config=vectors)
-        if self._client_is_local:
+        if self._client_is_local or not create:
             return
         indexed = set(self._client.get_collection(name).payload_schema)
         schemas = {
@@ -154,11 +159,12 @@ class QdrantClientStore:
         with self._atomic:
             self._client.upsert(self._names[table], batch, update_mode=models.UpdateMode.INSERT_ONLY, **self._write)
 
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def get(self, table: Table, ids: Sequence[str], fields: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         if not ids:
             return {}
+        payload = True if fields is None else list(fields)
         with self._atomic:
-            records = self._client.retrieve(self._names[table], list(ids), with_payload=True, **self._read)
+            records = self._client.retrieve(self._names[table], list(ids), with_payload=payload, **self._read)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
@@ -185,8 +191,8 @@ class QdrantClientStore:
             with self._atomic:
                 self._client.delete(self._names[table], points_selector=selector, **self._write)
 
-    def delete_where(self, table: Table, where: Where) -> None:
-        selector = self._models.FilterSelector(filter=self._filter(where))
+    def delete_namespace(self, table: Table, namespace: str) -> None:
+        selector = self._models.FilterSelector(filter=self._filter({"namespace": namespace}))
         with self._atomic:
             self._client.delete(self._names[table], points_selector=selector, **self._write)
 
@@ -299,6 +305,13 @@ class QdrantClientStore:
         """Counted by reading the memories: replicas share the collection, so no process sees every write."""
         where = None if namespaces is None else {"namespace": list(namespaces)}
         return Tally.of(payload for _, payload in self.scroll("memories", where, TALLY_FIELDS)).total()
+
+    def usage(self, namespace: str) -> int | None:
+        return None  # measured by the layer over an embedded store (memrl_mcp.quota); a server's replicas cannot
+
+    def compact(self, table: Table) -> None:
+        """Nothing to do: local mode keeps its points in SQLite, which reuses the pages of deleted points for later
+        writes (it does not return them to the filesystem); a Qdrant server vacuums its own segments."""
 
     def close(self) -> None:
         with self._atomic:

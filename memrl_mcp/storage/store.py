@@ -21,6 +21,11 @@ first open of a fresh store (between creating a table and indexing it) would oth
 Qdrant server): a write applied only while the point still matches a condition. Qdrant applies the update
 operations of a shard one after another, so the condition and the write cannot be split by another writer;
 qdrant-client's local mode is plain Python, so its adapter makes each of its calls atomic with a lock.
+
+Layers over a store (:class:`~memrl_mcp.storage.layers.StoreLayer`): :class:`~memrl_mcp.storage.quota.MeteredStore`
+counts each namespace's bytes for its storage quota and has tables whose deleted points hold too much disk compacted;
+:class:`~memrl_mcp.storage.layers.ReadOnlyStore` refuses every write, and gives an embedded engine a private copy of
+the store to open.
 """
 
 from __future__ import annotations
@@ -72,13 +77,23 @@ class Words:
 
 
 Condition = str | int | Sequence[str] | Range | Words | None
+
+
 Where = Mapping[str | tuple[str, ...], Condition]
 """Conditions on payload fields, all of which must hold: an exact value, a list of accepted values, a
 :class:`Range`, :class:`Words`, or None: the field is absent (what a schema migration looks for). A tuple of fields
 as the key: the condition holds on any one of them."""
+
+
 TABLES: tuple[Table, ...] = ("memories", "recalls", "steps", "episodes")
+
+
 EXPIRY = "expires_at"  # float: when a recall may be purged
+
+
 IndexKind = Literal["keyword", "float", "integer", "text"]
+
+
 INDEXES: dict[Table, dict[str, IndexKind]] = {
     # q, visits and updated_at: the sort keys of list_memories (order_by needs a range index); task and
     # experience: its full-text filter.
@@ -97,6 +112,8 @@ INDEXES: dict[Table, dict[str, IndexKind]] = {
     "steps": {"namespace": "keyword", "nearest": "float", "nearest_weight": "float"},
     "episodes": {"namespace": "keyword", "status": "keyword"},
 }
+
+
 PLACEHOLDER = np.ones(1, dtype=np.float32)  # the vector of an episode record: it is only ever looked up by id
 
 
@@ -113,6 +130,8 @@ def is_dot(table: Table) -> bool:
 LARGE_FIELDS = ("history", "applied")
 """Payload fields a search never needs (the Q history, the optimistic bookkeeping: up to 64 operation ids, converted
 per hit): left out of its results."""
+
+
 SCROLL_PAGE = 1000
 
 
@@ -128,9 +147,17 @@ class StoreLockedError(MemrlError):
         )
 
 
+class StoreNotWritableError(MemrlError):
+    """A writable server was given a store it cannot write (a read-only volume)."""
+
+
+class StoreMissingError(MemrlError):
+    """A read-only server found no store to read."""
+
+
 @dataclass(frozen=True)
 class Point:
-    """A point to write: id, vector, payload (its floats made ones the engines keep: :mod:`.numbers`)."""
+    """A point to write: id, vector, payload (its floats made ones the engines keep: :mod:`memrl_mcp.numbers`)."""
 
     id: str
     vector: np.ndarray
@@ -165,7 +192,9 @@ class Store(Protocol):
         others change nothing; read it back to learn which."""
         ...
 
-    def get(self, table: Table, ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
+    def get(self, table: Table, ids: Sequence[str], fields: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """The points of ``ids`` that exist, with only ``fields`` of their payload (None: all of it)."""
+        ...
 
     def get_vector(self, table: Table, point_id: str) -> np.ndarray | None: ...
 
@@ -178,7 +207,7 @@ class Store(Protocol):
 
     def delete(self, table: Table, ids: Sequence[str]) -> None: ...
 
-    def delete_where(self, table: Table, where: Where) -> None: ...
+    def delete_namespace(self, table: Table, namespace: str) -> None: ...
 
     def purge_recalls(self, expired_before: float) -> None: ...
 
@@ -224,6 +253,14 @@ class Store(Protocol):
 
     def tally(self, namespaces: Sequence[str] | None = None) -> Counts:
         """The memories' counts for ``memory_stats``, of ``namespaces`` (None: all)."""
+        ...
+
+    def usage(self, namespace: str) -> int | None:
+        """Bytes the namespace's records take (:mod:`memrl_mcp.quota`); None where they are not measured."""
+        ...
+
+    def compact(self, table: Table) -> None:
+        """Give back the disk space of the table's deleted points (in the background), where the engine can."""
         ...
 
     def close(self) -> None: ...

@@ -1,0 +1,333 @@
+"""Storage quotas: the bytes each namespace holds, kept up to date write by write, and the refusal of a call that
+would take a namespace past its quota, so that one tenant cannot fill the disk all tenants share.
+
+**What is measured.** A record's size is its payload as compact JSON (each top-level field: key, value, colon and
+comma) plus its vector (4 bytes a dimension): what the engine stores of it, the engine's own indexes and files
+aside. Sizes add up per field, so an update's change of size is the change of the fields it writes: a write never
+has to read a whole record to be counted, only the fields it touches.
+
+**How it is kept.** :class:`MeteredStore`, a layer over an embedded store (every write of this process goes
+through it, the store being locked to one process), reads the touched fields before and after each write under one
+lock, and moves each namespace's count by the difference; so the counts always equal a full recount, whatever the
+order of concurrent writes. They are saved at a clean close and read back at open; the saved file is deleted as it
+is read, so a store not closed cleanly is counted again (a full read: 2.8 s per 100,000 memories with 1.9 KB
+payloads, measured). A namespace forgotten whole drops its counts without reading anything. On a Qdrant server several
+replicas write and no process sees every write: no usage is measured there, and quotas are not enforced.
+
+**Who is refused.** :class:`Quotas` admits a call that grows a namespace only if the namespace's usage, plus what
+the calls in flight for it may still add, plus what this call may add, fits in its quota; what a call may add is
+reserved until it returns, so concurrent calls cannot overshoot together. A call is admitted or refused whole
+before it writes, so no report stops halfway for want of quota. What a call may add is computed from the texts
+it stores (:func:`text_bytes`) and the records it makes; the bookkeeping of updates (a Q event of ~160 bytes per
+recalled memory, capped by ``q_history_size``) is counted at :data:`UPDATE_BYTES` each. What is stored may exceed
+the estimate by up to ~2 KB a call (a merge keeps the union of the old and new metadata, up to
+``max_metadata_chars``): a namespace ends within that of its quota.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.settings import ALL_NAMESPACES, TokenGrant
+from memrl_mcp.storage.disk import MB
+from memrl_mcp.storage.files import sync_folder, write_atomically
+from memrl_mcp.storage.layers import StoreLayer
+from memrl_mcp.storage.store import EXPIRY, TABLES, Point, Range, Store, Table, Where, vector_size
+
+SAVED = "usage.json"  # the counts, saved at a clean close
+RECORD_BYTES = 600
+"""A record's fields besides its texts (ids, times, Q, status, field names): measured with empty texts, 205 bytes
+for a memory, 309 for a recall of 3 memories, 227 for a step record with one action, 226 for an episode record
+(and 154 for a report kept in its recall); the rest covers a step's share of its episode record (~60 bytes)."""
+UPDATE_BYTES = 256
+"""What one Q update adds at most to a memory: its event in the Q history (160 bytes measured) and its operation
+id in ``applied`` (41)."""
+DEAD_SHARE = 0.2  # of a table's live bytes: deleted bytes that start a compaction at once (Qdrant's vacuum default)
+RECLAIM_SHARE = 0.02  # ... that start one at the hourly check, so that smaller deletions are given back too
+RECLAIM_EVERY = 3600.0  # seconds between two such checks (the first at open)
+DEAD_MIN = 1 * MB  # and never for less: each compaction rewrites the whole table
+log = logging.getLogger(__name__)
+
+
+class QuotaExceededError(MemoryRequestError):
+    """A call would take a namespace past its storage quota; nothing was written."""
+
+
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def json_bytes(value: Any) -> int:
+    """``value`` as compact JSON, in UTF-8 bytes."""
+    return len(_COMPACT.encode(value).encode())
+
+
+def payload_bytes(payload: Mapping[str, Any]) -> int:
+    """The payload's fields, each counted as its key, value, colon and comma: the compact JSON of the payload less
+    its closing brace, so that the fields of any part of it add up to the whole."""
+    return json_bytes(payload) - 1 if payload else 0
+
+
+def text_bytes(*values: Any) -> int:
+    """What the given texts (a task, an experience, metadata...) take in a record."""
+    return sum(json_bytes(value) for value in values)
+
+
+def record_bytes(payload: Mapping[str, Any], dims: int) -> int:
+    """A record's size: its payload and a vector of ``dims`` components."""
+    return payload_bytes(payload) + 4 * dims
+
+
+def new_record_bytes(*texts: Any, dims: int) -> int:
+    """At most what a record holding ``texts`` and a vector of ``dims`` components takes, before it is built."""
+    return text_bytes(*texts) + RECORD_BYTES + 4 * dims
+
+
+class Usage:
+    """Bytes per namespace and table, and per table the bytes deleted since it was last compacted."""
+
+    def __init__(self, live: Mapping[str, Mapping[str, int]] | None = None, dead: Mapping[str, int] | None = None):
+        self.live: dict[str, Counter[str]] = {ns: Counter(tables) for ns, tables in (live or {}).items()}
+        self.dead: Counter[str] = Counter(dead or {})
+
+    def add(self, namespace: Any, table: Table, size: int) -> None:
+        """Count ``size`` more bytes (fewer, if negative) for the namespace (records without one are not a
+        tenant's: the schema marker)."""
+        if isinstance(namespace, str) and size:
+            counts = self.live.setdefault(namespace, Counter())
+            counts[table] += size
+            if not any(counts.values()):
+                del self.live[namespace]
+
+    def delete(self, namespace: Any, table: Table, size: int) -> None:
+        """Uncount deleted records: their bytes stay on disk until the table is compacted."""
+        self.add(namespace, table, -size)
+        self.dead[table] += size
+
+    def of(self, namespace: str) -> int:
+        return sum(self.live.get(namespace, Counter()).values())
+
+    def table(self, table: Table) -> int:
+        return sum(counts[table] for counts in self.live.values())
+
+    def to_json(self) -> bytes:
+        return json.dumps({"live": self.live, "dead": self.dead}).encode()
+
+    @classmethod
+    def from_json(cls, text: str) -> Usage:
+        saved = json.loads(text)
+        return cls(saved["live"], saved["dead"])
+
+
+class MeteredStore(StoreLayer):
+    """An embedded store whose writes are counted per namespace (module docstring), and whose tables are
+    compacted (:meth:`Store.compact`) once their deleted bytes reach :data:`DEAD_SHARE` of their live ones, or
+    :data:`RECLAIM_SHARE` at the check made at open and then at the first write an hour after the last one (and
+    :data:`DEAD_MIN` in both cases). Each compaction rewrites its whole table, so tying it to a share of the table
+    bounds its cost per deleted byte; the disk deleted records hold is at most 20% of the live records' at any
+    time, and 2% (or 1 MB) within an hour of activity or at the next start."""
+
+    def __init__(self, inner: Store, folder: Path, dim: int) -> None:
+        super().__init__(inner)
+        self._folder = folder
+        self._dims = {table: vector_size(table, dim) for table in TABLES}
+        self._lock = threading.Lock()  # one write at a time: each is counted from what it changed
+        self._usage = self._saved() or self._recount()
+        self._reclaimed_at = -RECLAIM_EVERY
+        with self._lock:
+            self._reclaim()
+
+    def _saved(self) -> Usage | None:
+        """The counts saved at the last clean close, removed at once (a crash must not find them); None if there
+        are none, or none readable."""
+        saved = self._folder / SAVED
+        if not saved.exists():
+            return None
+        text = saved.read_text()
+        saved.unlink()
+        sync_folder(self._folder)
+        try:
+            return Usage.from_json(text)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            log.warning("the saved usage is unreadable (%s); counting it again", error)
+            return None
+
+    def _recount(self) -> Usage:
+        usage = Usage()
+        for table in TABLES:
+            for _, payload in self._inner.scroll(table):
+                usage.add(payload.get("namespace"), table, self._size(table, payload))
+        return usage
+
+    def _size(self, table: Table, payload: Mapping[str, Any]) -> int:
+        return record_bytes(payload, self._dims[table])
+
+    def usage(self, namespace: str) -> int | None:
+        with self._lock:
+            return self._usage.of(namespace)
+
+    # -- writes, counted ---------------------------------------------------------------------------
+
+    def upsert(self, table: Table, points: Sequence[Point]) -> None:
+        with self._lock:
+            old = self._inner.get(table, [p.id for p in points])
+            self._inner.upsert(table, points)
+            for point in points:
+                self._replaced(table, old.get(point.id), point.payload)
+            self._reclaim()
+
+    def insert(self, table: Table, point: Point) -> None:
+        with self._lock:
+            existed = bool(self._inner.get(table, [point.id], ()))
+            self._inner.insert(table, point)
+            if not existed:
+                self._replaced(table, None, point.payload)
+            self._reclaim()
+
+    def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
+        with self._lock:
+            before = self._fields(table, point_id, payload)
+            self._inner.set_payload(table, point_id, payload)
+            self._updated(table, point_id, payload, before)
+            self._reclaim()
+
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
+        with self._lock:
+            before = self._fields(table, point_id, payload)
+            self._inner.set_payload_if(table, point_id, payload, where)
+            self._updated(table, point_id, payload, before)
+            self._reclaim()
+
+    def delete(self, table: Table, ids: Sequence[str]) -> None:
+        with self._lock:
+            old = self._inner.get(table, ids)
+            self._inner.delete(table, ids)
+            for payload in old.values():
+                self._usage.delete(payload.get("namespace"), table, self._size(table, payload))
+            self._compact_if_due(table)
+            self._reclaim()
+
+    def delete_namespace(self, table: Table, namespace: str) -> None:
+        with self._lock:
+            self._inner.delete_namespace(table, namespace)
+            self._usage.delete(namespace, table, self._usage.live.get(namespace, Counter())[table])
+            self._compact_if_due(table)
+            self._reclaim()
+
+    def purge_recalls(self, expired_before: float) -> None:
+        with self._lock:
+            expired = list(self._inner.scroll("recalls", {EXPIRY: Range(lt=expired_before)}))
+            self._inner.purge_recalls(expired_before)
+            for _, payload in expired:
+                self._usage.delete(payload.get("namespace"), "recalls", self._size("recalls", payload))
+            self._compact_if_due("recalls")
+            self._reclaim()
+
+    def _fields(self, table: Table, point_id: str, payload: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The fields an update of ``payload`` touches, and the namespace; None: no such point."""
+        return self._inner.get(table, [point_id], [*payload, "namespace"]).get(point_id)
+
+    def _updated(
+        self, table: Table, point_id: str, payload: Mapping[str, Any], before: Mapping[str, Any] | None
+    ) -> None:
+        if before is None:
+            return
+        after = self._inner.get(table, [point_id], list(payload)).get(point_id, {})
+        old = {key: before[key] for key in payload if key in before}
+        self._usage.add(before.get("namespace"), table, payload_bytes(after) - payload_bytes(old))
+
+    def _replaced(self, table: Table, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
+        """A point written whole (its payload as stored: a :class:`Point`'s floats are the kept ones)."""
+        if old is not None:
+            self._usage.add(old.get("namespace"), table, -self._size(table, old))
+        self._usage.add(new.get("namespace"), table, self._size(table, new))
+
+    def _compact_if_due(self, table: Table, share: float = DEAD_SHARE) -> None:
+        dead = self._usage.dead[table]
+        if dead >= max(DEAD_MIN, share * self._usage.table(table)):
+            log.info("compacting the %s table: %.1f MB of deleted records", table, dead / MB)
+            self._usage.dead[table] = 0
+            self._inner.compact(table)
+
+    def _reclaim(self) -> None:
+        """The hourly check (see the class), made after a write (the lock held)."""
+        now = time.monotonic()
+        if now - self._reclaimed_at >= RECLAIM_EVERY:
+            self._reclaimed_at = now
+            for table in TABLES:
+                self._compact_if_due(table, RECLAIM_SHARE)
+
+    def close(self) -> None:
+        with self._lock:
+            self._inner.close()
+            try:
+                write_atomically(self._folder / SAVED, lambda stream: stream.write(self._usage.to_json()))
+            except OSError as error:  # a full disk: the next open counts again
+                log.warning("could not save the namespaces' usage (%s); the next open recounts it", error)
+
+
+class Quotas:
+    """Each namespace's quota (``namespace_quota_mb``, or the largest ``namespace_quota_mb`` of the tokens that
+    name it), and the admission of the calls that grow it (module docstring)."""
+
+    def __init__(self, store: Store, default_mb: int, grants: Sequence[TokenGrant]) -> None:
+        self._store = store
+        self._default = default_mb
+        self._by_namespace: dict[str, int] = {}
+        for grant in grants:
+            if grant.namespace_quota_mb is not None:
+                for namespace in grant.namespaces:
+                    if namespace != ALL_NAMESPACES:
+                        self._by_namespace[namespace] = max(
+                            grant.namespace_quota_mb, self._by_namespace.get(namespace, 0)
+                        )
+        self._reserved: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def of(self, namespace: str) -> int:
+        """The namespace's quota in MB (0: none)."""
+        return self._by_namespace.get(namespace, self._default)
+
+    @contextmanager
+    def admit(self, namespace: str, need: int) -> Iterator[None]:
+        """Run the block only if ``need`` more bytes fit in the namespace's quota; hold them meanwhile."""
+        with self._lock:
+            self._check(namespace, need)
+            self._reserved[namespace] += need
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reserved[namespace] -= need
+
+    @contextmanager
+    def admit_all(self, added: Mapping[str, int]) -> Iterator[None]:
+        """Admission of a write that adds to several namespaces at once: all of them, or none."""
+        with ExitStack() as stack:
+            for namespace, size in sorted(added.items()):
+                stack.enter_context(self.admit(namespace, size))
+            yield
+
+    def check(self, namespace: str, need: int) -> None:
+        """Refuse unless ``need`` more bytes fit in the namespace's quota now (an import, before it writes)."""
+        with self._lock:
+            self._check(namespace, need)
+
+    def _check(self, namespace: str, need: int) -> None:
+        quota = self.of(namespace) * MB
+        used = self._store.usage(namespace) if quota else None
+        if used is not None and used + self._reserved[namespace] + need > quota:
+            raise QuotaExceededError(
+                f"namespace: {namespace!r} is at its storage quota: {used / MB:.2f} MB stored of {quota // MB} MB "
+                f"(namespace_quota_mb), and this would add up to {need / 1024:.1f} KB more. Forget what is no "
+                "longer needed to make room (forget_experience: a memory_id, or the namespace to drop all of it; "
+                "forgotten records stop counting at once), or ask the operator for a larger namespace_quota_mb"
+            )
