@@ -26,6 +26,7 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import open_store
 from tests.conftest import call, make_service, refused
@@ -151,7 +152,7 @@ def write_store(embedder: Embedder, data_dir: Path, memories: int, **overrides: 
             service.store_experience(task_text(random.Random(i), i), f"lesson {i}", access=EVERYTHING).id
             for i in range(memories)
         ]
-        service.recall(task_text(random.Random(0), 0), access=EVERYTHING)
+        service.recall(RecallQuery(task_text(random.Random(0), 0)), access=EVERYTHING)
     finally:
         service.close()
     return ids
@@ -204,10 +205,10 @@ def write_store_with_an_interrupted_report(embedder: Embedder, data_dir: Path) -
     the next writable open finishes it); returns the memories' ids."""
     ids = write_store(embedder, data_dir, 30)
     settings = load_settings(data_dir=data_dir)
-    store = open_store(settings, embedder.dim)
+    store = open_store(settings.storage, embedder.dim)
     service = MemoryService.open(settings, embedder, store)
     try:
-        recall = service.recall(task_text(random.Random(0), 0), access=EVERYTHING)
+        recall = service.recall(RecallQuery(task_text(random.Random(0), 0)), access=EVERYTHING)
         with pytest.raises(KeyboardInterrupt):
             dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # type: ignore[arg-type]
             dying.report(recall.recall_id, 1.0, access=EVERYTHING)

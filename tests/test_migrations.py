@@ -220,7 +220,7 @@ def test_a_damaged_schema_marker_is_refused_clearly_and_never_misread(
     """ "2" or 2.9 read as version 2 would let this code take a store of unknown shape for its own."""
     data_dir = tmp_path / "data"
     make_service(embedder, data_dir).close()
-    store = open_store(load_settings(data_dir=data_dir), 384)
+    store = open_store(load_settings(data_dir=data_dir).storage, 384)
     store.upsert("recalls", [Point(SCHEMA_POINT, np.eye(1, 384, dtype=np.float32)[0], marker)])
     store.close()
 
@@ -237,7 +237,7 @@ def test_a_damaged_schema_marker_is_refused_clearly_and_never_misread(
             done.stderr
         )
         assert "Traceback" not in done.stderr
-    store = open_store(load_settings(data_dir=data_dir), 384)
+    store = open_store(load_settings(data_dir=data_dir).storage, 384)
     try:
         assert store.get("recalls", [SCHEMA_POINT])[SCHEMA_POINT] == marker  # refused untouched
     finally:

@@ -20,13 +20,14 @@ import anyio
 import numpy as np
 import pytest
 import yaml
-from memrl_mcp.quota import MeteredStore
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.settings import SettingsError, load_settings
-from memrl_mcp.storage import EdgeStore, Point, Store, Table, vector_size
+from memrl_mcp.storage import EdgeStore, Point, Store, Table
+from memrl_mcp.storage.quota import MeteredStore
+from memrl_mcp.storage.store import vector_size
 from tests.conftest import call, make_service, refused
 from tests.test_http import ALICE, BOB, mcp_client
 from tests.test_transports import child_env, http_server, run_cli
@@ -175,11 +176,12 @@ KILLED_WRITER = """
 import os, signal, sys
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 service = MemoryService.open(load_settings(data_dir=sys.argv[1]))
 for i in range(30):
     service.store_experience(f"job {i}", "lesson " * (50 * i + 1), namespace="ns", access=EVERYTHING)
-recall = service.recall("job 3", namespace="ns", access=EVERYTHING)
+recall = service.recall(RecallQuery("job 3", namespace="ns"), access=EVERYTHING)
 service.report(recall.recall_id, 1.0, experience="more " * 500, access=EVERYTHING)
 service.forget(namespace="gone", access=EVERYTHING)
 print(service._store.usage("ns"), flush=True)

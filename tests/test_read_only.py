@@ -13,9 +13,11 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, StoreLockedError, new_id, open_store
+from memrl_mcp.storage.migrations import SCHEMA_VERSION
 from tests.conftest import call, make_service
 from tests.test_disk import small_disk
 from tests.test_migrations import TASKS, old_payload, write_old_store
@@ -86,13 +88,13 @@ def write_store_with_an_interrupted_report(embedder: Embedder, data_dir: Path, e
     """A store holding memories, a step record, an episode, and a report that a crash cut after its claim (what a
     writable open would finish); returns the memory's id."""
     settings = load_settings(data_dir=data_dir, embedded_engine=engine)
-    store = open_store(settings, embedder.dim)
+    store = open_store(settings.storage, embedder.dim)
     writer = MemoryService.open(settings, embedder, store)
     try:
         memory = writer.store_experience("water the plants", "use the blue can", access=EVERYTHING)
         step = {"observation": "a dry plant", "action": "water it", "reward": 1.0}
         writer.report_trajectory("water the plants", [step], "e1", access=EVERYTHING)
-        recall = writer.recall("water the plants", access=EVERYTHING)
+        recall = writer.recall(RecallQuery("water the plants"), access=EVERYTHING)
         dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # type: ignore[arg-type]
         with pytest.raises(KeyboardInterrupt):
             dying.report(recall.recall_id, 1.0, experience="rain water is better", access=EVERYTHING)
@@ -173,7 +175,7 @@ def test_a_read_only_server_refuses_a_store_that_needs_a_migration(embedder: Emb
     before = snapshot(data_dir)
     done = run_cli("--data-dir", str(data_dir), env=child_env(MEMRL_READ_ONLY="true"), timeout=120)
     assert done.returncode == 2, done.stderr
-    assert "schema version 0 and needs a migration to version 2" in done.stderr
+    assert f"schema version 0 and needs a migration to version {SCHEMA_VERSION}" in done.stderr
     assert "bookkeeping (to version 1), history_as_text (to version 2)" in done.stderr
     assert "a read-only server writes nothing" in done.stderr
     assert snapshot(data_dir) == before

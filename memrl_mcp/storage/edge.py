@@ -567,7 +567,7 @@ class EdgeStore:
             return int(shard.count(request))
 
     def usage(self, namespace: str) -> int | None:
-        return None  # measured by the layer over it (memrl_mcp.quota.MeteredStore)
+        return None  # measured by the layer over it (memrl_mcp.storage.quota.MeteredStore)
 
     def close(self) -> None:
         """Stop a build in flight (its child is killed, its folder removed), then flush, close and save the

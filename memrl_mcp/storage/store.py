@@ -256,7 +256,7 @@ class Store(Protocol):
         ...
 
     def usage(self, namespace: str) -> int | None:
-        """Bytes the namespace's records take (:mod:`memrl_mcp.quota`); None where they are not measured."""
+        """Bytes the namespace's records take (:mod:`memrl_mcp.storage.quota`); None where they are not measured."""
         ...
 
     def compact(self, table: Table) -> None:
