@@ -23,8 +23,8 @@ reward -> the memory learns:
   starts afresh, so its curve is flat by design.
 
 Transfer (``RunConfig.transfer``): the memory is built by the epochs above on the training tasks; then
-the server closes and a second memrl-mcp opens the same store with ``MEMRL_READ_ONLY=true``, refusing
-every write, and the held-out tasks run once with recall only (into the sub-folder ``transfer/``).
+the server closes and a second memrl-mcp opens the same store with ``MEMRL_TOOL_PROFILE=read_only``, offering
+no tool that writes, and the held-out tasks run once with recall only (into the sub-folder ``transfer/``).
 
 Tasks of one epoch run in parallel on bounded workers; epochs run one after another. Each finished
 episode is appended to its folder's ``episodes.jsonl`` (and its trajectory, memories and stored
@@ -85,7 +85,7 @@ from memrl_harness.results import (
 )
 
 ENV_MEMORY_TOKEN = "MEMRL_MEMORY_TOKEN"  # bearer token for --memory-url
-ENV_READ_ONLY = "MEMRL_READ_ONLY"  # memrl-mcp refuses every write and logs no recall
+ENV_TOOL_PROFILE = "MEMRL_TOOL_PROFILE"  # the runner's own memrl-mcp offers every tool; a frozen one, look-ups only
 # A step's texts as the step memory takes them (memrl-mcp's default max_observation_chars / max_action_chars): a
 # longer shell output or script keeps its head and tail.
 STEP_OBSERVATION_CHARS = 8000
@@ -122,7 +122,8 @@ async def _stdio_memory_client(
     config: RunConfig, run_dir: RunDir, log_dir: RunDir, read_only: bool
 ) -> AsyncIterator[Client]:
     args = ["-m", "memrl_mcp.cli", *_store_args(config, run_dir)]
-    env = get_default_environment() | {"MEMRL_LOG_CALLS": "true"} | ({ENV_READ_ONLY: "true"} if read_only else {})
+    profile = "read_only" if read_only else "full"
+    env = get_default_environment() | {"MEMRL_LOG_CALLS": "true", ENV_TOOL_PROFILE: profile}
     # The server's log lines (one per call) are for whoever debugs this run, not for the terminal: they go to the
     # run folder.
     log_dir.path.mkdir(parents=True, exist_ok=True)
@@ -141,8 +142,8 @@ def memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextMan
 
 
 def frozen_memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextManager[Client]:
-    """A transfer's evaluation: a memrl-mcp on the run's store with ``MEMRL_READ_ONLY=true``, so the server itself
-    offers look-ups only (the runner only looks up, but that is not what keeps the memory frozen)."""
+    """A transfer's evaluation: a memrl-mcp on the run's store with ``MEMRL_TOOL_PROFILE=read_only``, so the server
+    itself offers look-ups only (the runner only looks up, but that is not what keeps the memory frozen)."""
     return _stdio_memory_client(config, run_dir, run_dir.transfer, read_only=True)
 
 
@@ -167,6 +168,8 @@ async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[st
     result = await client.call_tool(tool, arguments)
     if result.is_error or result.structured_content is None:
         text = result.content[0].text if result.content else "no content"
+        if text.startswith("Unknown tool"):  # a --memory-url server started with a smaller tool profile
+            text += f" (the harness needs every tool: start memrl-mcp with {ENV_TOOL_PROFILE}=full)"
         raise RunError(f"memrl-mcp {tool} failed: {text}")
     return result.structured_content
 

@@ -18,7 +18,7 @@ async def test_a_read_only_server_offers_no_tool_that_writes(embedder: Embedder,
         stored = await call(client, "store_experience", task="water the plants", experience="use the blue can")
     writer.close()
 
-    reader = make_service(embedder, tmp_path / "data", read_only=True)
+    reader = make_service(embedder, tmp_path / "data", tool_profile="read_only")
     try:
         async with Client(create_server(reader)) as client:
             names = {tool.name for tool in (await client.list_tools()).tools}
@@ -57,4 +57,4 @@ async def test_the_settings_resource_gives_the_effective_constants(embedder: Emb
     # The embedder's own thresholds, since none was set.
     profile = embedder.similarity
     assert (settings["delta"], settings["sim_mean"], settings["sim_std"]) == (profile.delta, profile.mean, profile.std)
-    assert settings["merge_threshold"] == profile.merge and settings["read_only"] is False
+    assert settings["merge_threshold"] == profile.merge and settings["tool_profile"] == "full"

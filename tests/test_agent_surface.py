@@ -1,0 +1,223 @@
+"""What an agent pays for and reads, checked over MCP with the real client: the default tool list (its size as a
+client forwards it, titles, clean descriptions that say when to call and what reward to give), the tool profiles
+and description overrides, results without output schemas but with structured content and ISO 8601 times, and the
+server's logs (ISO 8601 times, no terminal colour codes)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+import pytest
+from mcp import Client
+from pydantic import ConfigDict, Field, create_model
+
+from memrl_mcp.embeddings import Embedder
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.serving.tools import compact_schema, create_server
+from memrl_mcp.settings import TOOL_PROFILES, SettingsError, load_settings
+from memrl_mcp.validation import CandidateCount, NamespaceName, Outcome, SortKey
+from tests.conftest import call
+from tests.test_transports import child_env, http_server, run_cli
+
+DEFAULT_LIST_BUDGET = 8 * 1024  # characters of compact JSON: about 2,000 tokens on every turn of the agent
+JARGON = re.compile(r"Phase [AB]|lambda|λ|z\(|Q_init", re.I)
+ISO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+TASK = "Rotate the logs of a web server every night"
+
+pytestmark = pytest.mark.anyio
+
+
+async def listed(embedder: Embedder, data_dir: Path, **settings: Any) -> list[dict[str, Any]]:
+    """The tools as the client receives them, each as the JSON object a client forwards to its model."""
+    service = MemoryService.open(load_settings(data_dir=data_dir, **settings), embedder)
+    try:
+        async with Client(create_server(service)) as client:
+            tools = (await client.list_tools()).tools
+    finally:
+        service.close()
+    return [tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in tools]
+
+
+def texts(schema: Any) -> list[str]:
+    """Every description in a JSON schema."""
+    if isinstance(schema, dict):
+        own = [schema["description"]] if isinstance(schema.get("description"), str) else []
+        return own + [text for value in schema.values() for text in texts(value)]
+    if isinstance(schema, list):
+        return [text for value in schema for text in texts(value)]
+    return []
+
+
+def compact_size(tools: list[dict[str, Any]]) -> int:
+    return len(json.dumps({"tools": tools}, separators=(",", ":")))
+
+
+@pytest.fixture
+async def default_tools(embedder: Embedder, tmp_path: Path) -> list[dict[str, Any]]:
+    return await listed(embedder, tmp_path / "data")
+
+
+async def test_the_default_tool_list_is_small_titled_and_clean(default_tools: list[dict[str, Any]]) -> None:
+    assert [tool["name"] for tool in default_tools] == list(TOOL_PROFILES["core"])
+    assert compact_size(default_tools) <= DEFAULT_LIST_BUDGET
+    for tool in default_tools:
+        assert tool["title"] and tool["title"] != tool["name"]
+        description = tool["description"]
+        assert description == description.strip() and "\n" not in description and "  " not in description, tool
+        for text in [description, *texts(tool["inputSchema"])]:
+            assert not JARGON.search(text), (tool["name"], text)
+        assert "outputSchema" not in tool  # the result's structure is in docs/tools.md
+        assert tool["description"].startswith(("Call ", "Keep ")), "say when to call it"
+
+
+async def test_the_reward_says_what_to_give_even_in_a_chat(embedder: Embedder, tmp_path: Path) -> None:
+    for reward_range, expected in (
+        ({}, ("in [-1, 1]", "1 success", "-1 failure", "0 no clear outcome")),
+        ({"reward_min": 0.0, "reward_max": 1.0}, ("in [0, 1]", "1 success", "0 failure", "0.5 no clear outcome")),
+    ):
+        tools = await listed(embedder, tmp_path / str(len(reward_range)), **reward_range)
+        (report,) = [tool for tool in tools if tool["name"] == "report_outcome"]
+        reward = report["inputSchema"]["properties"]["reward"]["description"]
+        for words in (*expected, "In a chat", "ask the user", "infer it from their reaction"):
+            assert words in reward, (words, reward)
+
+
+@pytest.mark.parametrize("profile", sorted(TOOL_PROFILES))
+async def test_each_profile_offers_its_tools_and_teaches_only_those(
+    embedder: Embedder, tmp_path: Path, profile: str
+) -> None:
+    service = MemoryService.open(load_settings(data_dir=tmp_path / "data", tool_profile=profile), embedder)
+    try:
+        async with Client(create_server(service)) as client:
+            tools = (await client.list_tools()).tools
+            prompt = (await client.get_prompt("memory_loop", {"task": TASK})).messages[0].content.text
+            instructions = client.instructions or ""
+    finally:
+        service.close()
+    offered = {tool.name for tool in tools}
+    assert offered == set(TOOL_PROFILES[profile])
+    every_tool = set(TOOL_PROFILES["full"])
+    assert {name for name in every_tool if name in instructions} == offered  # no tool it cannot call
+    assert {name for name in every_tool if name in prompt} <= offered
+    if profile == "read_only":
+        assert all(tool.annotations.read_only_hint for tool in tools)
+        assert "search_experience" in prompt
+
+
+async def test_a_description_can_be_replaced_and_an_unknown_tool_is_refused(embedder: Embedder, tmp_path: Path) -> None:
+    mine = "Search my team's runbooks before any server change, and report whether the change worked."
+    tools = await listed(embedder, tmp_path / "data", tool_descriptions={"recall_experience": mine})
+    assert {tool["name"]: tool["description"] for tool in tools}["recall_experience"] == mine
+    variable = json.dumps({"recall_experiense": mine})
+    with pytest.raises(SettingsError, match="recall_experiense: no such tool; did you mean recall_experience"):
+        load_settings(environ={"MEMRL_TOOL_DESCRIPTIONS": variable})
+    refused = run_cli("config", env=child_env(tmp_path / "data", MEMRL_TOOL_DESCRIPTIONS=variable))
+    assert refused.returncode == 2
+    assert "tool_descriptions (from environment MEMRL_TOOL_DESCRIPTIONS): recall_experiense: no such tool" in (
+        refused.stderr
+    )
+
+
+def test_the_compact_schema_keeps_every_bound(embedder: Embedder, tmp_path: Path) -> None:
+    """The input schemas lose titles and null branches only: each bound pydantic derives from the tools' own types
+    (lengths, ranges, patterns, enums, closed objects, nested steps) is still there, at the same place."""
+    service = MemoryService.open(load_settings(data_dir=tmp_path / "data"), embedder)
+    rules = service.limits
+    service.close()
+    arguments = create_model(
+        "Arguments",
+        __config__=ConfigDict(strict=True, extra="forbid"),
+        task=(rules.task.type, ...),
+        steps=(rules.steps.type, ...),
+        reward=(Annotated[rules.reward.type, Field(description="r")], ...),
+        experience=(rules.experience.type | None, None),
+        namespace=(NamespaceName | None, None),
+        k1=(CandidateCount | None, None),
+        outcome=(Outcome, "success"),
+        sort=(SortKey, "updated_at"),
+        metadata=(rules.metadata.type | None, None),
+    )
+    raw = arguments.model_json_schema()
+    compact = compact_schema(raw)
+    assert bounds(compact) == bounds(raw) and len(bounds(raw)) > 20
+    assert "title" not in json.dumps(compact) and '"null"' not in json.dumps(compact)
+    assert len(json.dumps(compact)) < len(json.dumps(raw))
+
+
+BOUND_KEYWORDS = {
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "pattern",
+    "enum",
+    "type",
+    "additionalProperties",
+    "required",
+    "$ref",
+    "default",
+}
+
+
+def bounds(schema: Any, path: tuple[str, ...] = ()) -> set[tuple[tuple[str, ...], str, str]]:
+    """Every (where, keyword, value) that constrains a value, the optional arguments' null branch aside."""
+    found: set[tuple[tuple[str, ...], str, str]] = set()
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key in BOUND_KEYWORDS and not (key == "default" and value is None):
+                found.add((path, key, json.dumps(value)))
+            elif key == "anyOf":
+                found |= {bound for branch in value if branch != {"type": "null"} for bound in bounds(branch, path)}
+            elif isinstance(value, dict | list):
+                found |= bounds(value, (*path, key))
+    elif isinstance(schema, list):
+        for item in schema:
+            found |= bounds(item, path)
+    return found
+
+
+@pytest.fixture
+async def default_client(embedder: Embedder, tmp_path: Path) -> AsyncIterator[Client]:
+    service = MemoryService.open(load_settings(data_dir=tmp_path / "data"), embedder)
+    try:
+        async with Client(create_server(service)) as client:
+            yield client
+    finally:
+        service.close()
+
+
+async def test_results_are_structured_with_iso_times_without_an_output_schema(default_client: Client) -> None:
+    stored = await call(default_client, "store_experience", task=TASK, experience="logrotate, daily, compress")
+    recall = await call(default_client, "recall_experience", task=TASK)
+    (memory,) = recall["memories"]
+    assert memory["created_at"] == memory["updated_at"] == stored["memory"]["created_at"]
+    assert ISO_TIME.match(memory["created_at"]), memory["created_at"]
+    report = await call(default_client, "report_outcome", recall_id=recall["recall_id"], reward=1.0)
+    assert [change["id"] for change in report["updated"]] == [stored["id"]]
+
+
+async def test_log_lines_have_iso_times_and_no_colour_codes(tmp_path: Path) -> None:
+    """Through the real HTTP server (uvicorn's own lines included, which carry a coloured copy of their message),
+    in both log formats."""
+    for log_format in ("json", "text"):
+        folder = tmp_path / log_format
+        folder.mkdir()
+        with http_server(folder / "data", folder, MEMRL_LOG_FORMAT=log_format) as server, anyio.fail_after(60):
+            async with Client(server.url) as client:
+                await call(client, "store_experience", task=TASK, experience="logrotate, daily, compress")
+        log = server.log_path.read_text()
+        assert "Uvicorn running on" in log and "tool call" in log
+        assert "\x1b" not in log and "\\u001b" not in log
+        lines = log.splitlines()
+        if log_format == "json":
+            times = [json.loads(line)["time"] for line in lines]
+        else:
+            times = [line.split(" ", 1)[0] for line in lines]
+        assert times and all(ISO_TIME.match(time) for time in times), times
