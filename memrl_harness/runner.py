@@ -83,6 +83,7 @@ from memrl_harness.results import (
     TrajectoryRecord,
     bound,
 )
+from memrl_harness.run_settings import RunSettings
 
 ENV_MEMORY_TOKEN = "MEMRL_MEMORY_TOKEN"  # bearer token for --memory-url
 ENV_TOOL_PROFILE = "MEMRL_TOOL_PROFILE"  # the runner's own memrl-mcp offers every tool; a frozen one, look-ups only
@@ -114,7 +115,7 @@ async def _http_memory_client(url: str, token: str | None) -> AsyncIterator[Clie
 
 def _store_args(config: RunConfig, run_dir: RunDir) -> list[str]:
     args = ["--data-dir", str(run_dir.memory_dir)]
-    return [*args, "--config", config.memory_config] if config.memory_config else args
+    return [*args, "--config", str(run_dir.memory_settings)] if config.memory_config else args
 
 
 @asynccontextmanager
@@ -235,7 +236,10 @@ class Runner:
         return tasks[: self.config.tasks] if self.config.tasks else tasks
 
     def prepare(self) -> set[tuple[int, str]]:
-        """Write or check the run's config; the (epoch, task id) pairs already done."""
+        """Write or check the run's config, and the memory server's settings file; the (epoch, task id) pairs
+        already done."""
+        if self.config.memory_config:
+            self._write_memory_settings(Path(self.config.memory_config))
         if self.run_dir.config_file.exists():
             stored = self.run_dir.read_config()
             if stored.model_copy(update={"memory_settings": None}) != self.config:
@@ -473,6 +477,16 @@ class Runner:
                 f"({', '.join(changed)}); choose another --run-dir to start a new run"
             )
 
+    def _write_memory_settings(self, run_file: Path) -> None:
+        """memrl-mcp's part of the run's settings file, for the run's own server: checked here, before any episode,
+        as the server will read it."""
+        from memrl_mcp.settings import load_settings
+
+        try:
+            load_settings(RunSettings.read(run_file).write_memory(self.run_dir.memory_settings), environ={})
+        except ValueError as error:  # memrl-mcp's SettingsError is one; it names the copy, the user wrote the file
+            raise RunError(str(error).replace(str(self.run_dir.memory_settings), str(run_file))) from None
+
     def _write_similarity(self) -> None:
         """The training tasks' mean pairwise query similarity with the run's embedder (once per run folder; with
         ``--memory-url``, whose settings the harness cannot see, the default settings' embedder)."""
@@ -481,7 +495,7 @@ class Runner:
         from memrl_mcp.embeddings import create_embedder  # the model is loaded only here, and only once
         from memrl_mcp.settings import load_settings
 
-        settings = load_settings(self.config.memory_config)
+        settings = load_settings(self.run_dir.memory_settings if self.config.memory_config else None)
         embedder = create_embedder(settings.embeddings, settings.similarity)
         vectors = embedder.embed([t.intent for t in self.tasks])
         similarity = TaskSimilarity(

@@ -126,6 +126,8 @@ class RecallResult(SearchResult):
 
 
 class QChange(BaseModel):
+    """One recalled memory's utility, moved by a report."""
+
     id: str
     q_before: KeptFloat
     q_after: KeptFloat
@@ -141,6 +143,8 @@ class StoreResult(BaseModel):
 
 
 class ReportResult(BaseModel):
+    """What a report changed: the utility of each recalled memory, and where the new experience went."""
+
     recall_id: str
     reward: KeptFloat
     updated: list[QChange] = Field(description="Every memory the recall returned, with its Q before and after.")
@@ -149,11 +153,15 @@ class ReportResult(BaseModel):
 
 
 class ForgetResult(BaseModel):
+    """What was deleted."""
+
     deleted: int
     steps_deleted: int = Field(0, description="Step records deleted with the namespace.")
 
 
 class QSummary(BaseModel):
+    """The spread of the learned utilities: quartiles and mean."""
+
     min: float
     p25: float
     median: float
@@ -163,6 +171,8 @@ class QSummary(BaseModel):
 
 
 class Stats(BaseModel):
+    """What a namespace (or every namespace) holds, and how much it learned."""
+
     namespace: str | None = Field(description="None: every namespace.")
     memories: int
     successes: int
@@ -243,6 +253,8 @@ class MatchedStep(StepRecordView):
 
 
 class StepAdvice(BaseModel):
+    """An action advised at this step, with the value it was learned to have."""
+
     action: str
     q: KeptFloat
     visits: int

@@ -400,7 +400,7 @@ class ServingSettings(Group):
     def _known_tools(cls, descriptions: dict[str, str]) -> dict[str, str]:
         for name, text in descriptions.items():
             if name not in TOOL_PROFILES["full"]:
-                raise ValueError(_unknown(name, frozenset(TOOL_PROFILES["full"]), "tool"))
+                raise ValueError(unknown_name(name, frozenset(TOOL_PROFILES["full"]), "tool"))
             if not text.strip():
                 raise ValueError(f"{name}: the description is empty")
         return descriptions
@@ -468,7 +468,7 @@ def load_settings(
     layers += _from_environment(environ)
     unknown = [name for name in values if name not in GROUP_OF]
     if unknown:
-        raise SettingsError(_unknown(unknown[0], GROUP_OF, "argument"))
+        raise SettingsError(unknown_name(unknown[0], GROUP_OF, "argument"))
     layers.append(("argument", dict(values)))
     grouped: dict[str, dict[str, Any]] = {}
     origins: dict[str, str] = {}
@@ -505,7 +505,7 @@ def _from_file(path: Path) -> dict[str, Any]:
                 f"config file {path}: {group} goes under {GROUP_OF[group]}: (each setting sits under its group)"
             )
         if group not in GROUPS:
-            raise SettingsError(f"config file {path}: " + _unknown(str(group), GROUPS, "group"))
+            raise SettingsError(f"config file {path}: " + unknown_name(str(group), GROUPS, "group"))
         if entries is None:
             continue
         if not isinstance(entries, dict):
@@ -531,7 +531,7 @@ def _from_environment(environ: Mapping[str, str]) -> list[tuple[str, dict[str, A
         if not variable.startswith(ENV_PREFIX) or variable == "MEMRL_CONFIG" or variable in OTHER_VARIABLES:
             continue
         if variable not in known:
-            raise SettingsError(_unknown(variable, known, "environment variable"))
+            raise SettingsError(unknown_name(variable, known, "environment variable"))
         name = known[variable]
         layers.append((f"environment {variable}", {name: _parse(name, variable, environ[variable])}))
     return layers
@@ -548,7 +548,8 @@ def _parse(name: str, variable: str, text: str) -> Any:
     return text
 
 
-def _unknown(name: str, known: Mapping[str, Any] | frozenset[str], kind: str) -> str:
+def unknown_name(name: str, known: Mapping[str, Any] | frozenset[str], kind: str) -> str:
+    """``name: no such <kind>``, with the closest known name (or its new name, when it was renamed)."""
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     hint = _renamed(name) or (f"; did you mean {close[0]}?" if close else "")
     return f"{name}: no such {kind}{hint}"
