@@ -170,7 +170,7 @@ async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[st
     if result.is_error or result.structured_content is None:
         text = result.content[0].text if result.content else "no content"
         if text.startswith("Unknown tool"):  # a --memory-url server started with a smaller tool profile
-            text += f" (the harness needs every tool: start memrl-mcp with {ENV_TOOL_PROFILE}=full)"
+            text += f" (this mode calls a tool the server does not offer: start memrl-mcp with {ENV_TOOL_PROFILE}=full)"
         raise RunError(f"memrl-mcp {tool} failed: {text}")
     return result.structured_content
 

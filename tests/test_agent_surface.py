@@ -17,6 +17,7 @@ from mcp import Client
 from pydantic import ConfigDict, Field, create_model
 
 from memrl_mcp.embeddings import Embedder
+from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import (
     ForgetResult,
@@ -99,19 +100,49 @@ async def test_the_reward_says_what_to_give_even_in_a_chat(embedder: Embedder, t
             assert words in reward, (words, reward)
 
 
+HIDDEN_CALLS = {
+    "recall_experience": {"task": TASK},
+    "report_outcome": {"recall_id": "3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", "reward": 1.0},
+    "store_experience": {"task": "another task", "experience": "another lesson"},
+    "recall_step_advice": {"task": TASK, "observation": "a full disk"},
+    "report_trajectory": {
+        "task": TASK,
+        "steps": [{"observation": "o", "action": "a", "reward": 1.0}],
+        "episode_id": "e",
+    },
+    "search_experience": {"task": TASK},
+    "list_memories": {},
+    "update_memory": {"memory_id": "3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", "reset_q": True},
+    "forget_experience": {"namespace": "default"},
+    "memory_stats": {},
+}
+
+
 @pytest.mark.parametrize("profile", sorted(TOOL_PROFILES))
-async def test_each_profile_offers_its_tools_and_teaches_only_those(
+async def test_each_profile_offers_its_tools_teaches_only_those_and_serves_no_other(
     embedder: Embedder, tmp_path: Path, profile: str
 ) -> None:
+    """A profile is enforced, not only a shorter list: a tool it does not offer is an unknown tool, and the call
+    changes nothing (``read_only`` is a frozen memory)."""
+    writer = MemoryService.open(load_settings(data_dir=tmp_path / "data", tool_profile="full"), embedder)
+    async with Client(create_server(writer)) as client:
+        await call(client, "store_experience", task=TASK, experience="logrotate, daily, compress")
+    writer.close()
     service = MemoryService.open(load_settings(data_dir=tmp_path / "data", tool_profile=profile), embedder)
     try:
+        before = service.stats(access=EVERYTHING)
         async with Client(create_server(service)) as client:
             tools = (await client.list_tools()).tools
             prompt = (await client.get_prompt("memory_loop", {"task": TASK})).messages[0].content.text
             instructions = client.instructions or ""
+            offered = {tool.name for tool in tools}
+            assert set(HIDDEN_CALLS) == set(TOOL_PROFILES["full"])
+            for hidden in set(HIDDEN_CALLS) - offered:
+                result = await client.call_tool(hidden, HIDDEN_CALLS[hidden])
+                assert result.is_error and f"Unknown tool: {hidden}" in result.content[0].text, hidden
+        assert service.stats(access=EVERYTHING) == before
     finally:
         service.close()
-    offered = {tool.name for tool in tools}
     assert offered == set(TOOL_PROFILES[profile])
     every_tool = set(TOOL_PROFILES["full"])
     assert {name for name in every_tool if name in instructions} == offered  # no tool it cannot call
@@ -119,6 +150,18 @@ async def test_each_profile_offers_its_tools_and_teaches_only_those(
     if profile == "read_only":
         assert all(tool.annotations.read_only_hint for tool in tools)
         assert "search_experience" in prompt
+
+
+def test_the_old_read_only_setting_is_refused_not_ignored(tmp_path: Path) -> None:
+    """``read_only: true`` froze a memory; ignored, it would leave that memory writable. Its old names stop the
+    server, naming the new one."""
+    config = tmp_path / "memrl.yaml"
+    config.write_text("serving:\n  read_only: true\n")
+    for args, variables in ((["--config", str(config)], {}), ([], {"MEMRL_READ_ONLY": "true"})):
+        refused = run_cli(*args, env=child_env(tmp_path / "data", **variables))
+        assert refused.returncode == 2, refused.stderr
+        assert "it is now tool_profile: read_only (MEMRL_TOOL_PROFILE=read_only)" in refused.stderr
+        assert not (tmp_path / "data").exists()  # refused before any store is opened
 
 
 async def test_a_description_can_be_replaced_and_an_unknown_tool_is_refused(embedder: Embedder, tmp_path: Path) -> None:
@@ -217,15 +260,18 @@ async def test_results_are_structured_with_iso_times_without_an_output_schema(de
 
 async def test_log_lines_have_iso_times_and_no_colour_codes(tmp_path: Path) -> None:
     """Through the real HTTP server (uvicorn's own lines included, which carry a coloured copy of their message),
-    in both log formats."""
+    in both log formats; a refused argument is logged by its name, without the value."""
     for log_format in ("json", "text"):
         folder = tmp_path / log_format
         folder.mkdir()
         with http_server(folder / "data", folder, MEMRL_LOG_FORMAT=log_format) as server, anyio.fail_after(60):
             async with Client(server.url) as client:
                 await call(client, "store_experience", task=TASK, experience="logrotate, daily, compress")
+                refused = await client.call_tool("store_experience", {"task": TASK, "experience": "x", "q": "4242x"})
+                assert refused.is_error and "q: Input should be a valid number, got '4242x'" in refused.content[0].text
         log = server.log_path.read_text()
         assert "Uvicorn running on" in log and "tool call" in log
+        assert "rejected arguments: ['q']" in log and "4242x" not in log  # the field, never the caller's value
         assert "\x1b" not in log and "\\u001b" not in log
         lines = log.splitlines()
         if log_format == "json":

@@ -165,7 +165,8 @@ class Session(BaseModel):
 
 def session_of(service: MemoryService, access: Access, tokens: bool) -> Session:
     """A token's own namespaces; for a caller who may use every namespace, the ones holding memories (one pass
-    over the store: the page asks once per visit)."""
+    over the store: the page asks once per visit). Each one's memories are counted, the caller's own only, to open
+    the page on one that holds some."""
     if access.namespaces is not None:
         held = Counter({name: service.stats(name, access=access).memories for name in access.namespaces})
     else:

@@ -114,7 +114,7 @@ def _served(
     """The tool body ``fn``, which takes its caller as ``access``, as the SDK serves it: the SDK hands the call's
     ``Context`` (``ctx``) in place of ``access``, and ``identify`` turns it into the caller's :class:`Access`.
     Every tool is served through here, so none can forget its caller's tenant or project namespace, and none
-    reads the caller from anywhere but the request that carried it. The body runs in a worker thread (the
+    reads the caller from anywhere but the request that carried the call. The body runs in a worker thread (the
     store's calls block); each call is timed, counted and logged; a refused request reaches the client as a
     tool error with its message (which names the field)."""
     signature = inspect.signature(fn)
@@ -151,10 +151,10 @@ class MemoryTool(Tool):
     - A refused argument is named in plain words with its limit (:func:`~memrl_mcp.validation.plain_error`), not in
       pydantic's report (its model's name, ``[type=..., input_value=...]``, a link to its documentation).
     - Its input schema is compact (:func:`compact_schema`) and it lists no output schema: the result is still
-      structured content of a known shape, documented in docs/tools.md. The output schemas were 22 KB of the 37 KB
-      that listing the ten tools took (compact JSON), three quarters of what every turn of an agent paid for the
-      memory; an agent reads the result's field names, and a client validating results would also refuse the
-      ISO 8601 times of the JSON (the schemas pydantic derives describe the Python side's floats).
+      structured content of a known shape, documented in docs/tools.md. The output schemas were three fifths of
+      what every turn of an agent paid for the tool list (docs/tools.md has the figures); an agent reads the
+      result's field names, and a client validating results would also refuse the ISO 8601 times of the JSON (the
+      schemas pydantic derives describe the Python side's floats).
     """
 
     @classmethod
@@ -190,7 +190,7 @@ class MemoryTool(Tool):
 def compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """A JSON schema without what tells a model nothing, every bound kept: the titles pydantic derives from the
     names (``"title": "Recall Id"``), and the ``null`` branch and ``null`` default of an optional argument (omit it;
-    the tool still takes an explicit null). This halves the input schemas (measured: docs/tools.md)."""
+    the tool still takes an explicit null): a quarter of the input schemas (docs/tools.md has the figures)."""
     compact = {key: value for key, value in schema.items() if key != "title"}
     variants = compact.get("anyOf")
     if isinstance(variants, list) and {"type": "null"} in variants and len(variants) == 2:
