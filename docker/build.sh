@@ -63,7 +63,8 @@ mariadb() { from_dockerfile memrl/mariadb:bookworm docker/mariadb; }
 # docker/wheels, and installed in the image from there alone: the build itself needs no package index.
 server() {
 	local name=memrl/memrl-mcp:local hash
-	hash=$( (image_id "$BASE" && files_hash docker/server pyproject.toml README.md memrl_mcp memrl_harness) | hash_of)
+	hash=$( (image_id "$BASE" && files_hash docker/server pyproject.toml README.md memrl_mcp memrl_harness \
+		docs/benchmark-data.md) | hash_of)
 	skip "$name" "$hash" && return 0
 	rm -f docker/wheels/*.whl
 	timed "$PYTHON" -m pip wheel --quiet --wheel-dir docker/wheels . "setuptools>=77" wheel

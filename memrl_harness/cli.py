@@ -1,5 +1,5 @@
 """``memrl-harness``: run a benchmark through memrl-mcp (``run``), turn runs into a report (``report``), list a
-benchmark's options (``options``).
+benchmark's options (``options``), say where the benchmarks' data goes (``data``).
 
 One ``run`` command may run several modes and seeds (``--mode none rag memrl --seed 0 1 2``), one run folder each,
 one after another; ``report`` takes them all and aggregates the seeds of each setting.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from importlib import resources
 from pathlib import Path
 
 import anyio
@@ -20,10 +21,12 @@ from memrl_harness.backends.sql import SQLServerError
 from memrl_harness.benchmarks import REGISTRY, load_benchmark, memory_config, options_model
 from memrl_harness.benchmarks.base import Benchmark
 from memrl_harness.benchmarks.options import OptionError
+from memrl_harness.install import shared_data_root
 from memrl_harness.llm import LLM, LLMError
 from memrl_harness.metrics import write_summary
 from memrl_harness.report import build_report, load_run
 from memrl_harness.results import DEFAULT_TRIALS, MODES, RunConfig, RunDir, TransferConfig
+from memrl_harness.run_settings import RunSettings
 from memrl_harness.runner import RunError, Runner, default_run_dir
 
 
@@ -31,7 +34,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="memrl-harness", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = commands.add_parser("run", help="run a benchmark in one memory mode")
+    run = commands.add_parser(
+        "run",
+        help="run a benchmark in one memory mode",
+        description="Run a benchmark through memrl-mcp, in each --mode and --seed (one run folder each).",
+        epilog=RUN_EPILOG.format(data=shared_data_root()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("benchmark", choices=sorted(REGISTRY))
     run.add_argument("--mode", nargs="+", choices=MODES, default=["memrl"], help="one run per mode (default: memrl)")
     run.add_argument("--epochs", type=int, default=3)
@@ -58,7 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     run.add_argument("--workers", type=int, default=1, help="episodes in parallel within an epoch")
     run.add_argument(
-        "--config", help="memrl-mcp settings file (default: the paper's constants for the benchmark, packaged)"
+        "--config",
+        help="the run's settings file: memrl-mcp's settings by group, and an llm: group (base_url, model) "
+        "(default: the paper's constants for the benchmark, packaged)",
     )
     run.add_argument(
         "--memory-url",
@@ -78,10 +89,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     options = commands.add_parser("options", help="the options of a benchmark, with their defaults and limits")
     options.add_argument("benchmark", choices=sorted(REGISTRY))
 
+    commands.add_parser(
+        "data",
+        help="what data each benchmark reads, where to download it and where to put it",
+        description="Print the benchmark data guide (docs/benchmark-data.md) and the data folder in use.",
+    )
+
     report = commands.add_parser("report", help="markdown table and plots of one or several runs")
     report.add_argument("runs", nargs="+", type=Path)
     report.add_argument("--out", type=Path, default=Path("report"), help="output folder (default: report)")
     return parser.parse_args(argv)
+
+
+RUN_EPILOG = """\
+the LLM (alfworld, bigcodebench, hle, llb-db, llb-os, and controlled with --option agent=llm):
+  MEMRL_LLM_BASE_URL   an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1
+  MEMRL_LLM_MODEL      the model name
+  MEMRL_LLM_API_KEY    its key (else OPENAI_API_KEY; a local server needs none)
+  The endpoint and the model may instead sit in the --config file, beside the memory's settings:
+    llm: {{base_url: http://127.0.0.1:8080/v1, model: smollm2-135m-instruct}}
+  (the environment wins; the key stays in the environment). A local LLM: python -m memrl_harness.local_llm
+
+the benchmarks' data:
+  MEMRL_SHARED_DATA    the data folder; here: {data}
+  --data PATH          one benchmark's file or folder instead
+  memrl-harness data   prints what to download and where to put it
+"""
 
 
 def _options(pairs: list[str]) -> dict[str, str]:
@@ -111,10 +144,11 @@ def run_command(args: argparse.Namespace) -> int:
             TransferConfig(eval_options=eval_options, held_out=args.held_out) if eval_options or args.held_out else None
         )
         settings_file = Path(args.config).resolve() if args.config else memory_config(args.benchmark)
+        run_settings = RunSettings.read(settings_file)
         benchmark = load_benchmark(args.benchmark, **options)
         eval_benchmark = load_benchmark(args.benchmark, **(options | eval_options)) if eval_options else None
         needs_llm = benchmark.needs_llm or (eval_benchmark is not None and eval_benchmark.needs_llm)
-        llm = LLM.from_env() if needs_llm else None
+        llm = LLM.from_env(settings=run_settings.llm) if needs_llm else None
         configs = [
             RunConfig(
                 benchmark=args.benchmark,
@@ -189,6 +223,12 @@ def report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def data_command(args: argparse.Namespace) -> int:
+    guide = resources.files("memrl_harness").joinpath("benchmark-data.md").read_text()
+    print(f"The data folder in use: {shared_data_root()} (MEMRL_SHARED_DATA to choose another)\n\n{guide}")
+    return 0
+
+
 def options_command(args: argparse.Namespace) -> int:
     print(f"{args.benchmark} --option KEY=VALUE (an empty VALUE is the default):")
     print(options_model(args.benchmark).describe())
@@ -197,7 +237,7 @@ def options_command(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    commands = {"run": run_command, "report": report_command, "options": options_command}
+    commands = {"run": run_command, "report": report_command, "options": options_command, "data": data_command}
     return commands[args.command](args)
 
 

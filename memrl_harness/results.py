@@ -60,7 +60,9 @@ class RunConfig(BaseModel):
     tasks: int | None = Field(None, ge=1, description="First K tasks of the benchmark; None: all.")
     seed: int = 0
     workers: int = Field(1, ge=1)
-    memory_config: str | None = Field(None, description="memrl-mcp YAML settings file.")
+    memory_config: str | None = Field(
+        None, description="The run's settings file: memrl-mcp's settings, and the harness's llm: group."
+    )
     memory_url: str | None = Field(None, description="A running memrl-mcp over HTTP instead of a fresh one.")
     memory_settings: dict[str, Any] | None = Field(
         None, description="The memory server's effective constants (its memrl://settings), read at the run's start."
@@ -173,6 +175,7 @@ class RunDir:
         self.summary_csv = path / "summary.csv"
         self.memory_dir = path / "memory"
         self.server_log = path / "memory-server.log"  # stderr of the run's own memrl-mcp
+        self.memory_settings = path / "memory-settings.yaml"  # its --config: the run file without its llm: group
         self.trajectories_file = path / "trajectories.jsonl.gz"
         self.memory_export = path / MEMORY_EXPORT_FILE
         self.similarity_file = path / SIMILARITY_FILE

@@ -23,8 +23,8 @@ reward -> the memory learns:
   starts afresh, so its curve is flat by design.
 
 Transfer (``RunConfig.transfer``): the memory is built by the epochs above on the training tasks; then
-the server closes and a second memrl-mcp opens the same store with ``MEMRL_READ_ONLY=true``, refusing
-every write, and the held-out tasks run once with recall only (into the sub-folder ``transfer/``).
+the server closes and a second memrl-mcp opens the same store with ``MEMRL_TOOL_PROFILE=read_only``, offering
+no tool that writes, and the held-out tasks run once with recall only (into the sub-folder ``transfer/``).
 
 Tasks of one epoch run in parallel on bounded workers; epochs run one after another. Each finished
 episode is appended to its folder's ``episodes.jsonl`` (and its trajectory, memories and stored
@@ -83,9 +83,10 @@ from memrl_harness.results import (
     TrajectoryRecord,
     bound,
 )
+from memrl_harness.run_settings import RunSettings
 
 ENV_MEMORY_TOKEN = "MEMRL_MEMORY_TOKEN"  # bearer token for --memory-url
-ENV_READ_ONLY = "MEMRL_READ_ONLY"  # memrl-mcp refuses every write and logs no recall
+ENV_TOOL_PROFILE = "MEMRL_TOOL_PROFILE"  # the runner's own memrl-mcp offers every tool; a frozen one, look-ups only
 # A step's texts as the step memory takes them (memrl-mcp's default max_observation_chars / max_action_chars): a
 # longer shell output or script keeps its head and tail.
 STEP_OBSERVATION_CHARS = 8000
@@ -114,7 +115,7 @@ async def _http_memory_client(url: str, token: str | None) -> AsyncIterator[Clie
 
 def _store_args(config: RunConfig, run_dir: RunDir) -> list[str]:
     args = ["--data-dir", str(run_dir.memory_dir)]
-    return [*args, "--config", config.memory_config] if config.memory_config else args
+    return [*args, "--config", str(run_dir.memory_settings)] if config.memory_config else args
 
 
 @asynccontextmanager
@@ -122,7 +123,8 @@ async def _stdio_memory_client(
     config: RunConfig, run_dir: RunDir, log_dir: RunDir, read_only: bool
 ) -> AsyncIterator[Client]:
     args = ["-m", "memrl_mcp.cli", *_store_args(config, run_dir)]
-    env = get_default_environment() | {"MEMRL_LOG_CALLS": "true"} | ({ENV_READ_ONLY: "true"} if read_only else {})
+    profile = "read_only" if read_only else "full"
+    env = get_default_environment() | {"MEMRL_LOG_CALLS": "true", ENV_TOOL_PROFILE: profile}
     # The server's log lines (one per call) are for whoever debugs this run, not for the terminal: they go to the
     # run folder.
     log_dir.path.mkdir(parents=True, exist_ok=True)
@@ -141,8 +143,8 @@ def memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextMan
 
 
 def frozen_memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextManager[Client]:
-    """A transfer's evaluation: a memrl-mcp on the run's store with ``MEMRL_READ_ONLY=true``, so the server itself
-    offers look-ups only (the runner only looks up, but that is not what keeps the memory frozen)."""
+    """A transfer's evaluation: a memrl-mcp on the run's store with ``MEMRL_TOOL_PROFILE=read_only``, so the server
+    itself offers look-ups only (the runner only looks up, but that is not what keeps the memory frozen)."""
     return _stdio_memory_client(config, run_dir, run_dir.transfer, read_only=True)
 
 
@@ -167,6 +169,8 @@ async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[st
     result = await client.call_tool(tool, arguments)
     if result.is_error or result.structured_content is None:
         text = result.content[0].text if result.content else "no content"
+        if text.startswith("Unknown tool"):  # a --memory-url server started with a smaller tool profile
+            text += f" (this mode calls a tool the server does not offer: start memrl-mcp with {ENV_TOOL_PROFILE}=full)"
         raise RunError(f"memrl-mcp {tool} failed: {text}")
     return result.structured_content
 
@@ -232,7 +236,10 @@ class Runner:
         return tasks[: self.config.tasks] if self.config.tasks else tasks
 
     def prepare(self) -> set[tuple[int, str]]:
-        """Write or check the run's config; the (epoch, task id) pairs already done."""
+        """Write or check the run's config, and the memory server's settings file; the (epoch, task id) pairs
+        already done."""
+        if self.config.memory_config:
+            self._write_memory_settings(Path(self.config.memory_config))
         if self.run_dir.config_file.exists():
             stored = self.run_dir.read_config()
             if stored.model_copy(update={"memory_settings": None}) != self.config:
@@ -470,6 +477,16 @@ class Runner:
                 f"({', '.join(changed)}); choose another --run-dir to start a new run"
             )
 
+    def _write_memory_settings(self, run_file: Path) -> None:
+        """memrl-mcp's part of the run's settings file, for the run's own server: checked here, before any episode,
+        as the server will read it."""
+        from memrl_mcp.settings import load_settings
+
+        try:
+            load_settings(RunSettings.read(run_file).write_memory(self.run_dir.memory_settings), environ={})
+        except ValueError as error:  # memrl-mcp's SettingsError is one; it names the copy, the user wrote the file
+            raise RunError(str(error).replace(str(self.run_dir.memory_settings), str(run_file))) from None
+
     def _write_similarity(self) -> None:
         """The training tasks' mean pairwise query similarity with the run's embedder (once per run folder; with
         ``--memory-url``, whose settings the harness cannot see, the default settings' embedder)."""
@@ -478,7 +495,7 @@ class Runner:
         from memrl_mcp.embeddings import create_embedder  # the model is loaded only here, and only once
         from memrl_mcp.settings import load_settings
 
-        settings = load_settings(self.config.memory_config)
+        settings = load_settings(self.run_dir.memory_settings if self.config.memory_config else None)
         embedder = create_embedder(settings.embeddings, settings.similarity)
         vectors = embedder.embed([t.intent for t in self.tasks])
         similarity = TaskSimilarity(

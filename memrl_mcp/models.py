@@ -1,16 +1,31 @@
-"""What the tools take and return: typed, so MCP clients get input and output schemas and structured content."""
+"""What the tools take and return: typed, so that every tool answers with structured content of a known shape
+(docs/tools.md lists them, generated from these models)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from datetime import UTC, datetime
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, with_config
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, StrictFloat, StrictInt, StrictStr, with_config
 
 from memrl_mcp.storage.numbers import KeptFloat, KeptJson
 from memrl_mcp.storage.tally import Q_STEP, Counts
 from memrl_mcp.validation import Outcome
+
+
+def iso_time(seconds: float) -> str:
+    """A Unix time as ISO 8601 in UTC, to the microsecond: ``2026-11-26T01:02:03.123456Z``."""
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+Timestamp = Annotated[
+    KeptFloat, PlainSerializer(iso_time, return_type=str, when_used="json"), Field(description="UTC, ISO 8601.")
+]
+"""A time: a Unix time (a float) in Python and in the stores, which sort and filter by it; ISO 8601 in JSON, what a
+tool or a resource answers (an agent or an operator reads a date, not 1795656671.38). Backups keep the float
+(``model_dump()``), so that a restore brings it back bit for bit."""
 
 
 class MemoryView(BaseModel):
@@ -25,15 +40,15 @@ class MemoryView(BaseModel):
     visits: int = Field(description="Rewards folded into q.")
     last_reward: KeptFloat | None
     merges: int = Field(description="Near-duplicate stores folded into this memory.")
-    created_at: KeptFloat = Field(description="Unix time.")
-    updated_at: KeptFloat = Field(description="Unix time.")
+    created_at: Timestamp
+    updated_at: Timestamp
     metadata: KeptJson
 
 
 class QEvent(BaseModel):
     """One change of a memory's Q: a reward folded in by a report, or a reset by update_memory."""
 
-    at: KeptFloat = Field(description="Unix time.")
+    at: Timestamp
     event: Literal["reward", "reset"]
     reward: KeptFloat | None = Field(description="The reward folded in (None for a reset).")
     q_before: KeptFloat
@@ -113,6 +128,8 @@ class RecallResult(SearchResult):
 
 
 class QChange(BaseModel):
+    """One recalled memory's utility, moved by a report."""
+
     id: str
     q_before: KeptFloat
     q_after: KeptFloat
@@ -128,6 +145,8 @@ class StoreResult(BaseModel):
 
 
 class ReportResult(BaseModel):
+    """What a report changed: the utility of each recalled memory, and where the new experience went."""
+
     recall_id: str
     reward: KeptFloat
     updated: list[QChange] = Field(description="Every memory the recall returned, with its Q before and after.")
@@ -136,11 +155,15 @@ class ReportResult(BaseModel):
 
 
 class ForgetResult(BaseModel):
+    """What was deleted."""
+
     deleted: int
     steps_deleted: int = Field(0, description="Step records deleted with the namespace.")
 
 
 class QSummary(BaseModel):
+    """The spread of the learned utilities: quartiles and mean."""
+
     min: float
     p25: float
     median: float
@@ -177,6 +200,8 @@ class QSummary(BaseModel):
 
 
 class Stats(BaseModel):
+    """What a namespace (or every namespace) holds, and how much it learned."""
+
     namespace: str | None = Field(description="None: every namespace.")
     memories: int
     successes: int
@@ -208,7 +233,7 @@ class EffectiveSettings(BaseModel):
     q_init_failure: float
     reward_min: float
     reward_max: float
-    read_only: bool
+    tool_profile: str
     step_n: int
     step_gamma: float
     step_update: str
@@ -244,8 +269,8 @@ class StepRecordView(BaseModel):
     task: str
     observation: str
     actions: list[ActionView]
-    created_at: KeptFloat = Field(description="Unix time.")
-    updated_at: KeptFloat = Field(description="Unix time.")
+    created_at: Timestamp
+    updated_at: Timestamp
 
 
 class MatchedStep(StepRecordView):
@@ -257,6 +282,8 @@ class MatchedStep(StepRecordView):
 
 
 class StepAdvice(BaseModel):
+    """An action advised at this step, with the value it was learned to have."""
+
     action: str
     q: KeptFloat
     visits: int

@@ -32,7 +32,17 @@ from typing import Any, Literal, get_args, get_origin
 
 import platformdirs
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.validation import MAX_K, NAMESPACE, NAMESPACE_PATTERN, NamespaceName
@@ -58,6 +68,8 @@ OTHER_VARIABLES = frozenset(
 )
 """``MEMRL_*`` variables that are not settings of the server: memrl-harness's own and the peer benchmark's, which the
 environment of a harness run or a test holds when it starts a server."""
+RENAMED = {"read_only": "tool_profile: read_only (MEMRL_TOOL_PROFILE=read_only)"}
+"""Settings that were renamed: their old name is refused with the new one."""
 
 
 class SettingsError(MemrlError, ValueError):
@@ -351,6 +363,21 @@ class TokenGrant(BaseModel):
         return self
 
 
+ToolProfile = Literal["core", "steps", "full", "read_only"]
+CORE_TOOLS = ("recall_experience", "report_outcome", "store_experience")
+STEP_TOOLS = ("recall_step_advice", "report_trajectory")
+TOOL_PROFILES: dict[str, tuple[str, ...]] = {
+    "core": CORE_TOOLS,
+    "steps": CORE_TOOLS + STEP_TOOLS,
+    "full": CORE_TOOLS
+    + STEP_TOOLS
+    + ("search_experience", "list_memories", "update_memory", "forget_experience", "memory_stats"),
+    "read_only": ("search_experience", "recall_step_advice", "list_memories", "memory_stats"),
+}
+"""The tools each ``tool_profile`` offers (``full``: every tool the server has). ``core`` is the default: it is the
+loop an agent learns with, and each tool offered costs every turn its description and input schema."""
+
+
 class ServingSettings(Group):
     """The HTTP transports (tokens, sessions, hosts), logs, and what the server offers."""
 
@@ -382,17 +409,40 @@ class ServingSettings(Group):
         description="One log line per tool call (an access log for an operator). null: over HTTP only; a stdio "
         "client shows the server's stderr to its user, for whom a line per call is noise.",
     )
-    read_only: bool = Field(
-        False,
-        description="Offer lookups only (search_experience, memory_stats, list_memories, resources): a frozen "
-        "memory, e.g. for a transfer evaluation. Nothing is written, not even at open: an embedded store is read "
-        "from a private copy in TMPDIR (so it may sit on a read-only volume), a store that needs a schema "
-        "migration is refused, and an interrupted report is left for a writable server to finish.",
+    tool_profile: ToolProfile = Field(
+        "core",
+        description="The tools an agent is offered: core (recall_experience, report_outcome, store_experience: the "
+        "learning loop), steps (core + the step memory), full (steps + search and curation: search_experience, "
+        "list_memories, update_memory, forget_experience, memory_stats), read_only (look-ups only, nothing can "
+        "change the memory: a frozen memory, e.g. for a transfer evaluation; nothing is written, not even at open: an "
+        "embedded store is read from a private copy in TMPDIR, a store that needs a schema migration is refused, "
+        "and an interrupted report is left for a writable server to finish). Every tool listed costs the agent "
+        "tokens on every turn.",
+    )
+    tool_descriptions: dict[str, str] = Field(
+        default_factory=dict,
+        description="Tool descriptions that replace the server's: {tool name: text} (env: a JSON object), e.g. to "
+        "say what this memory holds. An unknown tool name is an error.",
     )
     ui_runs: list[Path] = Field(
         default_factory=list,
         description="Harness run folders, or folders of run folders, whose learning curves the /ui inspector draws.",
     )
+
+    @field_validator("tool_descriptions")
+    @classmethod
+    def _known_tools(cls, descriptions: dict[str, str]) -> dict[str, str]:
+        for name, text in descriptions.items():
+            if name not in TOOL_PROFILES["full"]:
+                raise ValueError(unknown_name(name, frozenset(TOOL_PROFILES["full"]), "tool"))
+            if not text.strip():
+                raise ValueError(f"{name}: the description is empty")
+        return descriptions
+
+    @property
+    def read_only(self) -> bool:
+        """Nothing may change the memory: no tool that writes is offered, and the inspector refuses edits."""
+        return self.tool_profile == "read_only"
 
 
 GROUPS: dict[str, type[Group]] = {
@@ -452,7 +502,7 @@ def load_settings(
     layers += _from_environment(environ)
     unknown = [name for name in values if name not in GROUP_OF]
     if unknown:
-        raise SettingsError(_unknown(unknown[0], GROUP_OF, "argument"))
+        raise SettingsError(unknown_name(unknown[0], GROUP_OF, "argument"))
     layers.append(("argument", dict(values)))
     grouped: dict[str, dict[str, Any]] = {}
     origins: dict[str, str] = {}
@@ -489,14 +539,14 @@ def _from_file(path: Path) -> dict[str, Any]:
                 f"config file {path}: {group} goes under {GROUP_OF[group]}: (each setting sits under its group)"
             )
         if group not in GROUPS:
-            raise SettingsError(f"config file {path}: " + _unknown(str(group), GROUPS, "group"))
+            raise SettingsError(f"config file {path}: " + unknown_name(str(group), GROUPS, "group"))
         if entries is None:
             continue
         if not isinstance(entries, dict):
             raise SettingsError(f"config file {path}: {group} must be a mapping of settings")
         for name, value in entries.items():
             if GROUP_OF.get(name) != group:
-                where = f" (it belongs under {GROUP_OF[name]}:)" if name in GROUP_OF else ""
+                where = f" (it belongs under {GROUP_OF[name]}:)" if name in GROUP_OF else _renamed(str(name))
                 raise SettingsError(f"config file {path}: {group}.{name}: no such setting in {group}{where}")
             found[name] = value
     return found
@@ -515,7 +565,7 @@ def _from_environment(environ: Mapping[str, str]) -> list[tuple[str, dict[str, A
         if not variable.startswith(ENV_PREFIX) or variable == "MEMRL_CONFIG" or variable in OTHER_VARIABLES:
             continue
         if variable not in known:
-            raise SettingsError(_unknown(variable, known, "environment variable"))
+            raise SettingsError(unknown_name(variable, known, "environment variable"))
         name = known[variable]
         layers.append((f"environment {variable}", {name: _parse(name, variable, environ[variable])}))
     return layers
@@ -532,10 +582,17 @@ def _parse(name: str, variable: str, text: str) -> Any:
     return text
 
 
-def _unknown(name: str, known: Mapping[str, Any] | frozenset[str], kind: str) -> str:
+def unknown_name(name: str, known: Mapping[str, Any] | frozenset[str], kind: str) -> str:
+    """``name: no such <kind>``, with the closest known name (or its new name, when it was renamed)."""
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]}?" if close else ""
+    hint = _renamed(name) or (f"; did you mean {close[0]}?" if close else "")
     return f"{name}: no such {kind}{hint}"
+
+
+def _renamed(name: str) -> str:
+    """The hint for a setting that has a new name (``MEMRL_READ_ONLY``, ``read_only``)."""
+    renamed = RENAMED.get(name.lower().removeprefix(ENV_PREFIX.lower()))
+    return f"; it is now {renamed}" if renamed else ""
 
 
 def _problem(error: Any, origins: Mapping[str, str]) -> str:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic_core import ErrorDetails
 
 from memrl_mcp.errors import MemoryRequestError
 
@@ -63,10 +64,40 @@ class Rule(Generic[T]):
         try:
             return self._adapter.validate_python(value)
         except ValidationError as error:
-            first = error.errors()[0]
-            where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"])
-            message = first["msg"].removeprefix("Value error, ")
-            raise MemoryRequestError(f"{field}{where}: {message}, got {_shown(value)}") from None
+            raise MemoryRequestError(plain_error(error.errors()[0], field)) from None
+
+
+def plain_error(error: ErrorDetails, field: str = "") -> str:
+    """One of pydantic's errors in plain words: ``field.part[2]: what is wrong (the limit), got the value``.
+    Pydantic's own text (``1 validation error for ...Arguments``, ``[type=..., input_value=...]`` and a link to
+    its documentation) speaks to a Python programmer; this one to whoever sent the value, an agent or an operator.
+    Pydantic's message of one error already names the limit ("Input should be less than or equal to 100"); only
+    the few that name Python things are reworded."""
+    where = field + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"])
+    where = where.removeprefix(".") or "value"
+    kind = error["type"]
+    if kind == "missing":
+        return f"{where}: required"
+    if kind == "extra_forbidden":
+        return f"{where}: no such field"
+    message = REWORDED.get(kind) or error["msg"].removeprefix("Value error, ")
+    value, limits = error["input"], error.get("ctx", {})
+    if kind == "string_too_long" and isinstance(value, str):  # the length, not a long text again
+        return f"{where}: {message}, got {len(value)} characters"
+    if kind in ("too_long", "too_short"):  # pydantic's says "items after validation, not 3"
+        bound, size = ("at most", limits["max_length"]) if kind == "too_long" else ("at least", limits["min_length"])
+        items = "item" if size == 1 else "items"
+        return f"{where}: {limits['field_type']} should have {bound} {size} {items}, got {limits['actual_length']}"
+    return f"{where}: {message}, got {_shown(value)}"
+
+
+REWORDED = {
+    "dict_type": "Input should be a JSON object",
+    "model_type": "Input should be a JSON object",
+    "model_attributes_type": "Input should be a JSON object",
+    "dataclass_type": "Input should be a JSON object",
+}
+"""Pydantic's messages that name Python types ("a valid dictionary or instance of TrajectoryStep")."""
 
 
 def _shown(value: Any) -> str:

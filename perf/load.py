@@ -426,7 +426,8 @@ def free_port() -> int:
 def own_server(data_dir: Path, log_path: Path, extra_env: dict[str, str]) -> Iterator[tuple[str, int]]:
     """A ``memrl-mcp --transport streamable-http`` child on a free port; (url, pid); SIGTERM at the end."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")} | extra_env
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")} | {"MEMRL_TOOL_PROFILE": "full"}
+    env |= extra_env
     cmd = [sys.executable, "-m", "memrl_mcp.cli", "--transport", "streamable-http", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--data-dir", str(data_dir)]
     with log_path.open("wb") as log:

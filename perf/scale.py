@@ -369,7 +369,7 @@ def import_throughput(args: argparse.Namespace, pairs: list[tuple[str, str]]) ->
 async def over_stdio(args: argparse.Namespace, qs: list[tuple[str, str]]) -> None:
     """recall_experience through a spawned server against (query embedding in this process + a round trip)."""
     embedder = MiniLMEmbedder()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")} | {"MEMRL_TOOL_PROFILE": "full"}
     server = StdioServerParameters(
         command=sys.executable, args=["-m", "memrl_mcp.cli", "--data-dir", args.store], env=env
     )

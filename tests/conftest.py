@@ -47,6 +47,9 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 
 def make_service(embedder: Embedder, data_dir: Path, engine: str = "edge", **overrides: Any) -> MemoryService:
+    """A service on a fresh store whose server offers every tool (``tool_profile: full``, unless overridden): the
+    tests exercise them all; tests/test_agent_surface.py checks what the default profile offers."""
+    overrides = {"tool_profile": "full"} | overrides
     settings: Settings = load_settings(data_dir=data_dir, embedded_engine=engine, **overrides)
     return MemoryService.open(settings, embedder)
 

@@ -372,7 +372,7 @@ def test_malformed_step_lines_are_named_and_nothing_is_written(embedder: Embedde
     expected = {
         "malformed": (
             malformed,
-            ["line 2: kind: must be one of 'memory', 'step', got 'episode'", "line 3: actions[0].extra: Extra inputs"],
+            ["line 2: kind: must be one of 'memory', 'step', got 'episode'", "line 3: actions[0].extra: no such field"],
         ),
         "limits": (
             out_of_limits,

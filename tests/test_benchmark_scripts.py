@@ -26,6 +26,7 @@ def run(script: str, *args: str, timeout: float = 600) -> str:
         ("embedders.py", ("--rounds", "1", "--queries", "5", "--texts", "40"), "fp32 (FastEmbed's all-MiniLM-L6-v2)"),
         ("history_cost.py", ("--events", "5", "--rounds", "2", "--cycles", "20"), "as JSON text"),
         ("step_capacity.py", ("--capacities", "20", "--steps", "3", "--runs", "2"), "same pick"),
+        ("tool_list.py", ("--profile", "core"), "core: "),
         (
             "scale.py",
             (

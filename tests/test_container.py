@@ -7,7 +7,12 @@ host's network (``--network host``) and its server listens on 127.0.0.1 on a fre
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shlex
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -29,16 +34,26 @@ from tests.test_transports import free_port
 
 IMAGE = "memrl/memrl-mcp:local"
 ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
 TOKEN = "container-token-0123456789"
 TASK = "Rotate the logs of a web server every night"
 APP_UID = 10001  # the image's `memrl` user
 
 
+def readme_docker_lines() -> tuple[list[str], list[str]]:
+    """The README's container commands: the build, and the run (its continuation lines joined)."""
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", README, re.S) if "docker/build.sh" in b]
+    build, run = block.replace("\\\n", " ").strip().splitlines()
+    return shlex.split(build.split("#")[0]), shlex.split(run.split("#")[0])
+
+
 @pytest.fixture(scope="module")
 def image(docker_engine: Any) -> Any:  # noqa: F811
-    """The image as ``make docker`` builds it: rebuilt here if its inputs changed since, else kept."""
+    """The image as the README's build line builds it, with no registry (as ``make docker`` does): rebuilt here if
+    its inputs changed since, else kept."""
+    build, _ = readme_docker_lines()
     built = subprocess.run(
-        [str(ROOT / "docker" / "build.sh"), "server"], cwd=ROOT, capture_output=True, text=True, timeout=1800
+        build, cwd=ROOT, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=1800
     )
     assert built.returncode == 0, built.stdout + built.stderr
     return docker_engine.images.get(IMAGE)
@@ -49,6 +64,19 @@ def test_the_image_runs_as_a_user_with_a_volume_and_a_health_check(image: Any) -
     assert config["User"] == "memrl" and "/data" in config["Volumes"]
     assert "/health" in " ".join(config["Healthcheck"]["Test"])
     assert "MEMRL_DATA_DIR=/data" in config["Env"]
+    server = json.loads((ROOT / "server.json").read_text())
+    assert config["Labels"]["io.modelcontextprotocol.server.name"] == server["name"]  # the registry's proof
+
+
+def test_the_readme_runs_this_image_on_an_engine_without_a_bridge() -> None:
+    """The README's run line: this image, on the host's network (no port can be published without a bridge), its
+    tokens from a mounted file; the test below runs it so, with a port of its own."""
+    build, run = readme_docker_lines()
+    assert build[:1] == ["docker/build.sh"] and set(build[1:]) == {"base", "server"}  # nothing pulled
+    assert run[:3] == ["docker", "run", "-d"] and run[-1] == IMAGE
+    assert run[run.index("--network") + 1] == "host" and "-p" not in run
+    assert run[run.index("-e") + 1] == "MEMRL_TOKENS_FILE=/run/secrets/tokens"
+    assert "$PWD/tokens.yaml:/run/secrets/tokens:ro" in run
 
 
 def test_without_a_token_it_refuses_to_serve_on_every_interface(docker_engine: Any, image: Any) -> None:  # noqa: F811

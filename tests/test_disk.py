@@ -168,7 +168,7 @@ def exported_ids(data_dir: Path, tmp_path: Path) -> list[str]:
 
 async def assert_served_read_only(data_dir: Path, tmp_path: Path, ids: list[str]) -> None:
     with anyio.fail_after(60):
-        env = {"MEMRL_READ_ONLY": "true", "TMPDIR": str(tmp_path)}
+        env = {"MEMRL_TOOL_PROFILE": "read_only", "TMPDIR": str(tmp_path)}
         async with Client(stdio_server(data_dir, **env)) as client:
             assert (await call(client, "memory_stats"))["memories"] == len(ids)
             found = await call(client, "search_experience", task=task_text(random.Random(0), 0))
@@ -189,7 +189,7 @@ async def test_a_restart_on_a_nearly_full_tmpfs_says_so_instead_of_dying_and_rea
         restart = run_cli("--data-dir", str(data_dir), env=child_env(), timeout=120)
         assert restart.returncode == 2, (restart.returncode, restart.stderr)
         assert "too little for the engine to map its files (a process opening it died of SIGBUS)" in restart.stderr
-        assert "MEMRL_READ_ONLY=true" in restart.stderr and "memrl-mcp export" in restart.stderr
+        assert "MEMRL_TOOL_PROFILE=read_only" in restart.stderr and "memrl-mcp export" in restart.stderr
 
         assert exported_ids(data_dir, tmp_path) == sorted(ids)  # the full disk is only read
         await assert_served_read_only(data_dir, tmp_path, ids)
@@ -248,7 +248,7 @@ async def test_a_restart_on_a_full_ext4_serves_reads_or_says_so_and_export_works
         assert free_mb(disk) == 0
         restart = run_cli("--data-dir", str(data_dir), env=child_env(), timeout=120)
         assert restart.returncode == 2, (restart.returncode, restart.stderr)
-        assert "its disk is full" in restart.stderr and "MEMRL_READ_ONLY=true" in restart.stderr
+        assert "its disk is full" in restart.stderr and "MEMRL_TOOL_PROFILE=read_only" in restart.stderr
         assert exported_ids(data_dir, tmp_path) == sorted(ids)  # "export still works" is now true
         await assert_served_read_only(data_dir, tmp_path, ids)
 

@@ -118,7 +118,8 @@ async def test_hostile_metadata_is_refused_everywhere_and_the_store_reopens_whol
         for name, metadata in {**HOSTILE_METADATA, **PYTHON_ONLY_METADATA}.items():
             with pytest.raises(MemoryRequestError, match=r"^metadata"):
                 service.store_experience(f"evil {name}", "x", metadata=metadata, access=EVERYTHING)
-            memory = deepest["memory"] | {"id": "0c9a3b8e-3d43-4f0e-8f4e-64f3f0a0e3b2"}
+            (stored,) = [m for m in service.memories() if m.id == deepest["id"]]  # with its times as floats
+            memory = stored.model_dump() | {"id": "0c9a3b8e-3d43-4f0e-8f4e-64f3f0a0e3b2"}
             with pytest.raises(MemoryRequestError, match=r"^metadata"):
                 service.restore([MemoryView.model_construct(**(memory | {"metadata": metadata}))])
         before = snapshot(service)

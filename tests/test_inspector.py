@@ -229,6 +229,18 @@ def test_a_server_without_tokens_answers_loopback_names_only(without_tokens: See
             assert http.get(path, headers={"Host": "evil.example.com"}).status_code == 421
 
 
+def test_the_page_opens_on_a_namespace_that_holds_memories(without_tokens: Seeded, with_tokens: Seeded) -> None:
+    """The default namespace (``default``) holds nothing here: the page opens on the fullest namespace instead, not
+    on an empty table; a caller whose default namespace holds memories opens on it."""
+    with httpx.Client(timeout=10) as http:
+        session = http.get(f"{without_tokens.base}/ui/api/session").json()
+        assert (session["default_namespace"], session["open_namespace"]) == ("default", "alice")
+        assert http.get(f"{without_tokens.base}/ui/api/stats?namespace=default").json()["memories"] == 0
+        for token, namespace in ((ALICE, "alice"), (BOB, "bob")):
+            session = http.get(f"{with_tokens.base}/ui/api/session", headers=auth(token)).json()
+            assert (session["default_namespace"], session["open_namespace"]) == (namespace, namespace)
+
+
 def test_no_cross_site_request_changes_anything(without_tokens: Seeded) -> None:
     """What another site's page could send to a loopback server without tokens: forms (POST, urlencoded or
     multipart or text/plain), and writes that say they come from elsewhere. None changes the memory."""
@@ -352,10 +364,10 @@ HOSTILE_EDITS = [  # (body, status, the refusal starts with)
     ('{"experience": "\\ud800"}', 400, "experience: Input should be a valid string"),
     ('{"experience": "x"', 400, "body: not JSON (Expecting ',' delimiter at character 18)"),
     ("", 400, "body: not JSON (Expecting value at character 0)"),
-    ("[1, 2]", 400, "body: Input should be a valid dictionary"),
-    ('"text"', 400, "body: Input should be a valid dictionary"),
-    ("null", 400, "body: Input should be a valid dictionary"),
-    ("5", 400, "body: Input should be a valid dictionary"),
+    ("[1, 2]", 400, "body: Input should be a JSON object"),
+    ('"text"', 400, "body: Input should be a JSON object"),
+    ("null", 400, "body: Input should be a JSON object"),
+    ("5", 400, "body: Input should be a JSON object"),
 ]
 HOSTILE_PREVIEWS = [
     ('{"task": ' + "[" * 100_000 + "]" * 100_000 + "}", 400, "task: JSON nested deeper than 8 levels"),

@@ -363,6 +363,22 @@ def test_learning_curves_of_harness_runs(page: Watched, server: Seeded, tmp_path
     page.clean()
 
 
+def test_the_page_opens_on_a_namespace_that_holds_memories(
+    page: Watched, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A server without tokens whose default namespace is empty: the page opens on the namespace holding the most
+    memories, and shows their times as dates (the API gives ISO 8601)."""
+    with seeded_server(tmp_path_factory.mktemp("empty-default"), tokens=False) as server:
+        p = page.page
+        p.goto(f"{server.base}/ui")
+        expect(p.locator("main h2")).to_have_text("Memories in alice")
+        expect(p.locator("#namespace")).to_have_value("alice")
+        expect(p.locator("#page-range")).to_have_text(f"1-25 of {len(VERBS) * len(OBJECTS)}")
+        updated = p.locator("#memories tbody tr td:nth-child(7)").all_inner_texts()
+        assert len(updated) == 25 and all(re.search(r"\d{4}", text) and "Invalid" not in text for text in updated)
+        page.clean()
+
+
 def test_another_sites_page_cannot_change_a_memory(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> None:
     """A loopback server without tokens, and a page of another site open in the same browser: its form posts
     and its scripts' requests reach the server at most, and change nothing."""

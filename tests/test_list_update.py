@@ -200,7 +200,7 @@ def test_the_benchmark_runs_at_a_tiny_size() -> None:
 
 
 async def test_list_is_a_lookup_and_update_a_write(embedder: Embedder, tmp_path: Path) -> None:
-    service = make_service(embedder, tmp_path / "data", read_only=True)
+    service = make_service(embedder, tmp_path / "data", tool_profile="read_only")
     try:
         async with Client(create_server(service)) as client:
             tools = {t.name: t for t in (await client.list_tools()).tools}
@@ -210,8 +210,9 @@ async def test_list_is_a_lookup_and_update_a_write(embedder: Embedder, tmp_path:
     assert tools["list_memories"].annotations.read_only_hint is True
     schema = tools["list_memories"].input_schema
     assert schema["additionalProperties"] is False
-    assert schema["properties"]["limit"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 100}
-    assert schema["properties"]["text"]["anyOf"][0]["maxLength"] == 200
+    limit = schema["properties"]["limit"]
+    assert (limit["type"], limit["minimum"], limit["maximum"]) == ("integer", 1, 100)
+    assert schema["properties"]["text"]["maxLength"] == 200
     assert schema["properties"]["sort"]["enum"] == ["q", "visits", "updated_at"]
 
 

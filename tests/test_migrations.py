@@ -18,7 +18,7 @@ from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.records import memory_payload
-from memrl_mcp.models import MemoryView
+from memrl_mcp.models import MemoryView, QEvent
 from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, new_id, open_store
@@ -136,7 +136,8 @@ async def test_a_version_1_store_gets_its_q_histories_as_text_and_they_go_on(
     finally:
         service.close()
     assert [e["q_after"] for e in history] == [0.25, pytest.approx(0.25 + 0.3 * 0.75)]
-    assert json.loads(stored_history()) == history
+    stored = [QEvent.model_validate(event).model_dump(mode="json") for event in json.loads(stored_history())]
+    assert stored == history  # the stored floats, with their times in ISO 8601 as every answer shows them
 
 
 def test_a_migration_killed_midway_completes_at_the_next_open(embedder: Embedder, tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from tests.conftest import call
 
 MOVED_TIME = 1795468687.2779167  # a time.time() the engine read back as 1795468687.277917 (a failed CI run)
 MOVED_SHARE = 0.18878891023282363  # read back as ...365
+KEPT_TIME = "2026-11-23T21:18:07.277916Z"  # what a tool and the next read show of MOVED_TIME: the kept float, in ISO
 POINT = "00000000-0000-4000-8000-000000000001"
 
 
@@ -77,7 +78,7 @@ def test_every_write_of_the_store_keeps_its_floats(tmp_path: Path, engine: str) 
 @pytest.fixture
 async def moved_clock_client(embedder: Embedder, tmp_path: Path, engine: str) -> AsyncIterator[Client]:
     """A server whose clock always reads a time the engine would move."""
-    settings = load_settings(data_dir=tmp_path / "data", embedded_engine=engine)
+    settings = load_settings(data_dir=tmp_path / "data", embedded_engine=engine, tool_profile="full")
     service = MemoryService.open(settings, embedder, clock=lambda: MOVED_TIME)
     try:
         async with Client(create_server(service)) as client:
@@ -97,7 +98,7 @@ async def test_what_a_tool_returns_is_what_the_next_read_shows(moved_clock_clien
     stored = await call(client, "store_experience", task=task, experience="rinse it", metadata={"w": MOVED_SHARE})
     read = await read_memory(client, stored["id"])
     assert {key: read[key] for key in stored["memory"]} == stored["memory"]
-    assert (read["created_at"], read["metadata"]) == (kept_float(MOVED_TIME), {"w": kept_float(MOVED_SHARE)})
+    assert (read["created_at"], read["metadata"]) == (KEPT_TIME, {"w": kept_float(MOVED_SHARE)})
 
     recall = await call(client, "recall_experience", task=task)
     report = await call(client, "report_outcome", recall_id=recall["recall_id"], reward=MOVED_SHARE)
@@ -120,4 +121,5 @@ async def test_what_a_tool_returns_is_what_the_next_read_shows(moved_clock_clien
     (change,) = [c for c in trajectory["changes"] if c["action"] == "take mug"]
     (encouraged,) = [a for a in advice["encouraged"] if a["action"] == "take mug"]
     assert action["q"] == change["q_after"] == encouraged["q"] == kept_float(MOVED_SHARE)
-    assert record["updated_at"] == kept_float(MOVED_TIME)
+    assert record["updated_at"] == KEPT_TIME
+    assert read["history"][-1]["at"] == KEPT_TIME

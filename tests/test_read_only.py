@@ -32,7 +32,7 @@ async def test_a_read_only_server_offers_no_tool_that_writes(embedder: Embedder,
         stored = await call(client, "store_experience", task="water the plants", experience="use the blue can")
     writer.close()
 
-    reader = make_service(embedder, tmp_path / "data", read_only=True)
+    reader = make_service(embedder, tmp_path / "data", tool_profile="read_only")
     try:
         async with Client(create_server(reader)) as client:
             names = {tool.name for tool in (await client.list_tools()).tools}
@@ -71,7 +71,7 @@ async def test_the_settings_resource_gives_the_effective_constants(embedder: Emb
     # The embedder's own thresholds, since none was set.
     profile = embedder.similarity
     assert (settings["delta"], settings["sim_mean"], settings["sim_std"]) == (profile.delta, profile.mean, profile.std)
-    assert settings["merge_threshold"] == profile.merge and settings["read_only"] is False
+    assert settings["merge_threshold"] == profile.merge and settings["tool_profile"] == "full"
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
@@ -110,7 +110,7 @@ async def test_a_read_only_server_changes_no_byte_of_the_store(embedder: Embedde
     memory_id = write_store_with_an_interrupted_report(embedder, data_dir, engine)
     before = snapshot(data_dir)
 
-    reader = make_service(embedder, data_dir, engine, read_only=True)
+    reader = make_service(embedder, data_dir, engine, tool_profile="read_only")
     try:
         async with Client(create_server(reader)) as client:
             found = await call(client, "search_experience", task="water the plants")
@@ -137,7 +137,7 @@ def test_a_read_only_open_of_a_store_a_server_holds_is_refused(embedder: Embedde
     writer = make_service(embedder, tmp_path / "data")
     try:
         with pytest.raises(StoreLockedError, match="already open in another process"):
-            make_service(embedder, tmp_path / "data", read_only=True)
+            make_service(embedder, tmp_path / "data", tool_profile="read_only")
     finally:
         writer.close()
 
@@ -153,10 +153,10 @@ async def test_a_store_on_a_read_only_volume_is_served_read_only_and_exported(
 
         refused_start = run_cli("--data-dir", str(data_dir), env=child_env())
         assert refused_start.returncode == 2, refused_start.stderr
-        assert "cannot be written" in refused_start.stderr and "MEMRL_READ_ONLY=true" in refused_start.stderr
+        assert "cannot be written" in refused_start.stderr and "MEMRL_TOOL_PROFILE=read_only" in refused_start.stderr
 
         with anyio.fail_after(DEADLINE_S):
-            async with Client(stdio_server(data_dir, MEMRL_READ_ONLY="true")) as client:
+            async with Client(stdio_server(data_dir, MEMRL_TOOL_PROFILE="read_only")) as client:
                 found = await call(client, "search_experience", task="water the plants")
                 assert [m["id"] for m in found["memories"]] == [memory_id]
                 assert (await call(client, "memory_stats"))["steps"] == 1
@@ -173,7 +173,7 @@ def test_a_read_only_server_refuses_a_store_that_needs_a_migration(embedder: Emb
     point = Point(new_id(), embedder.embed([TASKS[0]])[0], old_payload("team", TASKS[0]))
     write_old_store(data_dir, "edge", [point])
     before = snapshot(data_dir)
-    done = run_cli("--data-dir", str(data_dir), env=child_env(MEMRL_READ_ONLY="true"), timeout=120)
+    done = run_cli("--data-dir", str(data_dir), env=child_env(MEMRL_TOOL_PROFILE="read_only"), timeout=120)
     assert done.returncode == 2, done.stderr
     assert f"schema version 0 and needs a migration to version {SCHEMA_VERSION}" in done.stderr
     assert "bookkeeping (to version 1), history_as_text (to version 2)" in done.stderr

@@ -6,6 +6,7 @@ with the MCP SDK's own client, exactly as an agent would.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -51,8 +52,13 @@ def child_env(data_dir: Path | None = None, **variables: str) -> dict[str, str]:
     return env
 
 
+EVERY_TOOL = {"MEMRL_TOOL_PROFILE": "full"}
+"""The servers the tests spawn offer every tool, unless a test says otherwise (tests/test_agent_surface.py checks
+the default profile)."""
+
+
 def stdio_server(data_dir: Path, **variables: str) -> StdioServerParameters:
-    return StdioServerParameters(command=CLI[0], args=CLI[1:], env=child_env(data_dir, **variables))
+    return StdioServerParameters(command=CLI[0], args=CLI[1:], env=child_env(data_dir, **EVERY_TOOL | variables))
 
 
 def free_port() -> int:
@@ -79,7 +85,7 @@ def http_server(
     args = ["--transport", transport, "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [*CLI, *args], env=child_env(**variables), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            [*CLI, *args], env=child_env(**EVERY_TOOL | variables), stdin=subprocess.DEVNULL, stdout=log, stderr=log
         )
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -133,7 +139,7 @@ async def store_recall_report(client: Client) -> None:
     assert report["missing"] == []
     assert report["stored"] is None
 
-    stats = await call(client, "memory_stats")
+    stats = json.loads((await client.read_resource("memrl://stats")).contents[0].text)  # in every tool profile
     assert (stats["memories"], stats["visits"], stats["recalls_reported"], stats["recalls_pending"]) == (1, 1, 1, 0)
 
 
@@ -144,9 +150,8 @@ async def test_stdio_console_script_round_trip(tmp_path: Path) -> None:
     server = StdioServerParameters(command=str(script), args=["--data-dir", str(tmp_path / "data")], env=child_env())
     with anyio.fail_after(DEADLINE_S):
         async with Client(server) as client:
-            tools = await client.list_tools()
-            assert {tool.name for tool in tools.tools} == TOOLS
-            assert all(tool.output_schema is not None for tool in tools.tools)
+            tools = await client.list_tools()  # the default profile: the learning loop
+            assert [tool.name for tool in tools.tools] == ["recall_experience", "report_outcome", "store_experience"]
             await store_recall_report(client)
     # --data-dir, not the user's folder, holds the store.
     assert (tmp_path / "data" / "memrl" / "edge").is_dir()
@@ -264,7 +269,7 @@ def test_bad_environment_setting_is_refused(tmp_path: Path) -> None:
 
 def test_inconsistent_yaml_settings_are_refused(tmp_path: Path) -> None:
     config = tmp_path / "memrl.yaml"
-    config.write_text("k1: 3\nk2: 9\n")
+    config.write_text("retrieval:\n  k1: 3\n  k2: 9\n")
     result = run_cli("--config", str(config), env=child_env(tmp_path / "data"))
     assert result.returncode == 2
     assert "k2 (9) must not exceed k1 (3)" in result.stderr
@@ -273,9 +278,8 @@ def test_inconsistent_yaml_settings_are_refused(tmp_path: Path) -> None:
 
 def test_unknown_yaml_key_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "memrl.yaml"
-    config.write_text("k1: 3\nbogus_knob: 1\n")
+    config.write_text("retrieval:\n  k1: 3\n  bogus_knob: 1\n")
     result = run_cli("--config", str(config), env=child_env(tmp_path / "data"))
     assert result.returncode == 2
-    assert "bogus_knob" in result.stderr
-    assert "not permitted" in result.stderr
+    assert "retrieval.bogus_knob: no such setting in retrieval" in result.stderr
     assert not (tmp_path / "data").exists()

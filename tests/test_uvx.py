@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from mcp.client.stdio import stdio_client
 
 import memrl_mcp
 from memrl_harness.install import LLB_PACKAGES
+from memrl_mcp.settings import ECOSYSTEM_VARIABLES, GROUP_OF, TOOL_PROFILES, as_yaml, load_settings
 from tests.conftest import call
-from tests.test_transports import TOOLS, child_env
+from tests.test_transports import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -69,12 +71,14 @@ async def drive_as_claude_desktop(command: str, args: list[str], env: dict[str, 
     with anyio.fail_after(300), (cwd / "stderr.log").open("w") as log:  # a first uvx start fills uv's cache
         async with Client(stdio_client(server, errlog=log)) as client:
             assert client.server_info.version == memrl_mcp.__version__
-            assert {tool.name for tool in (await client.list_tools()).tools} == TOOLS
+            tools = (await client.list_tools()).tools  # the default profile: the learning loop
+            assert [tool.name for tool in tools] == list(TOOL_PROFILES["core"])
             task = "Parse an ISO 8601 date and print the weekday"
             await call(client, "store_experience", task=task, experience="datetime.fromisoformat, then strftime('%A')")
             recalled = await call(client, "recall_experience", task=task)
             assert [m["task"] for m in recalled["memories"]] == [task]
-            assert (await call(client, "memory_stats", namespace="desktop"))["memories"] == 1
+            stats = json.loads((await client.read_resource("memrl://stats/desktop")).contents[0].text)
+            assert stats["memories"] == 1
     # Quiet by default: the client shows this to its user; one line at start, none per call.
     stderr = (cwd / "stderr.log").read_text()
     assert "memory open" in stderr
@@ -164,14 +168,40 @@ def test_an_installed_harness_tells_how_to_install_what_is_missing(wheel: Path, 
         assert "Traceback" not in done.stderr
 
 
-def test_server_json_matches_the_package() -> None:
+def test_server_json_matches_the_package_and_the_image() -> None:
+    """The registry entry as a client would use it: the PyPI package started by uvx over stdio, and the container
+    image over streamable HTTP, each with variables the server knows and values it takes."""
     server = json.loads((ROOT / "server.json").read_text())
-    (package,) = server["packages"]
-    assert server["version"] == package["version"] == memrl_mcp.__version__
-    assert package["registryType"] == "pypi"
-    assert package["identifier"] == "memrl-mcp"
-    assert package["transport"] == {"type": "stdio"}
+    pypi, oci = server["packages"]
+    assert server["version"] == pypi["version"] == memrl_mcp.__version__
+    assert (pypi["registryType"], pypi["identifier"], pypi["runtimeHint"]) == ("pypi", "memrl-mcp", "uvx")
+    assert pypi["transport"] == {"type": "stdio"}
     assert f"<!-- mcp-name: {server['name']} " in README  # the registry's proof that the PyPI package is ours
     assert server["repository"]["url"] == GIT_SOURCE.removeprefix("git+")
-    documented = {variable["name"] for variable in package["environmentVariables"]}
+    assert (oci["registryType"], oci["runtimeHint"]) == ("oci", "docker")
+    assert oci["identifier"] == f"ghcr.io/{server['name'].removeprefix('io.github.')}:{memrl_mcp.__version__}"
+    dockerfile = (ROOT / "docker" / "server" / "Dockerfile").read_text()
+    assert f'LABEL io.modelcontextprotocol.server.name="{server["name"]}"' in dockerfile  # the registry's proof
+    port = re.search(r"MEMRL_PORT=(\d+)", dockerfile).group(1)  # type: ignore[union-attr]
+    assert oci["transport"] == {"type": "streamable-http", "url": f"http://localhost:{port}/mcp"}
+    known = {f"MEMRL_{name.upper()}" for name in GROUP_OF} | set(ECOSYSTEM_VARIABLES.values())
+    for package in (pypi, oci):
+        for variable in package["environmentVariables"]:
+            assert variable["name"] in known, variable
+            for choice in variable.get("choices", []):
+                load_settings(environ={variable["name"]: choice})  # a value the server takes
+    documented = {variable["name"] for variable in pypi["environmentVariables"]}
     assert documented <= set(re.findall(r"`(MEMRL_[A-Z_]+|QDRANT_[A-Z_]+|COLLECTION_NAME)`", README))
+
+
+def test_the_wheel_ships_the_annotated_defaults_and_the_data_guide(wheel: Path) -> None:
+    """From an installed wheel: `memrl-mcp config --defaults` prints the annotated defaults the wheel carries, and
+    `memrl-harness data` the benchmark data guide."""
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("memrl_mcp/defaults.yaml").decode() == as_yaml()
+        assert archive.read("memrl_harness/benchmark-data.md") == (ROOT / "docs" / "benchmark-data.md").read_bytes()
+    defaults = uvx(wheel, "memrl-mcp", "config", "--defaults")
+    assert defaults.returncode == 0 and defaults.stdout == as_yaml(), defaults.stderr
+    guide = uvx(wheel, "memrl-harness", "data", extra="harness")
+    assert guide.returncode == 0, guide.stderr
+    assert guide.stdout.endswith((ROOT / "docs" / "benchmark-data.md").read_text() + "\n")

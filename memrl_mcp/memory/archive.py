@@ -37,6 +37,7 @@ from memrl_mcp.memory.service import RESTORE_BATCH, MemoryService
 from memrl_mcp.models import MemoryView, StepRecordView
 from memrl_mcp.settings import Settings
 from memrl_mcp.storage.files import write_atomically
+from memrl_mcp.validation import plain_error
 
 Record = MemoryView | StepRecordView
 KINDS: dict[str, type[MemoryView] | type[StepRecordView]] = {"memory": MemoryView, "step": StepRecordView}
@@ -201,9 +202,7 @@ def parse_record(text: str) -> Record:
     except ValidationError as error:
         by_field: dict[str, str] = {}
         for e in error.errors():
-            first, *rest = e["loc"]
-            where = f"{first}" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in rest)
-            by_field.setdefault(str(first), f"{where}: {e['msg']}, got {reprlib.repr(e['input'])}")
+            by_field.setdefault(str(e["loc"][0]), plain_error(e))
         raise BackupError("; ".join(by_field.values())) from None
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
@@ -42,7 +43,7 @@ from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import EffectiveSettings, MemoryDetail, PoolCandidate, RecallQuery
 from memrl_mcp.serving.auth import TokenTable, caller, is_loopback
-from memrl_mcp.validation import MAX_METADATA_DEPTH, Outcome, SortKey
+from memrl_mcp.validation import MAX_METADATA_DEPTH, Outcome, SortKey, plain_error
 
 PREFIX = "/ui"
 ASSETS = {
@@ -150,6 +151,10 @@ class Session(BaseModel):
 
     namespaces: list[str] = Field(description="The namespaces the caller may see that exist (or are its token's).")
     default_namespace: str
+    open_namespace: str = Field(
+        description="The namespace the page opens on: the default one, or, when it holds no memory, the caller's "
+        "namespace holding the most (an empty page would say nothing of a memory that holds some)."
+    )
     every_namespace: bool = Field(description="The caller may use any namespace (a local caller, or a '*' token).")
     tokens: bool = Field(description="The server requires bearer tokens.")
     read_only: bool
@@ -160,15 +165,18 @@ class Session(BaseModel):
 
 def session_of(service: MemoryService, access: Access, tokens: bool) -> Session:
     """A token's own namespaces; for a caller who may use every namespace, the ones holding memories (one pass
-    over the store: the page asks once per visit)."""
+    over the store: the page asks once per visit). Each one's memories are counted, the caller's own only, to open
+    the page on one that holds some."""
     if access.namespaces is not None:
-        names = set(access.namespaces)
+        held = Counter({name: service.stats(name, access=access).memories for name in access.namespaces})
     else:
-        names = {memory.namespace for memory in service.memories()}
+        held = Counter(memory.namespace for memory in service.memories())
     default = access.default or service.settings.namespaces.namespace
+    fullest = min(held, key=lambda name: (-held[name], name), default=default)
     return Session(
-        namespaces=sorted(names | {default}),
+        namespaces=sorted(set(held) | {default}),
         default_namespace=default,
+        open_namespace=default if held[default] or not held[fullest] else fullest,
         every_namespace=access.namespaces is None,
         tokens=tokens,
         read_only=service.settings.serving.read_only,
@@ -223,8 +231,7 @@ def _typed(model: type[Any], data: Any) -> Any:
 def _bad_request(error: ValidationError) -> Refusal:
     """The first problem, named by its field."""
     first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "body"
-    return Refusal(400, "bad_request", f"{field}: {first['msg']}")
+    return Refusal(400, "bad_request", plain_error(first, "" if first["loc"] else "body"))
 
 
 def _json(model: BaseModel | dict[str, Any], status: int = 200) -> Response:

@@ -20,25 +20,38 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import iso_time
 
 CALLS_LOGGER = "memrl_mcp.calls"
 log = logging.getLogger(CALLS_LOGGER)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 Status = Literal["ok", "refused", "error"]
 _RECORD_FIELDS = set(vars(logging.makeLogRecord({})))
+_NOT_LOGGED = {"message", "color_message"}
+
+
+class Text(logging.Formatter):
+    """A log record as one line of text, its time in ISO 8601 (UTC) like the JSON lines'."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return iso_time(record.created)
 
 
 class JsonLines(logging.Formatter):
-    """A log record as one JSON object: time, level, logger, message, and any ``extra`` fields."""
+    """A log record as one JSON object: time (ISO 8601, UTC), level, logger, message, and any ``extra`` fields but
+    uvicorn's ``color_message``: the message again, with terminal colour codes, for its own coloured formatter."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": round(record.created, 6),
+            "time": iso_time(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
-        entry.update({k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS and k != "message"})
+        entry.update({k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS and k not in _NOT_LOGGED})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
@@ -51,7 +64,7 @@ def configure_logging(log_format: Literal["json", "text"], log_calls: bool = Tru
     if log_format == "json":
         handler.setFormatter(JsonLines())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(Text())
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     logging.getLogger(CALLS_LOGGER).setLevel(logging.INFO if log_calls else logging.WARNING)
 

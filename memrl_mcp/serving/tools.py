@@ -9,17 +9,19 @@ token's first one, else one derived from the client's project root (:mod:`memrl_
 import dataclasses
 import functools
 import inspect
+import re
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Self, TypeVar
 
 import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -44,10 +46,10 @@ from memrl_mcp.serving import inspector
 from memrl_mcp.serving.auth import TokenTable, caller
 from memrl_mcp.serving.observability import Metrics
 from memrl_mcp.serving.roots import roots_namespace
+from memrl_mcp.settings import TOOL_PROFILES, LearningSettings
 from memrl_mcp.validation import (
     MAX_EPISODE_ID_CHARS,
     MAX_METADATA_DEPTH,
-    MAX_METADATA_KEY_CHARS,
     CandidateCount,
     NamespaceName,
     Outcome,
@@ -55,31 +57,55 @@ from memrl_mcp.validation import (
     Similarity,
     SortKey,
     TextQuery,
+    plain_error,
 )
 
 R = TypeVar("R")
 
-INSTRUCTIONS = """\
-An episodic memory that learns which past experiences actually help (MemRL).
-Loop for every task: recall_experience(task) -> act, following the successful memories and avoiding
-the mistakes of the failed ones -> report_outcome(recall_id, reward, experience) with the reward and a
-short experience of this attempt (on success: 3-5 high-level steps that worked; on failure: what went
-wrong and what to avoid). Rewards teach the memory which experiences to hand out next time.
-For multi-step tasks (a game, a shell session, a database session), also ask recall_step_advice(task,
-observation) at each step for encouraged and discouraged actions, and at the end report_trajectory(task, steps,
-episode_id) with every (observation, action, reward): it learns which step helped and which went wrong."""
-
 Namespace = Annotated[
     NamespaceName | None, Field(description="Memory namespace (one per project or agent); default: the server's.")
 ]
-K1 = Annotated[CandidateCount | None, Field(description="Phase A: candidates by similarity (default: server's).")]
-K2 = Annotated[CandidateCount | None, Field(description="Phase B: memories returned, <= k1 (default: server's).")]
-Lambda = Annotated[QWeight | None, Field(description="lambda: 0 = similarity only (RAG), 1 = utility only.")]
-Delta = Annotated[Similarity | None, Field(description="Minimum cosine similarity for Phase A.")]
 STRICT = ConfigDict(strict=True, extra="forbid")
-
-
 TOKEN_REQUIRED = "authorization: a valid bearer token is required"
+SCHEMA_BRANCHES = ("properties", "$defs")
+"""Keywords of a JSON schema whose value maps names to schemas (a property may be called ``title``)."""
+
+
+def instructions(profile: str, learning: LearningSettings) -> str:
+    """The server's instructions (a client may hand them to its model): the loop of the tools ``profile`` offers."""
+    low, high, neutral = learning.reward_min, learning.reward_max, (learning.reward_min + learning.reward_max) / 2
+    if profile == "read_only":
+        return (
+            "A read-only episodic memory of past experiences: nothing you do changes it. At the start of a task, "
+            "search_experience(task) finds experiences of similar tasks: follow the successes, avoid the mistakes "
+            "of the failures. recall_step_advice(task, observation) advises on a step of a task of many steps; "
+            "list_memories and memory_stats browse the memory."
+        )
+    text = (
+        "An episodic memory that learns which past experiences help. For every task: call recall_experience(task) "
+        "first; follow the successful memories and avoid the mistakes of the failed ones; when the task is over, "
+        f"call report_outcome(recall_id, reward, experience) once. Reward: {high:g} success, {low:g} failure, "
+        f"{neutral:g} no clear outcome; in a chat, ask the user or infer it from their reaction. Experience: on "
+        "success 3-5 steps that worked, on failure what went wrong and what to avoid. store_experience keeps a "
+        "lesson that no recall led to."
+    )
+    if profile in ("steps", "full"):
+        text += (
+            "\nFor a task of many steps (a game, a shell or database session), also call recall_step_advice(task, "
+            "observation) at each step, and report_trajectory(task, steps, episode_id) once at the end."
+        )
+    if profile == "full":
+        text += (
+            "\nsearch_experience looks up without learning; list_memories, update_memory, forget_experience and "
+            "memory_stats curate the memory."
+        )
+    return text
+
+
+def paragraphs(docstring: str) -> str:
+    """A docstring as a tool description: without the source's indentation and line breaks (one line per
+    paragraph), as a model reads a description and a client shows it."""
+    return re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(docstring))
 
 
 def _served(
@@ -116,24 +142,81 @@ def _served(
     return served
 
 
-def strict_tool(fn: Callable[..., object], annotations: ToolAnnotations) -> Tool:
-    """A tool whose arguments are checked strictly: the SDK builds its argument model from the signature in
-    pydantic's lax mode ("0.5" passes as a number, true as an integer) and ignores unknown arguments, so a
-    client's typo would go unnoticed. The same model in strict mode and closed to extra arguments replaces it,
-    and the input schema says so (``additionalProperties: false``)."""
-    tool = Tool.from_function(fn, annotations=annotations)
-    lax = tool.fn_metadata.arg_model
-    strict = type(lax.__name__, (lax,), {"model_config": STRICT, "__module__": __name__})
-    metadata = tool.fn_metadata.model_copy(update={"arg_model": strict})
-    return tool.model_copy(update={"fn_metadata": metadata, "parameters": strict.model_json_schema(by_alias=True)})
+class MemoryTool(Tool):
+    """A tool as this server lists and runs it.
+
+    - Its arguments are checked strictly: the SDK builds the argument model from the signature in pydantic's lax
+      mode ("0.5" passes as a number, true as an integer) and ignores unknown arguments, so a client's typo would go
+      unnoticed; :meth:`strict` closes it, and the input schema says so (``additionalProperties: false``).
+    - A refused argument is named in plain words with its limit (:func:`~memrl_mcp.validation.plain_error`), not in
+      pydantic's report (its model's name, ``[type=..., input_value=...]``, a link to its documentation).
+    - Its input schema is compact (:func:`compact_schema`) and it lists no output schema: the result is still
+      structured content of a known shape, documented in docs/tools.md. The output schemas were three fifths of
+      what every turn of an agent paid for the tool list (docs/tools.md has the figures); an agent reads the
+      result's field names, and a client validating results would also refuse the ISO 8601 times of the JSON (the
+      schemas pydantic derives describe the Python side's floats).
+    """
+
+    @classmethod
+    def strict(cls, fn: Callable[..., object], title: str, description: str, annotations: ToolAnnotations) -> Self:
+        tool = cls.from_function(fn, title=title, description=description, annotations=annotations)
+        lax = tool.fn_metadata.arg_model
+        strict = type(lax.__name__, (lax,), {"model_config": STRICT, "__module__": __name__})
+        metadata = tool.fn_metadata.model_copy(update={"arg_model": strict})
+        schema = compact_schema(strict.model_json_schema(by_alias=True))
+        return tool.model_copy(update={"fn_metadata": metadata, "parameters": schema})
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:  # type: ignore[override]
+        return None
+
+    async def run(self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False) -> Any:
+        try:
+            return await super().run(arguments, context, convert_result)
+        except ToolError as error:  # the SDK's, around the arguments' ValidationError; not a crash (Unexpected...)
+            cause = error.__cause__
+            if isinstance(error, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                raise
+            problems = "; ".join(self._plain(problem) for problem in cause.errors())
+            raise ToolError(f"Error executing tool {self.name}: {problems}") from cause
+
+    def _plain(self, problem: ErrorDetails) -> str:
+        if problem["type"] == "extra_forbidden" and len(problem["loc"]) == 1:
+            known = ", ".join(self.parameters["properties"])
+            return f"{problem['loc'][0]}: no such argument ({self.name} takes {known})"
+        return plain_error(problem)
+
+
+def compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A JSON schema without what tells a model nothing, every bound kept: the titles pydantic derives from the
+    names (``"title": "Recall Id"``), and the ``null`` branch and ``null`` default of an optional argument (omit it;
+    the tool still takes an explicit null): a quarter of the input schemas (docs/tools.md has the figures)."""
+    compact = {key: value for key, value in schema.items() if key != "title"}
+    variants = compact.get("anyOf")
+    if isinstance(variants, list) and {"type": "null"} in variants and len(variants) == 2:
+        (kept,) = [variant for variant in variants if variant != {"type": "null"}]
+        del compact["anyOf"]
+        compact = {**kept, **compact}
+        if compact.get("default", ...) is None:
+            del compact["default"]
+    for key, value in compact.items():
+        if key in SCHEMA_BRANCHES and isinstance(value, dict):
+            compact[key] = {name: compact_schema(branch) for name, branch in value.items()}
+        elif isinstance(value, dict):
+            compact[key] = compact_schema(value)
+        elif isinstance(value, list):
+            compact[key] = [compact_schema(item) if isinstance(item, dict) else item for item in value]
+    return compact
 
 
 def create_server(service: MemoryService, tokens: TokenTable | None = None) -> MCPServer:
     """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one. The caller owns
-    the service and closes it."""
+    the service and closes it. It offers the tools of the ``tool_profile`` setting."""
     settings, rules = service.settings, service.limits
-    limits, learning = settings.limits, settings.learning
+    limits, learning, retrieval = settings.limits, settings.learning, settings.retrieval
+    serving = settings.serving
     metrics = Metrics(service)
+    low, high = learning.reward_min, learning.reward_max
     Task = Annotated[
         rules.task.type,
         Field(description=f"The task at hand, in plain words (max {limits.max_task_chars} characters)."),
@@ -141,10 +224,29 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
     Metadata = Annotated[
         rules.metadata.type | None,
         Field(
-            description="Free JSON object kept with the memory (benchmark, task id...): at most "
-            f"{limits.max_metadata_chars} characters as JSON, {MAX_METADATA_DEPTH} levels deep, keys of at most "
-            f"{MAX_METADATA_KEY_CHARS} characters, finite numbers, integers within +-2^53."
+            description="Labels kept with the memory (benchmark, task id...): a JSON object of at most "
+            f"{limits.max_metadata_chars} characters, {MAX_METADATA_DEPTH} levels deep."
         ),
+    ]
+    Reward = Annotated[
+        rules.reward.type,
+        Field(
+            description=f"How the task went, in [{low:g}, {high:g}]: {high:g} success; {low:g} failure (or the "
+            f"memories misled you); {(low + high) / 2:g} no clear outcome (partly done, no sign either way), which "
+            "still pulls the recalled memories toward neutral. In a chat, where you cannot check success yourself, "
+            "ask the user, or infer it from their reaction: thanks or moving on is a success; a correction, a "
+            "complaint or the same request again is a failure."
+        ),
+    ]
+    K1 = Annotated[CandidateCount | None, Field(description=f"Similar memories considered (default {retrieval.k1}).")]
+    K2 = Annotated[CandidateCount | None, Field(description=f"Memories returned, at most k1 (default {retrieval.k2}).")]
+    QWeightArgument = Annotated[
+        QWeight | None,
+        Field(description=f"0 ranks by similarity only, 1 by past usefulness only (default {retrieval.q_weight:g})."),
+    ]
+    Delta = Annotated[
+        Similarity | None,
+        Field(description=f"Lowest task similarity a memory needs (default {service.scale.delta:.2f})."),
     ]
 
     from_roots = settings.namespaces.namespace_from_roots and not settings.is_set("namespace")
@@ -172,17 +274,15 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         namespace: Namespace = None,
         k1: K1 = None,
         k2: K2 = None,
-        q_weight: Lambda = None,
+        q_weight: QWeightArgument = None,
         delta: Delta = None,
         *,
         access: Access,
     ) -> RecallResult:
-        """Recall the past experiences most likely to help with this task.
-
-        Phase A takes the k1 memories whose task is most similar (similarity >= delta); Phase B
-        re-ranks them by (1 - lambda) z(similarity) + lambda z(learned utility Q) and returns the top k2.
-        Successful memories are examples to follow; failed ones are mistakes to avoid. No memory is a
-        valid answer. Always report the episode's reward with the returned recall_id."""
+        """Call at the start of every task, before acting. Returns past experiences of similar tasks, best first
+        (ranked by similarity and by how much each helped before), and a recall_id. Follow the procedures of the
+        successes; avoid what the failures warn about. No memory is a valid answer (a new kind of task). When the
+        task is over, call report_outcome with the recall_id, once."""
         return service.recall(RecallQuery(task, namespace, k1, k2, q_weight, delta), access=access)
 
     def search_experience(
@@ -190,39 +290,36 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         namespace: Namespace = None,
         k1: K1 = None,
         k2: K2 = None,
-        q_weight: Lambda = None,
+        q_weight: QWeightArgument = None,
         delta: Delta = None,
         *,
         access: Access,
     ) -> SearchResult:
-        """Look memories up like recall_experience, without a recall: nothing is logged and there is nothing to
-        report, so no utility Q will learn from this use. For browsing, or a retrieval-only baseline; an agent
-        that will learn the outcome should call recall_experience instead."""
+        """Look memories up like recall_experience, without a recall: nothing is logged, there is nothing to
+        report, and nothing learns from this use. For browsing, or a retrieval-only baseline; an agent working on
+        a task calls recall_experience instead."""
         return service.search(RecallQuery(task, namespace, k1, k2, q_weight, delta), access=access)
 
     def report_outcome(
         recall_id: Annotated[str, Field(description="The recall_id that recall_experience returned.")],
-        reward: Annotated[
-            rules.reward.type,
-            Field(description=f"Episode reward in [{learning.reward_min:g}, {learning.reward_max:g}] (success high)."),
-        ],
+        reward: Reward,
         experience: Annotated[
             rules.experience.type | None,
             Field(
-                description="What to remember from this episode: on success a short procedure (3-5 steps), "
-                f"on failure a reflection on what to avoid (max {limits.max_experience_chars} characters)."
+                description="What to remember from this task: on success 3-5 short steps that worked; on failure "
+                f"what went wrong and what to avoid (max {limits.max_experience_chars} characters)."
             ),
         ] = None,
         outcome: Annotated[
-            Outcome | None, Field(description="success or failure; default: success when reward > 0.")
+            Outcome | None, Field(description="success or failure; default: success when the reward is above 0.")
         ] = None,
         metadata: Metadata = None,
         *,
         access: Access,
     ) -> ReportResult:
-        """Report how the episode went: moves the utility Q of exactly the memories that recall returned
-        toward the reward (Q <- Q + alpha (R - Q)), and stores the new experience keyed by the recalled task.
-        Each recall is reported once."""
+        """Call once when the task is over (done, failed or abandoned), with the recall_id of recall_experience.
+        The reward teaches the memory which of the recalled experiences help; the experience is kept as a new
+        memory for the next similar task."""
         return service.report(recall_id, reward, experience, outcome, metadata, access=access)
 
     def recall_step_advice(
@@ -230,21 +327,21 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         observation: Annotated[
             rules.observation.type,
             Field(
-                description="What the agent sees now (max "
+                description="What you see now (max "
                 f"{limits.max_observation_chars} characters; the head and tail of a long one are matched)."
             ),
         ],
         namespace: Namespace = None,
         k: Annotated[
-            CandidateCount | None, Field(description=f"Step records to match (default {settings.steps.step_k}).")
+            CandidateCount | None,
+            Field(description=f"Remembered steps to match (default {settings.steps.step_k})."),
         ] = None,
         *,
         access: Access,
     ) -> StepAdviceResult:
-        """Action advice for the current step of a multi-step task, from steps remembered in similar situations
-        (same kind of task, similar observation): encouraged actions (they led to reward) and discouraged ones
-        (they did not). Read-only; call it at every step, and report the whole trajectory at the end with
-        report_trajectory so that the advice improves."""
+        """For a task of many steps (a game, a shell or database session): call at each step with what you see
+        now. Returns the actions that led to success in similar situations (encouraged) and those that did not
+        (discouraged). Read-only. At the end of the episode, report every step with report_trajectory."""
         return service.recall_step_advice(task, observation, namespace, k, access=access)
 
     def report_trajectory(
@@ -253,7 +350,8 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
             rules.steps.type,
             Field(
                 description=f"Every step of the episode in order, at most {limits.max_trajectory_steps}: "
-                "{observation, action, reward}; the last step's reward is the episode's final reward."
+                "{observation, action, reward}. A step's reward is what followed it at once, usually 0; the last "
+                f"one's is the episode's ({high:g} success, {low:g} failure, as in report_outcome)."
             ),
         ],
         episode_id: Annotated[
@@ -270,16 +368,15 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
             str | None,
             Field(
                 max_length=36,
-                description="The recall_id of recall_experience for this episode, if any: its report_outcome is "
-                "applied too, with the last step's reward.",
+                description="The recall_id of recall_experience for this episode, if any: it is reported too, "
+                "with the last step's reward.",
             ),
         ] = None,
         *,
         access: Access,
     ) -> TrajectoryResult:
-        """Report a finished multi-step episode: each step's Q(task, observation, action) moves toward its n-step
-        target (the discounted rewards that followed it, plus the value of where it led), so that later advice
-        encourages the steps that led to success and discourages the ones that did not. Once per episode_id."""
+        """Call once at the end of a task of many steps, with every step: the step memory learns which actions led
+        to success and which went wrong, and recall_step_advice will say so."""
         return service.report_trajectory(task, steps, episode_id, namespace, recall_id, access=access)
 
     def store_experience(
@@ -292,27 +389,25 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         ],
         namespace: Namespace = None,
         outcome: Annotated[Outcome, Field(description="success (to follow) or failure (to avoid).")] = "success",
-        q: Annotated[
-            rules.reward.type | None, Field(description="Initial utility; default: the server's Q_init.")
-        ] = None,
+        q: Annotated[rules.reward.type | None, Field(description="Initial usefulness; default: the server's.")] = None,
         metadata: Metadata = None,
         *,
         access: Access,
     ) -> StoreResult:
-        """Add a memory directly (seeding, imports). A near-duplicate task with the same outcome in the
-        same namespace does not create a twin: the existing memory takes the new experience and keeps
-        its learned Q."""
+        """Keep a lesson that no recall led to: something the user asks you to remember, or a procedure learned
+        outside a task. After a recalled task, report_outcome stores its experience and also teaches the memory.
+        A near-duplicate task with the same outcome updates that memory instead of adding a twin."""
         return service.store_experience(task, experience, namespace, outcome, q, metadata, access=access)
 
     def forget_experience(
         memory_id: Annotated[str | None, Field(description="Delete this one memory.")] = None,
         namespace: Annotated[
-            NamespaceName | None, Field(description="Delete every memory and recall of this namespace.")
+            NamespaceName | None, Field(description="Delete every memory, recall and step of this namespace.")
         ] = None,
         *,
         access: Access,
     ) -> ForgetResult:
-        """Delete one memory by id, or all of a namespace. Give exactly one of the two."""
+        """Delete one memory by id, or all of a namespace (give exactly one of the two). It cannot be undone."""
         return service.forget(memory_id, namespace, access=access)
 
     def memory_stats(
@@ -320,19 +415,20 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         *,
         access: Access,
     ) -> Stats:
-        """Counts, the distribution of learned utility Q, and recalls pending and reported."""
+        """Counts of memories (successes, failures), the spread of their learned usefulness q, rewards received,
+        recalls pending and reported, step records."""
         return service.stats(namespace, access=access)
 
     def list_memories(
         namespace: Namespace = None,
         outcome: Annotated[Outcome | None, Field(description="Only successes, or only failures.")] = None,
-        q_min: Annotated[rules.reward.type | None, Field(description="Only memories with Q >= q_min.")] = None,
-        q_max: Annotated[rules.reward.type | None, Field(description="Only memories with Q <= q_max.")] = None,
+        q_min: Annotated[rules.reward.type | None, Field(description="Only memories with q >= q_min.")] = None,
+        q_max: Annotated[rules.reward.type | None, Field(description="Only memories with q <= q_max.")] = None,
         text: Annotated[
             TextQuery | None,
             Field(description="Only memories whose task or experience holds every word of this text (any case)."),
         ] = None,
-        sort: Annotated[SortKey, Field(description="q (learned utility), visits, or updated_at.")] = "updated_at",
+        sort: Annotated[SortKey, Field(description="q (learned usefulness), visits, or updated_at.")] = "updated_at",
         descending: Annotated[bool, Field(description="Highest first (default).")] = True,
         limit: Annotated[
             rules.page.type | None, Field(description=f"Memories per page (default 20, max {limits.max_list_page}).")
@@ -343,8 +439,8 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         *,
         access: Access,
     ) -> MemoryPage:
-        """List what the memory holds, a page at a time: each memory's task, experience, outcome, learned
-        utility Q, visits, last reward and merges. To read one memory's Q history, read the resource
+        """Page through what the memory holds: each memory's task, experience, outcome, learned usefulness q
+        (the reward it brought on average), visits and last reward. One memory's history of q is the resource
         memrl://memories/{id}."""
         return service.list_memories(
             namespace, outcome, q_min, q_max, text, sort, descending, limit, cursor, access=access
@@ -359,47 +455,49 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         metadata: Metadata = None,
         reset_q: Annotated[
             bool,
-            Field(
-                description="Forget what was learned: Q back to Q_init and visits to 0 (kept in its history). "
-                "Q and visits are otherwise learned from rewards, never set."
-            ),
+            Field(description="Forget what was learned: q back to its initial value and visits to 0."),
         ] = False,
         *,
         access: Access,
     ) -> MemoryDetail:
-        """Correct a memory: replace its experience and/or its metadata (the same limits as store_experience).
-        Its task, outcome, Q and visits stay, unless reset_q forgets what was learned."""
+        """Correct a memory: replace its experience and/or its metadata (the limits of store_experience). Its task,
+        outcome, q and visits stay, unless reset_q forgets what was learned."""
         return service.update_memory(memory_id, experience, metadata, reset_q, access=access)
-
-    def tool(fn: Callable[..., object], annotations: ToolAnnotations) -> Tool:
-        return strict_tool(_served(fn, identify, metrics), annotations)
 
     writes = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    destroys = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False)
+    retried = writes.model_copy(update={"idempotent_hint": True})
+    every_tool = {
+        "recall_experience": (recall_experience, "Recall past experience", writes),
+        "report_outcome": (report_outcome, "Report a task's outcome", writes),
+        "store_experience": (store_experience, "Store an experience", retried),
+        "recall_step_advice": (recall_step_advice, "Advice for this step", reads),
+        "report_trajectory": (report_trajectory, "Report a task of many steps", retried),
+        "search_experience": (search_experience, "Search memories without learning", reads),
+        "list_memories": (list_memories, "List memories", reads),
+        "update_memory": (update_memory, "Correct a memory", writes.model_copy(update={"destructive_hint": True})),
+        "forget_experience": (forget_experience, "Forget memories", destroys),
+        "memory_stats": (memory_stats, "Memory statistics", reads),
+    }
+    assert set(every_tool) == set(TOOL_PROFILES["full"]), "a tool is missing from the full profile"
     tools = [
-        tool(recall_experience, writes),
-        tool(search_experience, reads),
-        tool(report_outcome, writes),
-        tool(store_experience, writes.model_copy(update={"idempotent_hint": True})),
-        tool(recall_step_advice, reads),
-        tool(report_trajectory, writes.model_copy(update={"idempotent_hint": True})),
-        tool(
-            forget_experience,
-            ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
-        ),
-        tool(memory_stats, reads),
-        tool(list_memories, reads),
-        tool(update_memory, writes.model_copy(update={"destructive_hint": True})),
+        MemoryTool.strict(
+            _served(fn, identify, metrics),
+            title,
+            serving.tool_descriptions.get(name) or paragraphs(fn.__doc__ or ""),
+            annotations,
+        )
+        for name, (fn, title, annotations) in every_tool.items()
+        if name in TOOL_PROFILES[serving.tool_profile]
     ]
-    if settings.serving.read_only:  # a frozen memory: the tools that would change it are not offered at all
-        tools = [tool for tool in tools if tool.annotations is not None and tool.annotations.read_only_hint]
     auth = None
     if tokens is not None:
         # Static bearer tokens: no OAuth authorization server and no metadata routes, only verification.
         auth = AuthSettings(issuer_url="http://127.0.0.1", resource_server_url=None)
     server = MCPServer(
         name="memrl-mcp",
-        instructions=INSTRUCTIONS,
+        instructions=instructions(serving.tool_profile, learning),
         version=__version__,
         token_verifier=tokens,
         auth=auth,
@@ -447,14 +545,22 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
 
     @server.prompt(title="Learn from experience", description="Teaches the recall -> act -> report loop.")
     def memory_loop(task: str) -> str:
-        return (
-            f"{INSTRUCTIONS}\n\nTask: {task}\n\n"
-            "1. Call recall_experience with this task. Keep the recall_id.\n"
-            "2. Read the memories: follow the procedures of successes; avoid what the failures warn about.\n"
-            "3. Do the task.\n"
-            "4. Call report_outcome with the recall_id, a reward (1 for success, -1 or 0 for failure), and "
-            "an experience: on success 3-5 steps that worked, on failure what went wrong and what to avoid."
-        )
+        if serving.read_only:
+            steps = (
+                "1. Call search_experience with this task.\n"
+                "2. Read the memories: follow the procedures of successes; avoid what the failures warn about.\n"
+                "3. Do the task."
+            )
+        else:
+            steps = (
+                "1. Call recall_experience with this task. Keep the recall_id.\n"
+                "2. Read the memories: follow the procedures of successes; avoid what the failures warn about.\n"
+                "3. Do the task.\n"
+                f"4. Call report_outcome with the recall_id, a reward ({high:g} success, {low:g} failure, "
+                f"{(low + high) / 2:g} no clear outcome), and an experience: on success 3-5 steps that worked, on "
+                "failure what went wrong and what to avoid."
+            )
+        return f"{server.instructions}\n\nTask: {task}\n\n{steps}"
 
     @server.custom_route("/health", methods=["GET"])
     async def health(request: Request) -> Response:

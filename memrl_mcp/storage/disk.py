@@ -72,7 +72,7 @@ class DiskRoom:
             raise DiskFullError(
                 f"cannot open the memory store at {self._path}: its disk has {free / MB:.1f} MB free, too little "
                 "for the engine to map its files (a process opening it died of SIGBUS). Free some space; "
-                "meanwhile a read-only server (MEMRL_READ_ONLY=true) serves it and `memrl-mcp export` backs it "
+                "meanwhile a read-only server (MEMRL_TOOL_PROFILE=read_only) serves it and `memrl-mcp export` backs it "
                 "up: both open a copy of it in TMPDIR"
             )
 

@@ -166,8 +166,8 @@ class EdgeStore:
             if "No space left on device" in str(error):  # the engine writes a little at every open
                 raise DiskFullError(
                     f"cannot open the memory store at {path}: its disk is full. Free some space; meanwhile a "
-                    "read-only server (MEMRL_READ_ONLY=true) serves it and `memrl-mcp export` backs it up: both "
-                    "open a copy of it in TMPDIR"
+                    "read-only server (MEMRL_TOOL_PROFILE=read_only) serves it and `memrl-mcp export` backs it up: "
+                    "both open a copy of it in TMPDIR"
                 ) from None
             raise
         indexed = set(shard.info().payload_schema)

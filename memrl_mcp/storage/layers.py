@@ -109,7 +109,7 @@ class ReadOnlyStore(StoreLayer):
         self._scratch = scratch
 
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
-        raise ReadOnlyError("the memory store is read-only (read_only: true): nothing is written")
+        raise ReadOnlyError("the memory store is read-only (tool_profile: read_only): nothing is written")
 
     upsert = insert = set_payload = set_payload_if = delete = delete_namespace = purge_recalls = compact = _refuse
 

@@ -38,7 +38,7 @@ def open_store(settings: StorageSettings, dim: int, read_only: bool = False) -> 
         if not os.access(existing, os.W_OK):
             raise StoreNotWritableError(
                 f"the memory store at {folder} cannot be written ({existing} is read-only to this process): serve "
-                "it with read_only: true (MEMRL_READ_ONLY=true), which reads a copy, or move it to a writable folder"
+                "it read-only (MEMRL_TOOL_PROFILE=read_only), which reads a copy, or move it to a writable folder"
             )
         from memrl_mcp.storage.quota import MeteredStore  # a layer over the stores of this package
 

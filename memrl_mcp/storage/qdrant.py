@@ -307,7 +307,9 @@ class QdrantClientStore:
         return Tally.of(payload for _, payload in self.scroll("memories", where, TALLY_FIELDS)).total()
 
     def usage(self, namespace: str) -> int | None:
-        return None  # measured by the layer over an embedded store (memrl_mcp.storage.quota); a server's replicas cannot
+        return (
+            None  # measured by the layer over an embedded store (memrl_mcp.storage.quota); a server's replicas cannot
+        )
 
     def compact(self, table: Table) -> None:
         """Nothing to do: local mode keeps its points in SQLite, which reuses the pages of deleted points for later

@@ -14,6 +14,7 @@ from tests.harness.fake_llm import FakeLLMServer
 from tests.harness.test_hle import ROWS
 
 HARNESS = [sys.executable, "-m", "memrl_harness.cli"]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--tasks", "16", "--epochs", "3", "--option", "families=2"]
 
 
@@ -96,6 +97,52 @@ def test_hle_from_a_user_file_with_an_llm_from_the_environment(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     records = {r.task_id: r.success for r in RunDir(tmp_path / json.loads(done.stdout)["run_dir"]).episodes()}
     assert records == {row["id"]: row["answer"] == "101" for row in ROWS}  # exact match, no judge set
+
+
+def test_the_llm_can_sit_in_the_run_file_beside_the_memory_settings(tmp_path: Path) -> None:
+    """One file for a run: memrl-mcp's groups and the harness's llm: group (endpoint and model); memrl-mcp gets the
+    memory's part only, and the run records the constants it used."""
+    data = tmp_path / "hle.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    run_file = tmp_path / "run.yaml"
+    with FakeLLMServer() as fake:
+        fake.responder = lambda request: "Explanation: known.\nAnswer: 101\nConfidence: 90%"
+        run_file.write_text(f"llm:\n  base_url: {fake.base_url}\n  model: {fake.model}\nretrieval:\n  k1: 4\n  k2: 2\n")
+        args = ["run", "hle", "--data", str(data), "--mode", "memrl", "--epochs", "1", "--config", str(run_file)]
+        done = harness(*args, "--runs", "runs", cwd=tmp_path)  # no MEMRL_LLM_* in its environment
+        assert done.returncode == 0, done.stderr
+        assert fake.requests and {request.model for request in fake.requests} == {fake.model}
+    run = RunDir(tmp_path / json.loads(done.stdout)["run_dir"])
+    config = run.read_config()
+    assert (config.model, config.memory_config) == (fake.model, str(run_file))
+    assert ((config.memory_settings or {})["k1"], (config.memory_settings or {})["k2"]) == (4, 2)
+    assert "llm" not in run.memory_settings.read_text() and "k1: 4" in run.memory_settings.read_text()
+
+
+def test_a_key_in_the_run_file_and_a_bad_llm_entry_are_refused(tmp_path: Path) -> None:
+    run_file = tmp_path / "run.yaml"
+    for content, named in (
+        ("llm:\n  model: m\n  api_key: sk-do-not-keep-me\n", "llm.api_key: a key does not belong in a settings file"),
+        ("llm:\n  modle: m\n", "llm.modle: no such field"),
+        ("llm:\n  model: 5\n", "llm.model: Input should be a valid string"),
+        ("lmm:\n  model: m\n", "lmm: no such group; did you mean llm?"),
+        ("retrieval:\n  k9: 3\n", f"config file {run_file}: retrieval.k9: no such setting in retrieval"),
+    ):
+        run_file.write_text(content)
+        refused = harness("run", "controlled", "--mode", "memrl", "--config", str(run_file), cwd=tmp_path)
+        assert refused.returncode == 2 and named in refused.stderr, (content, refused.stderr)
+        assert "sk-do-not-keep-me" not in refused.stderr and "Traceback" not in refused.stderr
+        if "api_key" in content:
+            assert "set MEMRL_LLM_API_KEY in the environment instead" in refused.stderr
+
+
+def test_the_help_names_the_llm_settings_and_the_data(tmp_path: Path) -> None:
+    shown = harness("run", "--help", cwd=tmp_path).stdout
+    for name in ("MEMRL_LLM_BASE_URL", "MEMRL_LLM_MODEL", "MEMRL_LLM_API_KEY", "llm: {base_url", "MEMRL_SHARED_DATA"):
+        assert name in shown
+    guide = harness("data", cwd=tmp_path)
+    assert guide.returncode == 0 and "# Benchmark data: what to download and where to put it" in guide.stdout
+    assert guide.stdout.endswith((ROOT / "docs" / "benchmark-data.md").read_text() + "\n")
 
 
 def test_a_bad_option_and_a_missing_llm_are_named(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from memrl_harness.llm import (
     SUMMARY_MAX_TOKENS,
     LLMError,
     LLMFormatError,
+    LLMSettings,
     Usage,
     is_context_overflow,
     summarize_experience,
@@ -303,8 +304,18 @@ def test_from_env_reads_the_memrl_variables(fake_llm: FakeLLMServer) -> None:
 def test_from_env_names_what_is_missing() -> None:
     with pytest.raises(LLMError, match="set MEMRL_LLM_BASE_URL and MEMRL_LLM_MODEL"):
         LLM.from_env({})
-    with pytest.raises(LLMError, match="set MEMRL_LLM_MODEL to point"):
+    with pytest.raises(LLMError, match=r"set MEMRL_LLM_MODEL \(or base_url and model in the llm: group"):
         LLM.from_env({"MEMRL_LLM_BASE_URL": "http://127.0.0.1:1/v1"})
+
+
+def test_the_run_files_llm_group_fills_in_and_the_environment_wins() -> None:
+    in_file = LLMSettings(base_url="http://127.0.0.1:1/v1", model="from-the-file")
+    llm = LLM.from_env({}, in_file)
+    assert (llm.base_url, llm.model) == ("http://127.0.0.1:1/v1", "from-the-file")
+    llm.close()
+    llm = LLM.from_env({"MEMRL_LLM_MODEL": "from-the-environment"}, in_file)
+    assert (llm.base_url, llm.model) == ("http://127.0.0.1:1/v1", "from-the-environment")
+    llm.close()
 
 
 def test_fake_server_models_route_and_unscripted_requests(fake_llm: FakeLLMServer, llm: LLM) -> None:

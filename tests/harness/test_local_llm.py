@@ -6,6 +6,13 @@ No skip when llama-cpp-python or the model is missing: ``make llm`` installs the
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +21,7 @@ import pytest
 
 from memrl_harness.benchmarks.controlled import ControlledBenchmark
 from memrl_harness.llm import LLM, LLMError, is_context_overflow
-from memrl_harness.local_llm import LocalLLMError, LocalServer, check_installed, local_llm_server
+from memrl_harness.local_llm import LocalLLMError, LocalServer, check_installed, free_port, local_llm_server
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
 
@@ -79,3 +86,66 @@ async def test_a_memrl_run_with_the_real_local_model(server: LocalServer, tmp_pa
     # Epoch 2 recalled what epoch 1 stored: the memory the model's own experience became.
     stored = {r.task_id: r.stored_id for r in records if r.epoch == 1}
     assert all(stored[r.task_id] in r.memory_ids for r in records if r.epoch == 2)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Alive, not a zombie waiting for a parent that is gone to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2):
+            return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+def test_the_command_stops_the_llama_server_it_started(signum: signal.Signals) -> None:
+    """``python -m memrl_harness.local_llm`` stopped as a service manager (SIGTERM), a closed terminal (SIGHUP) or
+    ``kill -9`` (SIGKILL, which no handler sees) would stop it: the llama.cpp server it started stops too."""
+    check_installed()
+    port = free_port()
+    command = subprocess.Popen(
+        [sys.executable, "-m", "memrl_harness.local_llm", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started: list[int] = []
+    try:
+        ready = command.stdout.readline() if command.stdout else ""  # printed once the server answers
+        assert ready.startswith("export MEMRL_LLM_BASE_URL="), command.stderr.read() if command.stderr else ""
+        started = children(command.pid)
+        (server,) = started
+        assert running(server) and answers(port)
+        command.send_signal(signum)
+        command.wait(timeout=60)
+        deadline = time.monotonic() + 60  # llama.cpp's own shutdown; not a timing assertion
+        while running(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not running(server), f"the llama.cpp server {server} outlived its command ({signum.name})"
+        assert not answers(port)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+        for pid in filter(running, started):  # a server the command failed to stop: not left running
+            os.kill(pid, signal.SIGKILL)

@@ -104,7 +104,7 @@ async def test_transfer_evaluates_held_out_paraphrases_on_the_memory_training_bu
 @pytest.mark.anyio
 async def test_the_frozen_memory_refuses_every_write(tmp_path: Path) -> None:
     """The evaluation's server, not the runner's good manners, keeps the memory frozen: an evaluation that tries to
-    store, report, or forget is refused by memrl-mcp started with MEMRL_READ_ONLY=true, and nothing changes."""
+    store, report, or forget is refused by memrl-mcp started with MEMRL_TOOL_PROFILE=read_only, and nothing changes."""
     run_config = config("memrl", epochs=1, transfer=TransferConfig(held_out=0.25))
     run_dir = RunDir(tmp_path / "run")
     with anyio.fail_after(120):
@@ -126,7 +126,7 @@ async def test_the_frozen_memory_refuses_every_write(tmp_path: Path) -> None:
             for tool, arguments in attempts.items():
                 result = await client.call_tool(tool, arguments)
                 refused[tool] = result.is_error
-    assert refused == dict.fromkeys(attempts, True), "memrl-mcp with MEMRL_READ_ONLY=true accepted a write"
+    assert refused == dict.fromkeys(attempts, True), "memrl-mcp with MEMRL_TOOL_PROFILE=read_only accepted a write"
     assert export(run_dir) == before
 
 

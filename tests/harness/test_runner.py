@@ -149,3 +149,16 @@ async def test_runs_share_one_token_protected_memory_server(
         monkeypatch.delenv(ENV_MEMORY_TOKEN)
         with pytest.raises(RunError, match=f"cannot open the memory at .* needs {ENV_MEMORY_TOKEN}"):
             await Runner(config, CapitalsQuiz(), RunDir(tmp_path / "third"), llm).run()
+
+
+@pytest.mark.anyio
+async def test_a_server_without_the_modes_tools_is_named(fake_llm: FakeLLMServer, llm: LLM, tmp_path: Path):
+    """A --memory-url server on the default tool profile serves memrl's loop, not rag's search_experience: the run
+    stops naming the tool and the setting that offers it."""
+    fake_llm.responder = answer
+    with http_server(tmp_path / "memory", tmp_path, MEMRL_TOOL_PROFILE="core") as server, anyio.fail_after(90):
+        learning = RunConfig(benchmark="capitals", mode="memrl", epochs=1, memory_url=server.url)
+        assert await Runner(learning, CapitalsQuiz(), RunDir(tmp_path / "memrl"), llm).run()
+        lookup = RunConfig(benchmark="capitals", mode="rag", epochs=1, memory_url=server.url)
+        with pytest.raises(RunError, match=r"Unknown tool: search_experience .* MEMRL_TOOL_PROFILE=full"):
+            await Runner(lookup, CapitalsQuiz(), RunDir(tmp_path / "rag"), llm).run()

@@ -72,8 +72,8 @@ function fmt(value, digits = 3) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
 }
 
-function when(seconds) {
-  return seconds ? new Date(seconds * 1000).toLocaleString() : "–";
+function when(time) {  // an ISO 8601 time, as the API gives it
+  return time ? new Date(time).toLocaleString() : "–";
 }
 
 function outcomeBadge(outcome) {
@@ -163,7 +163,7 @@ async function start() {
       onclick: () => { sessionStorage.removeItem(TOKEN_KEY); state.session = null; showLogin("Token forgotten."); },
     }, "Forget token"));
   }
-  state.namespace = state.namespace || state.session.default_namespace;
+  state.namespace = state.namespace || state.session.open_namespace;
   window.onhashchange = render;
   render();
 }
