@@ -173,11 +173,14 @@ async def test_a_trajectory_costs_disk_in_proportion_to_its_size(
     assert growth <= 10 * size
 
 
-def segments_bytes(table: Path) -> int:
-    """A table's points on disk, synced: its segments without the write-ahead log (whose 32 MB segment files are
-    dropped once a flush has acknowledged them)."""
+def segments_bytes(edge: Path, table: str) -> int:
+    """A table's points on disk, synced: the segments of its generation in use (a compaction swaps in a new one,
+    named by ``<table>.current``) without the write-ahead log (whose 32 MB segment files are dropped once a flush
+    has acknowledged them)."""
     os.sync()  # the engine writes through memory-mapped pages: their blocks are allocated when written back
-    return disk_bytes(table / "segments")
+    pointer = edge / f"{table}.current"
+    generation = pointer.read_text().strip() if pointer.exists() else table
+    return disk_bytes(edge / generation / "segments")
 
 
 def test_a_long_running_server_reuses_the_space_of_what_it_rewrites(embedder: Embedder, tmp_path: Path) -> None:
@@ -194,7 +197,7 @@ def test_a_long_running_server_reuses_the_space_of_what_it_rewrites(embedder: Em
         for i in range(4000):
             service.report_trajectory("tidy the data", step, f"e-{i}", access=EVERYTHING)
             if i + 1 in (2000, 4000):
-                sizes.append((segments_bytes(edge / "steps"), segments_bytes(edge / "episodes")))
+                sizes.append((segments_bytes(edge, "steps"), segments_bytes(edge, "episodes")))
     finally:
         service.close()
     (steps_then, episodes_then), (steps_now, episodes_now) = sizes
