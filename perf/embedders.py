@@ -38,7 +38,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from memrl_mcp.embeddings import MINILM_FOLDER, FastEmbedEmbedder, MiniLMEmbedder, calibrate, minilm_build  # noqa: E402  # noqa: E402
+from memrl_mcp.embeddings import FastEmbedEmbedder, MiniLMEmbedder, calibrate, minilm_build  # noqa: E402
+from memrl_mcp.embeddings.minilm import MINILM_FOLDER  # noqa: E402
 
 GOAL = re.compile(r"Your task is to: ([^\"\n]+)")
 BCB_CHARS = 300

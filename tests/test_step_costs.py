@@ -142,7 +142,7 @@ class CountingStore:
 async def report_and_measure(data: Path, embedder: Embedder, arguments: dict[str, Any]) -> tuple[int, int]:
     """(the request's JSON size, the store's growth on disk): through the MCP client, measured closed (flushed)."""
     before = disk_bytes(data)
-    service = MemoryService.open(load_settings(data_dir=data), embedder)
+    service = MemoryService.open(load_settings(data_dir=data, tool_profile="steps"), embedder)
     try:
         async with Client(create_server(service)) as client:
             result = await call(client, "report_trajectory", **arguments)
@@ -213,7 +213,9 @@ async def test_a_namespace_keeps_a_bounded_number_of_reported_episodes(embedder:
     """A client reporting under ever new episode ids cannot grow the store without limit: beyond
     max_reported_episodes (5 here) the oldest are forgotten, down to 90% (4). A retry of a kept id is told it was
     applied; a report of a forgotten id is applied as a new episode (documented)."""
-    service = MemoryService.open(load_settings(data_dir=tmp_path / "data", max_reported_episodes=5), embedder)
+    service = MemoryService.open(
+        load_settings(data_dir=tmp_path / "data", max_reported_episodes=5, tool_profile="full"), embedder
+    )
     steps = trajectory(0, 1, 100, 50)
     try:
         async with Client(create_server(service)) as client:

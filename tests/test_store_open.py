@@ -113,8 +113,8 @@ def test_recalls_are_memory_mapped_in_new_and_older_stores(tmp_path: Path) -> No
 
 
 def test_the_resident_memory_benchmark_runs(tmp_path: Path) -> None:
-    """perf/recall_rss.py at a tiny size (its figures are the README's, at 50,000 recalls)."""
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "recall_rss.py"
+    """perf/recall_rss.py at a tiny size (its figures, at 50,000 recalls: docs/performance.md)."""
+    script = Path(__file__).resolve().parents[1] / "perf" / "recall_rss.py"
     result = subprocess.run(
         [sys.executable, str(script), "--recalls", "300"], capture_output=True, text=True, timeout=120
     )
