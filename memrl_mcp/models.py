@@ -28,6 +28,27 @@ tool or a resource answers (an agent or an operator reads a date, not 1795656671
 (``model_dump()``), so that a restore brings it back bit for bit."""
 
 
+RewardSource = Literal["agent", "user"]
+"""Who gave a reward: the agent (the reward argument of its report), or the user, asked by the server through the
+client (MCP elicitation) because the agent left the reward out."""
+ExperienceSource = Literal["agent", "client_model", "endpoint", "operator"]
+"""Who wrote an experience: the agent, the client's own model from the episode's trajectory (MCP sampling), the
+server's configured OpenAI-compatible endpoint from it, or an operator's correction in the inspector."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a report's reward and experience came from, kept with them (the Q history, the memory)."""
+
+    reward: RewardSource = "agent"
+    experience: ExperienceSource = "agent"
+    note: str | None = None
+
+
+AGENT = Provenance()
+"""A report whose reward and experience the agent gave."""
+
+
 class MemoryView(BaseModel):
     """One stored memory: the task it is keyed by, the experience to reuse, and its learned utility."""
 
@@ -43,6 +64,9 @@ class MemoryView(BaseModel):
     created_at: Timestamp
     updated_at: Timestamp
     metadata: KeptJson
+    experience_source: ExperienceSource | None = Field(
+        None, description="Who wrote the experience (None: stored before this was recorded)."
+    )
 
 
 class QEvent(BaseModel):
@@ -54,6 +78,10 @@ class QEvent(BaseModel):
     q_before: KeptFloat
     q_after: KeptFloat
     recall_id: str | None = Field(description="The recall whose report brought the reward (None for a reset).")
+    source: RewardSource | None = Field(
+        None, description="Who gave the reward (None for a reset, or a reward from before this was recorded)."
+    )
+    note: str | None = Field(None, description="What the user added when asked how the task went.")
 
 
 class MemoryDetail(MemoryView):
@@ -148,10 +176,15 @@ class ReportResult(BaseModel):
     """What a report changed: the utility of each recalled memory, and where the new experience went."""
 
     recall_id: str
-    reward: KeptFloat
+    reported: bool = Field(
+        True, description="False: the user declined to say how the task went; nothing changed, report it again."
+    )
+    reward: KeptFloat | None = Field(description="The reward applied (None when nothing was reported).")
+    reward_source: RewardSource | None = Field(None, description="agent (the reward given) or user (asked).")
     updated: list[QChange] = Field(description="Every memory the recall returned, with its Q before and after.")
     missing: list[str] = Field(description="Memories of the recall that were forgotten since; nothing to update.")
     stored: StoreResult | None = Field(description="The episode's new experience, when one was given.")
+    message: str | None = Field(None, description="What the user answered, when asked; why nothing changed.")
 
 
 class ForgetResult(BaseModel):
@@ -236,6 +269,7 @@ class EffectiveSettings(BaseModel):
     tool_profile: str
     step_n: int
     step_gamma: float
+    step_order: str
     step_update: str
     step_learning_rate: float
     step_observation_weight: float
@@ -323,6 +357,10 @@ class TrajectoryResult(BaseModel):
     episode_id: str
     namespace: str
     already_applied: bool = Field(description="True: this episode_id was reported before; nothing changed now.")
+    reported: bool = Field(
+        True, description="False: the user declined to say how the episode went; nothing changed, report it again."
+    )
+    reward_source: RewardSource | None = Field(None, description="Who gave the last step's reward: agent or user.")
     steps: int = Field(description="Steps in the trajectory.")
     updated: int = Field(description="Step Q values updated (each step of an episode exactly once).")
     created: int = Field(description="New step records (a (task, observation) never seen).")

@@ -219,18 +219,62 @@ class LearningSettings(Group):
         "About 160 characters each as JSON.",
     )
 
+    user_success_reward: float | None = Field(
+        None,
+        description="The reward of a task the user says succeeded, when the agent reported none and the server asked "
+        "the user (MCP elicitation); default: reward_max.",
+    )
+    user_failure_reward: float | None = Field(
+        None, description="The reward of a task the user says failed, when asked; default: reward_min."
+    )
+    elicitation_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description="How long a report waits for the user's answer (a client that never answers must not hold the "
+        "call forever); then nothing is reported and the recall stays reportable.",
+    )
+    distill_base_url: str | None = Field(
+        None,
+        description="An OpenAI-compatible endpoint (e.g. http://127.0.0.1:8080/v1) that writes the experience from a "
+        "trajectory when the client cannot (it offers no MCP sampling); unset: such a report is refused.",
+    )
+    distill_model: str | None = Field(None, description="The model of distill_base_url.")
+    distill_api_key: SecretStr | None = Field(None, description="The API key of distill_base_url (a local one: none).")
+    distill_max_tokens: int = Field(
+        400, ge=16, le=8192, description="The longest experience the model may write from a trajectory, in tokens."
+    )
+    distill_timeout_seconds: float = Field(
+        120.0,
+        gt=0,
+        le=3600,
+        description="How long the client's model (or distill_base_url) may take to write an experience; then nothing "
+        "is reported.",
+    )
+
     @model_validator(mode="after")
     def _rewards(self) -> LearningSettings:
         if not self.reward_min < self.reward_max:
             raise ValueError(f"reward_min ({self.reward_min}) must be below reward_max ({self.reward_max})")
-        for name in ("q_init_success", "q_init_failure"):
-            if not self.reward_min <= getattr(self, name) <= self.reward_max:
+        for name in ("q_init_success", "q_init_failure", "user_success_reward", "user_failure_reward"):
+            value = getattr(self, name)
+            if value is not None and not self.reward_min <= value <= self.reward_max:
                 raise ValueError(f"{name} must lie in [reward_min, reward_max]")
+        if not self.user_reward(False) < self.user_reward(True):
+            raise ValueError("user_failure_reward must be below user_success_reward")
+        if (self.distill_base_url is None) != (self.distill_model is None):
+            raise ValueError("distill_base_url and distill_model go together: give both, or neither")
         return self
 
     def q_init(self, outcome: str) -> float:
         """Q_init of a new memory of this outcome."""
         return self.q_init_success if outcome == "success" else self.q_init_failure
+
+    def user_reward(self, succeeded: bool) -> float:
+        """The reward of a task the user, asked, says succeeded or failed."""
+        if succeeded:
+            return self.reward_max if self.user_success_reward is None else self.user_success_reward
+        return self.reward_min if self.user_failure_reward is None else self.user_failure_reward
 
 
 class StepSettings(Group):
@@ -253,6 +297,13 @@ class StepSettings(Group):
         "use 1, its ALFWorld run 5).",
     )
     step_gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount gamma of the target (the code's default).")
+    step_order: Literal["backward", "forward"] = Field(
+        "backward",
+        description="backward: a trajectory's steps are credited last to first, each target's tail read from the "
+        "record as the episode's later steps leave it, so its final reward reaches every step in one report; "
+        "forward: the tail is the memory as it stood before the episode (Rememberer's code, which updates each step "
+        "online), so a winning early step's first target misses the reward it led to.",
+    )
     step_update: Literal["mean", "const"] = Field(
         "mean",
         description="mean: Q is the running mean of its targets (the code's default); const: Q <- Q + "
@@ -306,6 +357,12 @@ class LimitSettings(Group):
     max_observation_chars: int = Field(8000, ge=1, description="Longest accepted observation text.")
     max_action_chars: int = Field(1000, ge=1, description="Longest accepted action text.")
     max_trajectory_steps: int = Field(200, ge=1, le=10_000, description="Most steps in one reported trajectory.")
+    max_trajectory_chars: int = Field(
+        20000,
+        ge=1,
+        le=1_000_000,
+        description="Longest episode text (trajectory) from which the client's model writes the experience.",
+    )
     max_list_page: int = Field(100, ge=1, le=1000, description="Most memories one list_memories page returns.")
 
 
@@ -402,6 +459,13 @@ class ServingSettings(Group):
     )
     session_idle_seconds: float = Field(
         600.0, gt=0, le=86_400, description="A streamable-HTTP session with no request for this long is closed."
+    )
+    max_samplings_per_minute: int = Field(
+        10,
+        ge=0,
+        le=100_000,
+        description="Experiences one token (or all tokenless clients) may have written from trajectories per minute, "
+        "by the client's model or distill_base_url (0: none); each costs a model's answer.",
     )
     log_format: Literal["json", "text"] = Field("json", description="Logs on stderr: JSON lines or plain text.")
     log_calls: bool | None = Field(

@@ -245,6 +245,11 @@ def check_outcome(outcome: str) -> Outcome:
     return outcome  # type: ignore[return-value]
 
 
+def outcome_of(reward: float) -> Outcome:
+    """The outcome of an experience reported without one: success when the reward is above 0."""
+    return "success" if reward > 0 else "failure"
+
+
 MAX_EPISODE_ID_CHARS = 200
 EPISODE_ID = text_rule(MAX_EPISODE_ID_CHARS)
 
@@ -266,9 +271,26 @@ def trajectory_rule(
             text_rule(max_action_chars).type,
             Field(description=f"What it did (max {max_action_chars})."),
         ),
-        reward=(reward.type, Field(description="The reward right after the action (0 for most steps).")),
+        reward=(
+            reward.type | None,
+            Field(
+                None,
+                description="The reward right after the action (0 for most steps). Leave the last one's out and the "
+                "user is asked how the episode went.",
+            ),
+        ),
     )
     return Rule(Annotated[list[step], Field(min_length=1, max_length=max_steps)])  # type: ignore[valid-type]
+
+
+def check_step_rewards(steps: list[Any], last_may_lack: bool) -> None:
+    """Every step of a trajectory names its reward; the last one may lack it when ``last_may_lack`` (the server then
+    asks the user how the episode went)."""
+    for i, step in enumerate(steps[:-1] if last_may_lack else steps):
+        if step.reward is None:
+            raise MemoryRequestError(
+                f"steps[{i}].reward: required (only the last step's may be left out, for the user to be asked)"
+            )
 
 
 TEXT_QUERY = Rule[str](TextQuery)

@@ -1,23 +1,33 @@
-"""Rememberer's learning rule (algorithm.py, second half), computed by hand: n-step targets, the two update
-rules, the capacities, the advice, and a small deterministic environment whose Q values converge as computed."""
+"""Rememberer's learning rule (algorithm.py, second half), computed by hand: n-step targets, credited backward
+(the default) and forward, the two update rules, the capacities, the advice, and a small deterministic environment
+whose Q values converge as computed."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import pytest
 
 from memrl_mcp.memory.algorithm import (
     ActionValue,
+    StepOrder,
+    StepRules,
     StoredRecord,
+    TakenStep,
     UpdateRule,
     action_advice,
+    episode_targets,
     n_step_target,
-    n_step_targets,
     prune_actions,
     record_to_evict,
     state_value,
     step_similarity,
     update_action_value,
 )
+
+
+def n_step_targets(rewards: list[float], n: int, gamma: float, values: list[float | None]) -> list[float]:
+    return [n_step_target(rewards, t, n, gamma, values) for t in range(len(rewards))]
 
 
 def test_one_step_targets_bootstrap_from_the_next_observation() -> None:
@@ -38,6 +48,79 @@ def test_n_step_targets_sum_n_rewards_then_bootstrap() -> None:
 def test_a_next_observation_without_a_matching_record_has_no_tail() -> None:
     assert n_step_target([1.0, 2.0, 3.0, 4.0], 0, 2, 0.5, [None, 10.0, None, 30.0]) == pytest.approx(2.0)
     assert n_step_target([0.0, 0.0], 0, 1, 1.0, [None, None]) == 0.0
+
+
+def rules(order: StepOrder, n: int = 1, gamma: float = 1.0, rule: UpdateRule = "mean", rate: float = 0.1) -> StepRules:
+    return StepRules(n, gamma, rule, rate, max_actions=10, order=order)
+
+
+def episode(*steps: tuple[str, str, float]) -> list[TakenStep]:
+    """(observation, action, reward) steps, each observation its own record key."""
+    return [TakenStep(o, a, r) for o, a, r in steps]
+
+
+def targets(
+    steps: Sequence[TakenStep],
+    step_rules: StepRules,
+    stored: Mapping[str, Sequence[ActionValue]] | None = None,
+    borrowed: Sequence[float | None] | None = None,
+) -> list[float]:
+    return episode_targets(steps, step_rules, stored or {}, borrowed or [None] * len(steps))
+
+
+WIN = episode(("ticket", "read the log", 0.0), ("log", "check the disk", 0.0), ("disk full", "grow the volume", 1.0))
+
+
+def test_backward_credit_brings_the_final_reward_to_every_step_of_the_report() -> None:
+    # Nothing known yet. Backward, n = 1, gamma = 0.9: G_2 = 1, folded first (Q(disk full, grow) = 1 under mean); then
+    # G_1 = 0 + 0.9 x 1 = 0.9, folded (Q(log, check) = 0.9); G_0 = 0 + 0.9 x 0.9 = 0.81.
+    assert targets(WIN, rules("backward", gamma=0.9)) == pytest.approx([0.81, 0.9, 1.0])
+    assert targets(WIN, rules("backward")) == pytest.approx([1.0, 1.0, 1.0])
+    # Forward (Rememberer's code): the tails are the memory before the episode, which knows nothing: the success
+    # marks its two winning early steps with Q 0, at the advice threshold: discouraged.
+    assert targets(WIN, rules("forward", gamma=0.9)) == pytest.approx([0.0, 0.0, 1.0])
+
+
+def test_the_backward_tail_is_the_best_action_of_the_record_after_the_later_steps() -> None:
+    # The evidence record already knows a good remedy (Q 0.5); this episode tries another one, which fails.
+    stored = {"disk full": [ActionValue("grow the volume", 0.5, 2, 0.5)]}
+    lost = episode(("ticket", "read the log", 0.0), ("log", "check the disk", 0.0), ("disk full", "reboot", -1.0))
+    # G_2 = -1, folded beside 0.5; G_1 = 0 + max(0.5, -1) = 0.5 (the early steps were right: the mistake is the
+    # remedy's alone); G_0 = 0 + max Q(log) after G_1's fold = 0.5.
+    assert targets(lost, rules("backward"), stored) == pytest.approx([0.5, 0.5, -1.0])
+    # Forward: G_1 reads the stored 0.5 too, but G_0 reads the log record, which does not exist yet: 0.
+    assert targets(lost, rules("forward"), stored) == pytest.approx([0.0, 0.5, -1.0])
+
+
+def test_backward_n_step_targets_bootstrap_from_the_records_this_episode_just_made() -> None:
+    steps = episode(("o0", "a", 0.0), ("o1", "b", 0.0), ("o2", "c", 0.0), ("o3", "d", 1.0))
+    # n = 2, gamma = 0.5. G_3 = 1 -> Q(o3) = 1; G_2 = 0 + 0.5 x 1 = 0.5 (t + n past the end) -> Q(o2) = 0.5;
+    # G_1 = 0 + 0 + 0.25 max Q(o3) = 0.25; G_0 = 0 + 0 + 0.25 max Q(o2) = 0.125.
+    assert targets(steps, rules("backward", n=2, gamma=0.5)) == pytest.approx([0.125, 0.25, 0.5, 1.0])
+    assert targets(steps, rules("forward", n=2, gamma=0.5)) == pytest.approx([0.0, 0.0, 0.5, 1.0])
+
+
+def test_backward_folds_with_the_update_rule_the_report_applies() -> None:
+    # const, rate 0.5, gamma 1: G_2 = 1 -> Q(o2) = 0 + 0.5 (1 - 0) = 0.5; G_1 = 0.5 -> Q(o1) = 0.25; G_0 = 0.25.
+    assert targets(WIN, rules("backward", rule="const", rate=0.5)) == pytest.approx([0.25, 0.5, 1.0])
+    # A step coming back to an observation lands on its record: the loop ticket -> log -> ticket, then a win.
+    loop = episode(("ticket", "read the log", 0.0), ("log", "go back", 0.0), ("ticket", "grow the volume", 1.0))
+    # G_2 = 1 -> Q(ticket, grow) = 1; G_1 = 0 + max Q(ticket) = 1; G_0 = 0 + max Q(log) = 1.
+    assert targets(loop, rules("backward")) == pytest.approx([1.0, 1.0, 1.0])
+    # The action capacity is applied too: with one action per record, a new action with a lower mean immediate
+    # reward than the stored one is dropped at once, so the tail stays the stored action's Q.
+    stored = {"log": [ActionValue("tail the log", 0.9, 3, 0.5)]}
+    one = StepRules(1, 1.0, "mean", 0.1, max_actions=1, order="backward")
+    assert targets(WIN, one, stored) == pytest.approx([0.9, 1.0, 1.0])
+
+
+def test_a_borrowed_tail_counts_beside_the_records_own_actions() -> None:
+    # No record of "log" before the episode, but a near one lends 0.8. Forward: G_0 = 0.8. Backward: the best of
+    # the record after G_1's fold (1.0) and the lent 0.8.
+    assert targets(WIN, rules("forward"), borrowed=[None, 0.8, None]) == pytest.approx([0.8, 0.0, 1.0])
+    assert targets(WIN, rules("backward"), borrowed=[None, 0.8, None]) == pytest.approx([1.0, 1.0, 1.0])
+    # Lent 3 at "disk full": G_1 = max(1, 3) = 3, folded into "log" (Q 3), so G_0 = max(3, lent 2) = 3.
+    assert targets(WIN, rules("backward"), borrowed=[None, 2.0, 3.0]) == pytest.approx([3.0, 3.0, 1.0])
 
 
 def test_state_value_is_the_best_action_of_a_record() -> None:
@@ -108,18 +191,20 @@ def test_advice_encourages_above_the_threshold_and_discourages_at_or_below() -> 
 #   s0 --b--> end, reward 0
 #
 # Episodes cycle through the three paths [a c], [a d], [b]. Targets are computed against the memory before each
-# episode (as the server does), gamma = 0.9.
+# episode (as the server does), gamma = 0.9, then folded in order.
 
 PATHS = [[("s0", "a", 0.0), ("s1", "c", 1.0)], [("s0", "a", 0.0), ("s1", "d", -1.0)], [("s0", "b", 0.0)]]
 
 
-def learn(cycles: int, n: int, rule: UpdateRule, rate: float = 0.1) -> dict[tuple[str, str], ActionValue]:
+def learn(
+    cycles: int, n: int, rule: UpdateRule, rate: float = 0.1, order: StepOrder = "backward", paths: list = PATHS
+) -> dict[tuple[str, str], ActionValue]:
     memory: dict[str, dict[str, ActionValue]] = {}
+    step_rules = StepRules(n, 0.9, rule, rate, max_actions=10, order=order)
     for _ in range(cycles):
-        for path in PATHS:
-            values = [state_value(list(memory[s].values())) if s in memory else None for s, _, _ in path]
-            targets = n_step_targets([r for _, _, r in path], n, 0.9, values)
-            for (state, action, reward), target in zip(path, targets, strict=True):
+        for path in paths:
+            stored = {s: list(actions.values()) for s, actions in memory.items()}
+            for (state, action, reward), target in zip(path, targets(episode(*path), step_rules, stored), strict=True):
                 actions = memory.setdefault(state, {})
                 actions[action] = update_action_value(actions.get(action), action, target, reward, rule, rate)
     return {(s, a): v for s, actions in memory.items() for a, v in actions.items()}
@@ -128,21 +213,31 @@ def learn(cycles: int, n: int, rule: UpdateRule, rate: float = 0.1) -> dict[tupl
 def test_one_step_bootstrapping_learns_the_value_of_the_best_continuation() -> None:
     q = learn(cycles=30, n=1, rule="mean")
     assert q["s1", "c"].q == 1.0 and q["s1", "d"].q == -1.0 and q["s0", "b"].q == 0.0
-    # Q(s0, a): its first target was 0 (s1 unknown), every later one 0.9 max(1, -1) = 0.9; 60 visits.
-    assert q["s0", "a"].visits == 60
-    assert q["s0", "a"].q == pytest.approx(0.9 * 59 / 60)
+    # Backward, Q(s0, a)'s first target is already 0.9 max(1) = 0.9, and every later one 0.9 max(1, -1): 60 visits.
+    assert q["s0", "a"].visits == 60 and q["s0", "a"].q == pytest.approx(0.9)
+    # Forward, its first target was 0 (s1 unknown when the first episode came), every later one 0.9.
+    assert learn(cycles=30, n=1, rule="mean", order="forward")["s0", "a"].q == pytest.approx(0.9 * 59 / 60)
     # So "a" is encouraged at s0, "b" discouraged; at s1, "c" encouraged and "d" discouraged.
     encouraged, discouraged = action_advice([[q["s0", "a"], q["s0", "b"]]], 0.0)
     assert [a.action for a in encouraged] == ["a"] and [a.action for a in discouraged] == ["b"]
 
 
+def test_the_first_success_encourages_its_early_step_only_when_credited_backward() -> None:
+    for order, advised in (("backward", "encouraged"), ("forward", "discouraged")):
+        q = learn(cycles=1, n=1, rule="mean", order=order, paths=PATHS[:1])  # one episode: [a c], a success
+        encouraged, discouraged = action_advice([[q["s0", "a"]]], 0.0)
+        assert [a.action for a in (encouraged if advised == "encouraged" else discouraged)] == ["a"], order
+
+
 def test_two_steps_cover_the_episode_and_learn_the_average_return() -> None:
-    # With n = 2 every target is the episode's discounted return: Q(s0, a) averages 0.9 and -0.9 -> 0.
-    q = learn(cycles=30, n=2, rule="mean")
-    assert q["s0", "a"].q == pytest.approx(0.0, abs=1e-12) and q["s1", "c"].q == 1.0
+    # With n = 2 every target is the episode's discounted return, in either order: Q(s0, a) averages 0.9, -0.9.
+    for order in ("backward", "forward"):
+        q = learn(cycles=30, n=2, rule="mean", order=order)
+        assert q["s0", "a"].q == pytest.approx(0.0, abs=1e-12) and q["s1", "c"].q == 1.0
 
 
 def test_the_constant_rate_converges_to_the_same_values() -> None:
-    q = learn(cycles=300, n=1, rule="const", rate=0.1)
-    assert q["s1", "c"].q == pytest.approx(1.0, abs=1e-9) and q["s1", "d"].q == pytest.approx(-1.0, abs=1e-9)
-    assert q["s0", "a"].q == pytest.approx(0.9, abs=1e-9) and q["s0", "b"].q == 0.0
+    for order in ("backward", "forward"):
+        q = learn(cycles=300, n=1, rule="const", rate=0.1, order=order)
+        assert q["s1", "c"].q == pytest.approx(1.0, abs=1e-9) and q["s1", "d"].q == pytest.approx(-1.0, abs=1e-9)
+        assert q["s0", "a"].q == pytest.approx(0.9, abs=1e-9) and q["s0", "b"].q == 0.0

@@ -109,9 +109,9 @@ def assert_applied_once(
             assert records(reopened) == {}
             reopened.report_trajectory(MUG, SUCCESS, "episode-1", recall_id=recall_id, access=EVERYTHING)
         learned = {r["observation"]: r["actions"] for r in records(reopened).values()}
-        # n = 1, gamma = 1, mean; no record existed when the targets were computed: targets 0, 0 and 1.
+        # n = 1, gamma = 1, mean, credited last to first: the final reward reaches every step, targets 1, 1, 1.
         assert {o: [(a["action"], a["q"], a["visits"]) for a in actions] for o, actions in learned.items()} == {
-            step["observation"]: [(step["action"], step["reward"], 1)] for step in SUCCESS
+            step["observation"]: [(step["action"], 1.0, 1)] for step in SUCCESS
         }
         memory = reopened.get(memory_id, access=EVERYTHING)
         assert (memory.q, memory.visits, memory.last_reward) == (pytest.approx(0.3), 1, 1.0)

@@ -49,27 +49,29 @@ def advised(advice: dict[str, Any], kind: str) -> list[tuple[str, float, int]]:
 
 
 async def test_reports_change_the_advice(client: Client) -> None:
-    """Defaults: n = 1, gamma = 1, Q the running mean of its targets. Hand-computed:
-    e-1 (success): Q(ROOM, go) = 0 + nothing known of COUNTER yet = 0; Q(COUNTER, mug) = 0; Q(HOLDING, sink) = 1.
-    e-2 (failure): Q(ROOM, go) = mean(0, 0 + max Q(COUNTER) = 0) = 0; Q(COUNTER, knife) = 0; Q(KNIFE, coffee) = -1.
-    e-3 (success): Q(COUNTER, mug) = mean(0, 0 + max Q(HOLDING) = 1) = 0.5: the reward flowed back one step."""
+    """Defaults: n = 1, gamma = 1, Q the running mean of its targets, steps credited last to first. Hand-computed:
+    e-1 (success): G_2 = 1 -> Q(HOLDING, sink) = 1; G_1 = 0 + max Q(HOLDING) = 1; G_0 = 0 + max Q(COUNTER) = 1.
+    e-2 (failure): G_2 = -1 -> Q(KNIFE, coffee) = -1; G_1 = 0 + max Q(KNIFE) = -1 -> Q(COUNTER, knife) = -1;
+    G_0 = 0 + max Q(COUNTER) = max(1, -1) = 1: going to the counter was right, the knife was the mistake.
+    e-3 (success): every target 1; Q(COUNTER, mug) = mean(1, 1) = 1, Q(ROOM, go) = mean(1, 1, 1) = 1."""
     empty = await call(client, "recall_step_advice", task=MUG, observation=COUNTER)
     assert empty["encouraged"] == [] and empty["discouraged"] == [] and empty["records"] == []
 
     first = await call(client, "report_trajectory", task=MUG, steps=SUCCESS, episode_id="e-1")
     assert (first["already_applied"], first["steps"], first["updated"], first["created"]) == (False, 3, 3, 3)
     assert [(c["target"], c["q_before"], c["q_after"]) for c in first["changes"]] == [
-        (0.0, None, 0.0),
-        (0.0, None, 0.0),
+        (1.0, None, 1.0),
+        (1.0, None, 1.0),
         (1.0, None, 1.0),
     ]
     second = await call(client, "report_trajectory", task=MUG, steps=FAILURE, episode_id="e-2")
     assert (second["updated"], second["created"], second["merged"]) == (3, 1, 1)  # (ROOM, go) merged
+    assert [(c["target"], c["q_after"]) for c in second["changes"]] == [(1.0, 1.0), (-1.0, -1.0), (-1.0, -1.0)]
     third = await call(client, "report_trajectory", task=MUG, steps=SUCCESS, episode_id="e-3")
     assert (third["updated"], third["created"], third["merged"]) == (3, 0, 3)
     assert [(c["target"], c["q_after"], c["visits"]) for c in third["changes"]] == [
-        (0.0, 0.0, 3),
-        (1.0, 0.5, 2),
+        (1.0, 1.0, 3),
+        (1.0, 1.0, 2),
         (1.0, 1.0, 2),
     ]
 
@@ -78,11 +80,27 @@ async def test_reports_change_the_advice(client: Client) -> None:
     assert record["observation"] == COUNTER and record["task"] == MUG
     for key in ("similarity", "task_similarity", "observation_similarity"):
         assert record[key] == pytest.approx(1.0, abs=1e-5)
-    assert advised(advice, "encouraged") == [("take mug 1 from countertop 1", 0.5, 2)]
-    assert advised(advice, "discouraged") == [("take knife 1 from countertop 1", 0.0, 1)]
+    assert advised(advice, "encouraged") == [("take mug 1 from countertop 1", 1.0, 2)]
+    assert advised(advice, "discouraged") == [("take knife 1 from countertop 1", -1.0, 1)]
     assert advice["advice_threshold"] == 0.0
     after_knife = await call(client, "recall_step_advice", task=MUG, observation=KNIFE, k=1)
     assert advised(after_knife, "discouraged") == [("go to coffeemachine 1", -1.0, 1)]
+
+
+def test_forward_credit_is_rememberers_order(embedder: Embedder, tmp_path: Path) -> None:
+    """``step_order: forward`` reads every tail from the memory as it stood before the episode (Rememberer's code):
+    the first success leaves its early steps at Q 0, discouraged; the reward reaches the counter one episode later:
+    e-2's G_1 = 0 + max Q(HOLDING) = 1 -> Q(COUNTER, mug) = mean(0, 1) = 0.5."""
+    service = make_service(embedder, tmp_path, step_order="forward")
+    try:
+        first = service.report_trajectory(MUG, SUCCESS, "e-1", access=EVERYTHING)
+        assert [(c.target, c.q_after) for c in first.changes] == [(0.0, 0.0), (0.0, 0.0), (1.0, 1.0)]
+        advice = service.recall_step_advice(MUG, COUNTER, k=1, access=EVERYTHING)
+        assert [a.action for a in advice.discouraged] == ["take mug 1 from countertop 1"] and not advice.encouraged
+        second = service.report_trajectory(MUG, SUCCESS, "e-2", access=EVERYTHING)
+        assert [(c.target, c.q_after) for c in second.changes] == [(0.0, 0.0), (1.0, 0.5), (1.0, 1.0)]
+    finally:
+        service.close()
 
 
 def records(service: MemoryService) -> dict[str, Any]:
@@ -328,16 +346,18 @@ async def test_a_tenant_never_sees_or_updates_another_tenants_steps(tmp_path: Pa
 
 
 def test_n_step_targets_and_the_constant_rate_through_the_service(embedder: Embedder, tmp_path: Path) -> None:
-    """n = 2, gamma = 0.5, Q <- Q + 0.5 (G - Q), by hand:
-    e-1: G = (0 + 0.5 x 0 + 0.25 x nothing known of HOLDING, 0 + 0.5 x 1, 1) = (0, 0.5, 1) -> Q = (0, 0.25, 0.5);
-    e-2: G_0 = 0.25 x max Q(HOLDING) = 0.125 -> Q = (0.0625, 0.375, 0.75)."""
+    """n = 2, gamma = 0.5, Q <- Q + 0.5 (G - Q), credited last to first, by hand:
+    e-1: G_2 = 1 -> Q(HOLDING) = 0.5; G_1 = 0 + 0.5 x 1 = 0.5 (t + n past the end) -> Q(COUNTER) = 0.25;
+    G_0 = 0 + 0.5 x 0 + 0.25 x max Q(HOLDING) = 0.125 -> Q(ROOM) = 0.0625.
+    e-2: G_2 = 1 -> 0.75; G_1 = 0.5 -> 0.375; G_0 = 0.25 x max Q(HOLDING) after G_2's fold (0.75) = 0.1875 ->
+    0.0625 + 0.5 (0.1875 - 0.0625) = 0.125."""
     service = make_service(embedder, tmp_path, step_n=2, step_gamma=0.5, step_update="const", step_learning_rate=0.5)
     try:
         first = service.report_trajectory(MUG, SUCCESS, "e-1", access=EVERYTHING)
-        assert [(c.target, c.q_after) for c in first.changes] == [(0.0, 0.0), (0.5, 0.25), (1.0, 0.5)]
+        assert [(c.target, c.q_after) for c in first.changes] == [(0.125, 0.0625), (0.5, 0.25), (1.0, 0.5)]
         second = service.report_trajectory(MUG, SUCCESS, "e-2", access=EVERYTHING)
         assert [(c.target, c.q_before, c.q_after) for c in second.changes] == [
-            (0.125, 0.0, 0.0625),
+            (0.1875, 0.0625, 0.125),
             (0.5, 0.25, 0.375),
             (1.0, 0.5, 0.75),
         ]
@@ -352,10 +372,11 @@ def test_the_tail_comes_from_the_nearest_record_above_the_threshold(service: Mem
     for episode, observation, tail in (("near", near, 1.0), ("far", far, 0.0)):
         steps = [
             {"observation": ROOM, "action": "take mug 1", "reward": 0.0},
-            {**SUCCESS[2], "observation": observation},
+            {"observation": observation, "action": "wait", "reward": 0.0},  # its own record's best: Q 0
         ]
         report = service.report_trajectory(MUG, steps, episode, access=EVERYTHING)
-        assert report.changes[0].target == tail, observation  # 0 + gamma x max Q of the matched record, or 0
+        # 0 + gamma x the best of the observation's own record (0) and the matched record's max Q (1), if any
+        assert report.changes[0].target == tail, observation
         assert report.created == 1  # the near observation is a record of its own all the same
 
 

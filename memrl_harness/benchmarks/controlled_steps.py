@@ -23,6 +23,14 @@ decision picks a remedy; the checker: the cause's fix succeeds (+1), its decoy s
 ``one_step=true`` (the control): one decision, the remedy, taken on the ticket alone; no diagnostic shows the
 evidence. The step memory's only observation is then the ticket, which does not tell the cause.
 
+``close_step=true``: one more decision after the remedy, on its visible result ("The alert clears." or "The alert
+stays.", the same words on every ticket): close the ticket, any way (``CLOSINGS``). The reward still hinges on the
+remedy alone, but now comes one step after it: the decision that earns it is no longer the last. With ``depth=2``:
+a diagnostic, the remedy that decides, the closing. This is where the step memory's credit order shows
+(``step_order`` of memrl-mcp): credited backward, the first success encourages the remedy that earned it; forward
+(Rememberer's code), the remedy's first target bootstraps from the result's record, which that episode has not made
+yet, so the success marks the winning remedy with Q 0, discouraged.
+
 The agent (scripted; deterministic given the episode's ``rng``), per decision, on the menu of that decision:
 
 1. take the encouraged action of highest value that is not also discouraged (the step advice is about this very
@@ -99,6 +107,7 @@ DIAGNOSTICS: dict[str, str] = {  # command -> its reading (harmless; the restart
     "restart the service": "the service restarted and looks healthy for now",
     "check the load balancer": "two of three backends are marked unhealthy",
 }
+CLOSINGS = ("close the ticket", "write a postmortem", "hand the ticket to the next shift")
 TEAMS = ("Atlas", "Borealis", "Cobalt", "Dune", "Ember", "Fjord", "Granite", "Harbor")
 SERVICES = ("billing API", "search service", "login portal", "report generator", "image resizer", "mail relay")
 HOSTS = ("fra-07", "ams-12", "lon-03", "par-21", "ber-09", "mad-14", "vie-02", "osl-18")
@@ -169,6 +178,7 @@ class ControlledStepsOptions(BenchmarkOptions):
         "episode", description="drawn anew every episode, or one for good per ticket (its type in the report)"
     )
     one_step: bool = Field(False, description="the control: the remedy chosen at once, on the ticket alone")
+    close_step: bool = Field(False, description="one more decision after the remedy, on its result: close the ticket")
     seed: int = Field(0, description="draws the tickets and the causes' fixes and decoys")
 
     @model_validator(mode="after")
@@ -234,7 +244,13 @@ class ControlledStepsBenchmark(StepwiseBenchmark):
         steps.took(observation, remedy)
         actions.append(remedy)
         success = self.check(cause, remedy, rng)
-        lines.append(f"> {remedy}\n" + ("the alert clears" if success else "the alert stays") + f" (cause: {cause})")
+        result = "The alert clears." if success else "The alert stays."
+        lines.append(f"> {remedy}\n{result} (cause: {cause})")
+        if self.options.close_step:  # the reward comes after one more decision, which changes nothing
+            closing = choose(CLOSINGS, len(actions), steps.advise(result), memories, rng)
+            steps.took(result, closing)
+            actions.append(closing)
+            lines.append(f"> {closing}")
         return Episode(
             success=success,
             reward=1.0 if success else -1.0,

@@ -14,7 +14,7 @@ Notation follows the paper (and ../shared/design/MEMRL.md):
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -125,8 +125,17 @@ def update_q(q: float, reward: float, alpha: float) -> float:
 # (o_0, a_0, r_0, ..., o_{T-1}, a_{T-1}, r_{T-1}), every step moves toward its n-step bootstrapped target
 #     G_t = sum_{i<n} gamma^i r_{t+i} + gamma^n max_a Q(g, o_{t+n}, a)
 # with the sum cut at the episode's end and the tail zero past it (or when no record matches o_{t+n}).
+#
+# Which Q the tail reads is a choice the definition leaves open. Rememberer's code updates each step online, as the
+# episode goes: the tail is the memory as it stood before this episode's later steps (``forward``). A winning early
+# step's first target then bootstraps from an observation whose record this very episode has not made yet: its tail
+# is zero, and with rewards only at the end the step is marked discouraged (Q 0 <= the advice threshold) by the
+# success it led to. ``backward`` credits the steps last to first, each tail read from the record as this episode's
+# later steps leave it (an episodic backward update): the same target, and the final reward reaches every step in
+# one report.
 
 UpdateRule = Literal["mean", "const"]
+StepOrder = Literal["backward", "forward"]
 
 
 @dataclass(frozen=True)
@@ -160,9 +169,57 @@ def n_step_target(
     return target
 
 
-def n_step_targets(rewards: Sequence[float], n: int, gamma: float, state_values: Sequence[float | None]) -> list[float]:
-    """G_t for every step of an episode (:func:`n_step_target`)."""
-    return [n_step_target(rewards, t, n, gamma, state_values) for t in range(len(rewards))]
+@dataclass(frozen=True)
+class TakenStep:
+    """A step of an episode as its target sees it: the record it lands on (a key per distinct observation, so a step
+    that comes back to an observation lands on the record of its first visit), its action and its reward."""
+
+    record: str
+    action: str
+    reward: float
+
+
+@dataclass(frozen=True)
+class StepRules:
+    """The constants of the step memory's learning rule."""
+
+    n: int
+    gamma: float
+    rule: UpdateRule
+    learning_rate: float
+    max_actions: int
+    order: StepOrder
+
+
+def episode_targets(
+    steps: Sequence[TakenStep],
+    rules: StepRules,
+    stored: Mapping[str, Sequence[ActionValue]],
+    borrowed: Sequence[float | None],
+) -> list[float]:
+    """G_t for every step of an episode (:func:`n_step_target`), its tails read in the ``order`` of the rules (module
+    notes above). ``stored``: the actions of each record the steps land on, as stored before the episode (a record
+    absent: none yet); ``borrowed[j]``: max_a Q of the nearest other record matching o_j when o_j has no record yet
+    (None: none matches, or o_j has one). ``backward`` folds each step into its record (:func:`update_action_value`,
+    then :func:`prune_actions`), as the report will, before the earlier steps read their tails from it; a tail is
+    then the best of that record and of what ``borrowed`` lends."""
+    records = {key: list(actions) for key, actions in stored.items()}
+    rewards = [step.reward for step in steps]
+    tails: list[float | None] = [None] * len(steps)
+    targets = [0.0] * len(steps)
+    for t in reversed(range(len(steps))):
+        j = t + rules.n
+        if j < len(steps):
+            known = (state_value(records.get(steps[j].record, [])), borrowed[j])
+            tails[j] = max((value for value in known if value is not None), default=None)
+        targets[t] = n_step_target(rewards, t, rules.n, rules.gamma, tails)
+        if rules.order == "backward":
+            step, actions = steps[t], records.get(steps[t].record, [])
+            old = next((a for a in actions if a.action == step.action), None)
+            new = update_action_value(old, step.action, targets[t], step.reward, rules.rule, rules.learning_rate)
+            folded = [new if a is old else a for a in actions] + ([] if old else [new])
+            records[step.record] = prune_actions(folded, rules.max_actions)
+    return targets
 
 
 def state_value(actions: Sequence[ActionValue]) -> float | None:

@@ -23,6 +23,7 @@ from memrl_mcp.memory.bounds import OldestBeyond
 from memrl_mcp.memory.ledger import Ledger
 from memrl_mcp.memory.records import RecallRecord, memory_view
 from memrl_mcp.models import (
+    ExperienceSource,
     MemoryView,
     Outcome,
     PoolCandidate,
@@ -202,6 +203,7 @@ class EpisodeMemory:
         outcome: Outcome,
         q: float | None,
         metadata: Mapping[str, Any],
+        source: ExperienceSource,
     ) -> StoreResult:
         """Add a memory; a near-duplicate task of the same outcome (similarity >= merge_threshold) in the namespace
         takes the new experience instead and keeps its learned Q (the merge rule)."""
@@ -212,7 +214,7 @@ class EpisodeMemory:
                 vector, 1, self.scale.merge_threshold, {"namespace": namespace, "outcome": outcome}
             )
             if twins:
-                merged = self._ledger.merge(twins[0].id, f"merge:{new_id()}", experience, metadata, now)
+                merged = self._ledger.merge(twins[0].id, f"merge:{new_id()}", experience, metadata, now, source)
                 if merged is not None:
                     return merged
             memory = MemoryView(
@@ -228,5 +230,6 @@ class EpisodeMemory:
                 created_at=now,
                 updated_at=now,
                 metadata=dict(metadata),
+                experience_source=source,
             )
             return self._ledger.add(memory, vector)

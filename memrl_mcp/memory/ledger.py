@@ -41,7 +41,7 @@ from memrl_mcp.memory.records import (
     merged_metadata,
     with_event,
 )
-from memrl_mcp.models import MemoryView, QChange, QEvent, ReportResult, StoreResult
+from memrl_mcp.models import ExperienceSource, MemoryView, QChange, QEvent, ReportResult, StoreResult
 from memrl_mcp.settings import LearningSettings
 from memrl_mcp.storage import Point, Store, Table
 
@@ -134,15 +134,22 @@ class Ledger:
         return record
 
     def merge(
-        self, memory_id: str, operation: str, experience: str, metadata: Mapping[str, Any], now: float
+        self,
+        memory_id: str,
+        operation: str,
+        experience: str,
+        metadata: Mapping[str, Any],
+        now: float,
+        source: ExperienceSource,
     ) -> StoreResult | None:
-        """Merge rule: the twin takes the newer experience and metadata and keeps its id, learned Q and visits.
-        None when the twin was forgotten meanwhile."""
+        """Merge rule: the twin takes the newer experience (and who wrote it) and metadata, and keeps its id, learned Q
+        and visits. None when the twin was forgotten meanwhile."""
         written = self.update_once(
             memory_id,
             operation,
             lambda m: {
                 "experience": experience,
+                "experience_source": source,
                 "metadata": merged_metadata(m.get("metadata") or {}, metadata, self._max_metadata_chars),
                 "merges": int(m.get("merges", 0)) + 1,
                 "updated_at": now,
@@ -166,6 +173,7 @@ class Ledger:
         return ReportResult(
             recall_id=recall_id,
             reward=report.reward,
+            reward_source=report.reward_source,
             updated=applied.changes,
             missing=applied.missing,
             stored=applied.stored,
@@ -182,7 +190,14 @@ class Ledger:
             q_before = float(m["q"])
             q_after = algorithm.update_q(q_before, reward, learning.alpha)
             event = QEvent(
-                at=now, event="reward", reward=reward, q_before=q_before, q_after=q_after, recall_id=recall_id
+                at=now,
+                event="reward",
+                reward=reward,
+                q_before=q_before,
+                q_after=q_after,
+                recall_id=recall_id,
+                source=report.reward_source,
+                note=report.note,
             )
             return {
                 "q": q_after,
@@ -218,7 +233,9 @@ class Ledger:
         twin_id = recall.twins.get(report.outcome)
         if twin_id is not None:
             operation = f"merge:{recall_id}"
-            merged = self.merge(twin_id, operation, report.experience, report.metadata, report.reported_at)
+            merged = self.merge(
+                twin_id, operation, report.experience, report.metadata, report.reported_at, report.experience_source
+            )
             if merged is not None:
                 return merged
         memory_id = experience_id(recall_id)
@@ -242,6 +259,7 @@ class Ledger:
             created_at=report.reported_at,
             updated_at=report.reported_at,
             metadata=dict(report.metadata),
+            experience_source=report.experience_source,
         )
         stored = self.add(memory, vector)
         if recall_id not in self._store.get("recalls", [recall_id]):  # forgotten between the read and the add

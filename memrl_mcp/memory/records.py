@@ -17,7 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 
 from memrl_mcp.embeddings import canonical_task
 from memrl_mcp.errors import MemoryRequestError
-from memrl_mcp.models import ActionView, MemoryDetail, MemoryView, Outcome, QEvent, StepRecordView
+from memrl_mcp.models import (
+    ActionView,
+    ExperienceSource,
+    MemoryDetail,
+    MemoryView,
+    Outcome,
+    QEvent,
+    RewardSource,
+    StepRecordView,
+)
 from memrl_mcp.validation import COUNT, FINITE, NAMESPACE, POINT_ID, TIMESTAMP, Limits, check_outcome
 
 RecallStatus = Literal["pending", "applying", "reported"]
@@ -36,6 +45,9 @@ class ClaimedReport(BaseModel):
     experience: str | None
     outcome: Outcome | None
     metadata: dict[str, Any]
+    reward_source: RewardSource = "agent"
+    experience_source: ExperienceSource = "agent"
+    note: str | None = Field(None, description="The user's note, when the user gave the reward.")
 
 
 class RecallRecord(BaseModel):
@@ -177,6 +189,8 @@ class EpisodeRecord(BaseModel):
     reported_at: float
     recall_id: str | None
     steps: list[ReportedStep]
+    reward_source: RewardSource = "agent"
+    note: str | None = None
     done: int = Field(
         0,
         description="Steps applied: 0 while applying (the progress point counts them; a report claimed before "

@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Self
 
 import numpy as np
@@ -47,12 +48,15 @@ from memrl_mcp.memory.records import (
 )
 from memrl_mcp.memory.steps import StepMemory
 from memrl_mcp.models import (
+    AGENT,
     EffectiveSettings,
+    ExperienceSource,
     ForgetResult,
     MemoryDetail,
     MemoryPage,
     MemoryView,
     Outcome,
+    Provenance,
     QEvent,
     QSummary,
     RecallPool,
@@ -82,12 +86,23 @@ from memrl_mcp.validation import (
     Limits,
     SortKey,
     check_outcome,
+    check_step_rewards,
     is_point_id,
+    outcome_of,
 )
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
 STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was interrupted: finish it
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PendingRecall:
+    """A recall that can be reported now, and the memories it gave (those not forgotten since)."""
+
+    id: str
+    record: RecallRecord
+    memories: list[MemoryView]
 
 
 class MemoryService:
@@ -168,6 +183,11 @@ class MemoryService:
         return service
 
     @property
+    def clock(self) -> Callable[[], float]:
+        """The clock of every time the service keeps (recalls' expiry, reports, budgets of the server's own)."""
+        return self._clock
+
+    @property
     def write_conflicts(self) -> int:
         """Optimistic writes that lost a race and were retried (a metric)."""
         return self._ledger.conflicts
@@ -235,7 +255,7 @@ class MemoryService:
         """The query checked, its namespace the caller's, every unset number the server's."""
         retrieval = self.settings.retrieval
         task = self.limits.task.check("task", query.task)
-        namespace = self._namespace(query.namespace, access)
+        namespace = self.namespace_of(query.namespace, access)
         k1 = K.check("k1", retrieval.k1 if query.k1 is None else query.k1)
         k2 = K.check("k2", retrieval.k2 if query.k2 is None else query.k2)
         if k2 > k1:
@@ -255,12 +275,14 @@ class MemoryService:
         metadata: Mapping[str, Any] | None = None,
         *,
         access: Access,
+        provenance: Provenance = AGENT,
     ) -> ReportResult:
-        """Q <- Q + alpha (R - Q) on the recalled memories, once; then store the new experience."""
+        """Q <- Q + alpha (R - Q) on the recalled memories, once; then store the new experience. ``provenance``: who
+        gave the reward and wrote the experience, kept in the Q history and the memory."""
         reward = self.limits.reward.check("reward", reward)
         if experience is not None:
             experience = self.limits.experience.check("experience", experience)
-            outcome = outcome or ("success" if reward > 0 else "failure")
+            outcome = outcome or outcome_of(reward)
         if outcome is not None:
             check_outcome(outcome)
         meta = self._metadata(metadata)
@@ -273,9 +295,21 @@ class MemoryService:
                 experience=experience,
                 outcome=outcome,
                 metadata=meta,
+                reward_source=provenance.reward,
+                experience_source=provenance.experience,
+                note=provenance.note,
             )
             with self.quotas.admit(recall.namespace, report_bytes(recall, experience, meta, self.embedder.dim)):
                 return self._ledger.report(recall_id, report)
+
+    def reportable(self, recall_id: str, *, access: Access) -> PendingRecall:
+        """The caller's recall ``recall_id`` if it can be reported now, with the memories it gave, else a refusal
+        that says why: what to check before asking anyone (the user, the client's model) for what its report needs."""
+        with self._call():
+            record = self.episodes.reportable(recall_id, access)
+            found = self._store.get("memories", record.memory_ids)
+        memories = [memory_view(memory_id, found[memory_id]) for memory_id in record.memory_ids if memory_id in found]
+        return PendingRecall(recall_id, record, memories)
 
     # -- the step memory (Rememberer) ----------------------------------------------------------
 
@@ -287,7 +321,7 @@ class MemoryService:
         task = self.limits.task.check("task", task)
         observation = self.limits.observation.check("observation", observation)
         k = K.check("k", self.settings.steps.step_k if k is None else k)
-        namespace = self._namespace(namespace, access)
+        namespace = self.namespace_of(namespace, access)
         with self._call():
             return self.steps.advise(task, observation, namespace, k, self.scale.step_delta)
 
@@ -300,16 +334,19 @@ class MemoryService:
         recall_id: str | None = None,
         *,
         access: Access,
+        provenance: Provenance = AGENT,
     ) -> TrajectoryResult:
         """Move every step's Q toward its n-step target, once per ``episode_id`` in the namespace; with
-        ``recall_id``, also report that recall of the episode memory with the last step's reward, once."""
+        ``recall_id``, also report that recall of the episode memory with the last step's reward, once.
+        ``provenance``: who gave the last step's reward (the user's note goes with it)."""
         task = self.limits.task.check("task", task)
         plain = [_plain(step) for step in steps] if isinstance(steps, list | tuple) else steps
         checked = self.limits.steps.check("steps", plain)
+        check_step_rewards(checked, last_may_lack=False)
         episode_id = EPISODE_ID.check("episode_id", episode_id)
         if recall_id is not None and not isinstance(recall_id, str):
             raise MemoryRequestError(f"recall_id: must be a string, got {type(recall_id).__name__}")
-        namespace = self._namespace(namespace, access)
+        namespace = self.namespace_of(namespace, access)
         with self._call():
             already = self.steps.applied(namespace, episode_id)
             if already is not None:
@@ -319,10 +356,22 @@ class MemoryService:
             if recall_id is not None:
                 added += report_bytes(self.episodes.reportable(recall_id, access), None, {}, self.embedder.dim)
             with self.quotas.admit(namespace, added):
-                result = self.steps.report(task, trajectory, episode_id, namespace, recall_id, self._clock())
+                result = self.steps.report(
+                    task, trajectory, episode_id, namespace, recall_id, self._clock(), provenance
+                )
             if not result.already_applied:
                 self._reported.added(namespace)
             return result
+
+    def applied_trajectory(
+        self, episode_id: str, namespace: str | None = None, *, access: Access
+    ) -> TrajectoryResult | None:
+        """What a report of ``episode_id`` would answer if it was reported already (None: it was not): what to check
+        before asking the user how the episode went."""
+        episode_id = EPISODE_ID.check("episode_id", episode_id)
+        namespace = self.namespace_of(namespace, access)
+        with self._call():
+            return self.steps.applied(namespace, episode_id)
 
     # -- store ----------------------------------------------------------------------------------
 
@@ -336,18 +385,20 @@ class MemoryService:
         metadata: Mapping[str, Any] | None = None,
         *,
         access: Access,
+        source: ExperienceSource = "agent",
     ) -> StoreResult:
-        """Add a memory directly (seeding, imports); a near-duplicate task with the same outcome merges."""
+        """Add a memory directly (seeding, imports); a near-duplicate task with the same outcome merges. ``source``:
+        who wrote the experience."""
         task = self.limits.task.check("task", task)
         experience = self.limits.experience.check("experience", experience)
-        namespace = self._namespace(namespace, access)
+        namespace = self.namespace_of(namespace, access)
         check_outcome(outcome)
         if q is not None:
             q = self.limits.reward.check("q", q)
         meta = self._metadata(metadata)
         added = new_record_bytes(task, experience, meta, dims=self.embedder.dim)
         with self._call(), self.quotas.admit(namespace, added):
-            return self.episodes.store(namespace, task, experience, outcome, q, meta)
+            return self.episodes.store(namespace, task, experience, outcome, q, meta, source)
 
     # -- forget, read, stats --------------------------------------------------------------------
 
@@ -363,7 +414,7 @@ class MemoryService:
                 self.get(memory_id, access=access)
                 self._store.delete("memories", [memory_id])
                 return ForgetResult(deleted=1)
-            forgotten = self._namespace(namespace, access)
+            forgotten = self.namespace_of(namespace, access)
             where = {"namespace": forgotten}
             self._store.delete_namespace("recalls", forgotten)
             self._store.delete_namespace("episodes", forgotten)
@@ -385,7 +436,7 @@ class MemoryService:
         (:mod:`memrl_mcp.storage.tally`), not by reading every memory."""
         where: dict[str, Any] = {}
         if namespace is not None:
-            where["namespace"] = self._namespace(namespace, access)
+            where["namespace"] = self.namespace_of(namespace, access)
         elif access.namespaces is not None:
             where["namespace"] = sorted(access.namespaces)
         chosen = where.get("namespace")
@@ -436,7 +487,7 @@ class MemoryService:
         """One page of a namespace's memories (default: the caller's), filtered and sorted, keyset-paged
         (:mod:`memrl_mcp.memory.listing`). ``text``: full text, every word of it a word of the task or the
         experience (any order, any case)."""
-        namespace = self._namespace(namespace, access)
+        namespace = self.namespace_of(namespace, access)
         where: dict[str | tuple[str, ...], Any] = {"namespace": namespace}
         if outcome is not None:
             where["outcome"] = check_outcome(outcome)
@@ -472,12 +523,14 @@ class MemoryService:
         reset_q: bool = False,
         *,
         access: Access,
+        source: ExperienceSource = "agent",
     ) -> MemoryDetail:
         """Correct a memory: replace its experience and/or its metadata (the rules of store_experience). Q and
         visits are learned, not edited: ``reset_q`` sets them back to Q_init and 0, recorded in the history.
 
         The edit is one conditional write (:meth:`Ledger.update_once`): a report folding a reward into the same
-        memory at the same moment keeps its reward, and the edit keeps its text."""
+        memory at the same moment keeps its reward, and the edit keeps its text. ``source``: who corrected the
+        experience (the agent, or an operator in the inspector)."""
         if experience is not None:
             experience = self.limits.experience.check("experience", experience)
         meta = None if metadata is None else self._metadata(metadata)
@@ -492,7 +545,7 @@ class MemoryService:
             def edit(m: Mapping[str, Any]) -> dict[str, Any]:
                 update: dict[str, Any] = {"updated_at": now}
                 if experience is not None:
-                    update["experience"] = experience
+                    update |= {"experience": experience, "experience_source": source}
                 if meta is not None:
                     update["metadata"] = meta
                 if reset:
@@ -564,7 +617,8 @@ class MemoryService:
 
     # -- validation -----------------------------------------------------------------------------
 
-    def _namespace(self, namespace: str | None, access: Access) -> str:
+    def namespace_of(self, namespace: str | None, access: Access) -> str:
+        """The namespace a call means (``None``: the caller's default, else the setting's), if the caller may use it."""
         if namespace is None:
             namespace = access.default or self.settings.namespaces.namespace
         namespace = NAMESPACE.check("namespace", namespace)

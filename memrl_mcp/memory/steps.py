@@ -11,9 +11,14 @@ decision of a long episode went wrong. The step memory learns per decision:
   ``step_observation_weight``). A long observation is embedded as its head and tail (the embedder reads about
   512 characters); the whole text still keys the record.
 - **Learning.** A reported trajectory moves each step's Q toward its n-step bootstrapped target (algorithm
-  module). The tail max_a Q(task, o_{t+n}, a) comes from the record of o_{t+n} itself, else from the nearest
-  record matching at least ``step_match_threshold``, else it is zero; the targets are computed against the memory
-  as it stood when the report arrived, and written into the claim, so a redo after a crash applies the same.
+  module). The tail max_a Q(task, o_{t+n}, a) comes from the record of o_{t+n} itself, and from the nearest record
+  matching at least ``step_match_threshold`` when o_{t+n} had none, else it is zero. With ``step_order: backward``
+  (the default) the steps are credited last to first, each tail read from the record as the episode's later steps
+  leave it, so the final reward reaches every step of the report
+  (:func:`~memrl_mcp.memory.algorithm.episode_targets`). The targets are computed once, against the memory as it
+  stood when the report arrived, and written into the claim, so a redo after a crash applies the same; the steps
+  are then folded in order (under the default ``mean`` rule the order of two folds into one action changes
+  nothing).
 - **Capacities.** ``step_max_actions`` per record (the lowest mean reward goes) and ``step_max_records`` per
   namespace (:func:`~memrl_mcp.memory.algorithm.record_to_evict`: the most redundant of the new record and the two
   closest stored ones goes). Replicas writing at once may overshoot the record capacity by one per writer.
@@ -76,6 +81,7 @@ from memrl_mcp.memory.records import (
 from memrl_mcp.models import (
     ActionView,
     MatchedStep,
+    Provenance,
     StepAdvice,
     StepAdviceResult,
     StepChange,
@@ -141,6 +147,14 @@ class StepMemory:
         self.rules = rules
         self._embedder = embedder
         self._nearest_weight = kept_float(rules.step_observation_weight)  # as stored, so that it compares equal
+        self._rules = algorithm.StepRules(
+            rules.step_n,
+            rules.step_gamma,
+            rules.step_update,
+            rules.step_learning_rate,
+            rules.step_max_actions,
+            rules.step_order,
+        )
 
     # -- vectors ------------------------------------------------------------------------------------
 
@@ -229,11 +243,15 @@ class StepMemory:
         namespace: str,
         recall_id: str | None,
         now: float,
+        provenance: Provenance,
     ) -> TrajectoryResult:
         """Compute every step's target, claim the episode, then apply it (module docstring)."""
-        rewards = [reward for _, _, reward in steps]
-        values = self._state_values(task, [observation for observation, _, _ in steps], namespace)
-        targets = algorithm.n_step_targets(rewards, self.rules.step_n, self.rules.step_gamma, values)
+        taken = [
+            algorithm.TakenStep(step_id(namespace, task, observation), canonical_text(action), reward)
+            for observation, action, reward in steps
+        ]
+        stored, borrowed = self._known(task, [observation for observation, _, _ in steps], taken, namespace)
+        targets = algorithm.episode_targets(taken, self._rules, stored, borrowed)
         key = episode_key(namespace, episode_id)
         record = EpisodeRecord(
             namespace=namespace,
@@ -243,6 +261,8 @@ class StepMemory:
             status="applying",
             reported_at=now,
             recall_id=recall_id,
+            reward_source=provenance.reward,
+            note=provenance.note,
             steps=[
                 ReportedStep(observation=o, action=canonical_text(a), reward=r, target=g)
                 for (o, a, r), g in zip(steps, targets, strict=True)
@@ -260,26 +280,26 @@ class StepMemory:
         )
         return self.redo(key, claimed, fresh)
 
-    def _state_values(self, task: str, observations: Sequence[str], namespace: str) -> list[float | None]:
-        """max_a Q(task, o_j, a) for every j that is some step's o_{t+n} (j >= n); None where nothing matches."""
-        values: list[float | None] = [None] * len(observations)
-        wanted = range(self.rules.step_n, len(observations))
-        if not wanted:
-            return values
-        ids = {j: step_id(namespace, task, observations[j]) for j in wanted}
-        found = self._store.get("steps", sorted(set(ids.values())))
-        missing = [j for j in wanted if ids[j] not in found]
-        for j in wanted:
-            if ids[j] in found:
-                values[j] = _state_value(found[ids[j]])
+    def _known(
+        self, task: str, observations: Sequence[str], taken: Sequence[algorithm.TakenStep], namespace: str
+    ) -> tuple[dict[str, list[algorithm.ActionValue]], list[float | None]]:
+        """What the memory knows before the episode: the actions of each step's record (one read of them all), and
+        for each observation some step's tail reads (o_j, j >= n) that has no record, max_a Q of the nearest record
+        matching at least ``step_match_threshold`` (None: none does)."""
+        found = self._store.get("steps", sorted({step.record for step in taken}))
+        stored = {
+            key: [_value(ActionView.model_validate(a)) for a in payload["actions"]] for key, payload in found.items()
+        }
+        borrowed: list[float | None] = [None] * len(taken)
+        missing = [j for j in range(self.rules.step_n, len(taken)) if taken[j].record not in found]
         if missing:
             task_vector = self._tasks([task], namespace)[0]
             vectors = self._observations([observations[j] for j in missing], namespace)
             for j, vector in zip(missing, vectors, strict=True):
                 query = self._query(task_vector, vector)
                 hits = self._store.search(query, 1, self.rules.step_match_threshold, {"namespace": namespace}, "steps")
-                values[j] = _state_value(hits[0].payload) if hits else None
-        return values
+                borrowed[j] = _state_value(hits[0].payload) if hits else None
+        return stored, borrowed
 
     def _progress(self, key: str, record: EpisodeRecord) -> EpisodeProgress:
         """How far the redo of a claimed episode got. Without a progress point, no step of this claim was checkpointed:
@@ -321,6 +341,8 @@ class StepMemory:
                 experience=None,
                 outcome=None,
                 metadata={},
+                reward_source=record.reward_source,
+                note=record.note,
             )
             try:
                 outcome = self._ledger.report(record.recall_id, report)
@@ -331,6 +353,7 @@ class StepMemory:
             episode_id=record.episode_id,
             namespace=record.namespace,
             already_applied=False,
+            reward_source=record.reward_source,
             steps=steps,
             updated=steps - dropped,
             created=created,

@@ -20,6 +20,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
+from mcp_types import InputRequiredResult
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 from starlette.requests import Request
@@ -43,7 +44,9 @@ from memrl_mcp.models import (
     TrajectoryResult,
 )
 from memrl_mcp.serving import inspector
+from memrl_mcp.serving.asking import Asking, InputRequired
 from memrl_mcp.serving.auth import TokenTable, caller
+from memrl_mcp.serving.feedback import Feedback
 from memrl_mcp.serving.observability import Metrics
 from memrl_mcp.serving.roots import roots_namespace
 from memrl_mcp.settings import TOOL_PROFILES, LearningSettings
@@ -58,6 +61,7 @@ from memrl_mcp.validation import (
     SortKey,
     TextQuery,
     plain_error,
+    text_rule,
 )
 
 R = TypeVar("R")
@@ -67,6 +71,8 @@ Namespace = Annotated[
 ]
 STRICT = ConfigDict(strict=True, extra="forbid")
 TOKEN_REQUIRED = "authorization: a valid bearer token is required"
+HIDDEN = ("access", "client")
+"""A tool body's parameters that no client sets: its caller, and its way back to the client (:func:`_served`)."""
 SCHEMA_BRANCHES = ("properties", "$defs")
 """Keywords of a JSON schema whose value maps names to schemas (a property may be called ``title``)."""
 
@@ -109,34 +115,43 @@ def paragraphs(docstring: str) -> str:
 
 
 def _served(
-    fn: Callable[..., R], identify: Callable[[Context[Any, Any]], Awaitable[Access]], metrics: Metrics
-) -> Callable[..., Awaitable[R]]:
+    fn: Callable[..., R | Awaitable[R]], identify: Callable[[Context[Any, Any]], Awaitable[Access]], metrics: Metrics
+) -> Callable[..., Awaitable[R | InputRequiredResult]]:
     """The tool body ``fn``, which takes its caller as ``access``, as the SDK serves it: the SDK hands the call's
     ``Context`` (``ctx``) in place of ``access``, and ``identify`` turns it into the caller's :class:`Access`.
     Every tool is served through here, so none can forget its caller's tenant or project namespace, and none
-    reads the caller from anywhere but the request that carried the call. The body runs in a worker thread (the
-    store's calls block); each call is timed, counted and logged; a refused request reaches the client as a
-    tool error with its message (which names the field)."""
+    reads the caller from anywhere but the request that carried the call. A plain body runs in a worker thread (the
+    store's calls block); a coroutine body, one that may ask the client (:mod:`~memrl_mcp.serving.asking`), takes
+    ``client`` too and runs on the event loop, which it must not block. Each call is timed, counted and logged; a
+    refused request reaches the client as a tool error with its message (which names the field)."""
     signature = inspect.signature(fn)
     if "access" not in signature.parameters:
         raise TypeError(f"the tool {fn.__name__} must take its caller's access")
+    asks = inspect.iscoroutinefunction(fn)
+    if asks != ("client" in signature.parameters):
+        raise TypeError(f"the tool {fn.__name__} must be a coroutine exactly when it takes client")
     context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context[Any, Any])
-    parameters = [*(p for p in signature.parameters.values() if p.name != "access"), context]
+    parameters = [*(p for p in signature.parameters.values() if p.name not in HIDDEN), context]
 
     @functools.wraps(fn)
-    async def served(*args: Any, ctx: Context[Any, Any], **kwargs: Any) -> R:
+    async def served(*args: Any, ctx: Context[Any, Any], **kwargs: Any) -> R | InputRequiredResult:
         with metrics.call(fn.__name__) as call:
             try:
                 access = await identify(ctx)
                 call.client = access.client
-                return await anyio.to_thread.run_sync(functools.partial(fn, *args, access=access, **kwargs))
+                if asks:
+                    return await fn(*args, access=access, client=Asking(ctx), **kwargs)  # type: ignore[misc]
+                return await anyio.to_thread.run_sync(functools.partial(fn, *args, access=access, **kwargs))  # type: ignore[return-value]
+            except InputRequired as needed:  # 2026-07-28: the client asks, then calls again
+                call.status = "asking"
+                return needed.result
             except MemrlError as error:
                 call.status = "refused"
                 raise ToolError(str(error)) from None
 
     served.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     served.__annotations__ = {
-        **{name: kind for name, kind in fn.__annotations__.items() if name != "access"},
+        **{name: kind for name, kind in fn.__annotations__.items() if name not in HIDDEN},
         "ctx": Context[Any, Any],
     }
     return served
@@ -216,6 +231,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
     limits, learning, retrieval = settings.limits, settings.learning, settings.retrieval
     serving = settings.serving
     metrics = Metrics(service)
+    feedback = Feedback(service)
     low, high = learning.reward_min, learning.reward_max
     Task = Annotated[
         rules.task.type,
@@ -235,7 +251,15 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
             f"memories misled you); {(low + high) / 2:g} no clear outcome (partly done, no sign either way), which "
             "still pulls the recalled memories toward neutral. In a chat, where you cannot check success yourself, "
             "ask the user, or infer it from their reaction: thanks or moving on is a success; a correction, a "
-            "complaint or the same request again is a failure."
+            "complaint or the same request again is a failure. Leave it out and the server asks the user itself, "
+            "when the client lets it."
+        ),
+    ]
+    Trajectory = Annotated[
+        text_rule(limits.max_trajectory_chars).type | None,
+        Field(
+            description="Instead of experience: what happened in the task, as text (max "
+            f"{limits.max_trajectory_chars} characters); the client's model writes the experience from it."
         ),
     ]
     K1 = Annotated[CandidateCount | None, Field(description=f"Similar memories considered (default {retrieval.k1}).")]
@@ -300,9 +324,9 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         a task calls recall_experience instead."""
         return service.search(RecallQuery(task, namespace, k1, k2, q_weight, delta), access=access)
 
-    def report_outcome(
+    async def report_outcome(
         recall_id: Annotated[str, Field(description="The recall_id that recall_experience returned.")],
-        reward: Reward,
+        reward: Reward | None = None,
         experience: Annotated[
             rules.experience.type | None,
             Field(
@@ -314,13 +338,17 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
             Outcome | None, Field(description="success or failure; default: success when the reward is above 0.")
         ] = None,
         metadata: Metadata = None,
+        trajectory: Trajectory = None,
         *,
         access: Access,
+        client: Asking,
     ) -> ReportResult:
         """Call once when the task is over (done, failed or abandoned), with the recall_id of recall_experience.
         The reward teaches the memory which of the recalled experiences help; the experience is kept as a new
         memory for the next similar task."""
-        return service.report(recall_id, reward, experience, outcome, metadata, access=access)
+        return await feedback.report(
+            client, recall_id, reward, experience, trajectory, outcome, metadata, access=access
+        )
 
     def recall_step_advice(
         task: Task,
@@ -344,7 +372,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         (discouraged). Read-only. At the end of the episode, report every step with report_trajectory."""
         return service.recall_step_advice(task, observation, namespace, k, access=access)
 
-    def report_trajectory(
+    async def report_trajectory(
         task: Task,
         steps: Annotated[
             rules.steps.type,
@@ -374,30 +402,35 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         ] = None,
         *,
         access: Access,
+        client: Asking,
     ) -> TrajectoryResult:
         """Call once at the end of a task of many steps, with every step: the step memory learns which actions led
         to success and which went wrong, and recall_step_advice will say so."""
-        return service.report_trajectory(task, steps, episode_id, namespace, recall_id, access=access)
+        return await feedback.report_trajectory(client, task, steps, episode_id, namespace, recall_id, access=access)
 
-    def store_experience(
+    async def store_experience(
         task: Annotated[
             rules.task.type, Field(description=f"The task the experience is about (max {limits.max_task_chars}).")
         ],
         experience: Annotated[
-            rules.experience.type,
+            rules.experience.type | None,
             Field(description=f"What to reuse or avoid (max {limits.max_experience_chars} characters)."),
-        ],
+        ] = None,
         namespace: Namespace = None,
         outcome: Annotated[Outcome, Field(description="success (to follow) or failure (to avoid).")] = "success",
         q: Annotated[rules.reward.type | None, Field(description="Initial usefulness; default: the server's.")] = None,
         metadata: Metadata = None,
+        trajectory: Trajectory = None,
         *,
         access: Access,
+        client: Asking,
     ) -> StoreResult:
         """Keep a lesson that no recall led to: something the user asks you to remember, or a procedure learned
         outside a task. After a recalled task, report_outcome stores its experience and also teaches the memory.
         A near-duplicate task with the same outcome updates that memory instead of adding a twin."""
-        return service.store_experience(task, experience, namespace, outcome, q, metadata, access=access)
+        return await feedback.store(
+            client, task, experience, trajectory, namespace, outcome, q, metadata, access=access
+        )
 
     def forget_experience(
         memory_id: Annotated[str | None, Field(description="Delete this one memory.")] = None,

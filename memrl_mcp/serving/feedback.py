@@ -1,0 +1,401 @@
+"""Rewards and experiences from the client: what a report asks the user and the client's model for, and then makes.
+
+MemRL learns only from rewards, and keeps only the experiences someone wrote. In a chat the agent often cannot see
+whether a task succeeded, and writes a poor experience; the user can see it, and the client's own model can write
+one. MCP gives the server both (:mod:`~memrl_mcp.serving.asking`):
+
+- **A reward from the user.** A report without ``reward`` (``report_outcome``; the last step of
+  ``report_trajectory``) asks the user through MCP elicitation: a form of one required boolean, ``succeeded``, and an
+  optional ``note``, with a message naming the task and the memories it was given. Accepted: the reward is
+  ``user_success_reward`` or ``user_failure_reward`` (default ``reward_max`` / ``reward_min``), reported once like
+  any reward, the user's note kept in the Q history. Declined or dismissed: nothing changes, the recall (or the
+  episode id) stays reportable, and the result says so. A client that offers no elicitation is told to pass
+  ``reward``. Everything is checked before the user is asked: a report that would be refused is never asked about.
+- **An experience from a model.** ``report_outcome`` and ``store_experience`` take ``trajectory`` (the episode as
+  text, at most ``max_trajectory_chars``) instead of ``experience``: the client's model writes the experience
+  through MCP sampling (:mod:`~memrl_mcp.serving.distill`: a success becomes a procedure, a failure a reflection),
+  else the configured endpoint (``distill_base_url``), else the call is refused. Each token may have at most
+  ``max_samplings_per_minute`` experiences written (:class:`Budget`); a model's answer is checked as any experience.
+
+A report is all or nothing: if the model's answer is refused, or no answer comes within the time allowed, nothing
+is reported (the user's answer too is dropped: the recall stays reportable, and is asked about again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import anyio.to_thread
+from mcp_types import CreateMessageResult, ElicitRequest, ElicitRequestFormParams, ElicitResult
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.memory.access import Access
+from memrl_mcp.memory.service import MemoryService, PendingRecall
+from memrl_mcp.models import (
+    AGENT,
+    ExperienceSource,
+    MemoryView,
+    Outcome,
+    Provenance,
+    ReportResult,
+    StoreResult,
+    TrajectoryResult,
+    iso_time,
+)
+from memrl_mcp.serving.asking import Asking
+from memrl_mcp.serving.distill import Endpoint, answered_text, checked, distill_request
+from memrl_mcp.validation import check_step_rewards, outcome_of, plain_error, text_rule
+
+R = TypeVar("R")
+MAX_NOTE_CHARS = 500
+SHOWN_TASK_CHARS = 300
+SHOWN_EXPERIENCE_CHARS = 100
+SHOWN_MEMORIES = 3
+ANSWERS = {"decline": "declined to answer", "cancel": "dismissed the question"}
+
+
+class RewardAnswer(BaseModel):
+    """The user's answer, as the form asks for it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    succeeded: bool
+    note: str | None = Field(None, max_length=MAX_NOTE_CHARS)
+
+
+REWARD_FORM: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "succeeded": {
+            "type": "boolean",
+            "title": "Did it succeed?",
+            "description": "Yes if the task was done the way you wanted.",
+        },
+        "note": {
+            "type": "string",
+            "title": "Note (optional)",
+            "description": "What went wrong, or what to remember next time.",
+            "maxLength": MAX_NOTE_CHARS,
+        },
+    },
+    "required": ["succeeded"],
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the user answered (``answer``), and when accepted, whether the task succeeded, with the note and the
+    reward it makes (None: declined or dismissed)."""
+
+    answer: Literal["accept", "decline", "cancel"]
+    succeeded: bool = False
+    reward: float | None = None
+    note: str | None = None
+
+    @property
+    def said(self) -> str:
+        note = f" (note: {self.note})" if self.note else ""
+        return f"the user said the task {'succeeded' if self.succeeded else 'failed'}: reward {self.reward:g}{note}"
+
+
+class Budget:
+    """At most ``per_minute`` per key in a minute, on average: a bucket of that many, refilled continuously (a burst
+    of ``per_minute`` at once, then one every 60 / ``per_minute`` seconds). Kept by this process, so each replica of a
+    server keeps its own. Used on the event loop only (no lock)."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float]) -> None:
+        self._per_minute = per_minute
+        self._clock = clock
+        self._levels: dict[str, tuple[float, float]] = {}
+
+    def take(self, key: str) -> bool:
+        now = self._clock()
+        level, at = self._levels.get(key, (float(self._per_minute), now))
+        level = min(float(self._per_minute), level + max(0.0, now - at) * self._per_minute / 60.0)
+        taken = level >= 1.0
+        self._levels[key] = (level - taken, now)
+        return taken
+
+
+class Feedback:
+    """The reports that ask the client (module docstring), over one service."""
+
+    def __init__(self, service: MemoryService) -> None:
+        self._service = service
+        settings = service.settings
+        self._learning = settings.learning
+        self._trajectory = text_rule(settings.limits.max_trajectory_chars)
+        self._note = text_rule(MAX_NOTE_CHARS)
+        self._per_minute = settings.serving.max_samplings_per_minute
+        self._budget = Budget(self._per_minute, service.clock)
+        learning = self._learning
+        self._endpoint = (
+            None
+            if learning.distill_base_url is None or learning.distill_model is None
+            else Endpoint(learning.distill_base_url, learning.distill_model, learning.distill_api_key)
+        )
+
+    async def _run(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """A service call (it blocks on the store): in a worker thread."""
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+    # -- the tools ------------------------------------------------------------------------------------
+
+    async def report(
+        self,
+        client: Asking,
+        recall_id: str,
+        reward: float | None,
+        experience: str | None,
+        trajectory: str | None,
+        outcome: Outcome | None,
+        metadata: dict[str, Any] | None,
+        *,
+        access: Access,
+    ) -> ReportResult:
+        """``report_outcome``: the reward, else the user's; the experience, else one a model writes from the
+        trajectory; then the report."""
+        self._one_of(experience, trajectory)
+        trajectory = self._checked_trajectory(client, trajectory)
+        if reward is None:
+            self._can_ask_user(client)
+        recall = await self._run(self._service.reportable, recall_id, access=access)
+        provenance, verdict = AGENT, None
+        with _unreported(f"recall {recall_id} stays reportable"):
+            if reward is None:
+                verdict = await self._ask_user(client, _recall_question(recall))
+                if verdict.reward is None:
+                    return ReportResult(
+                        recall_id=recall_id,
+                        reported=False,
+                        reward=None,
+                        updated=[],
+                        missing=[],
+                        stored=None,
+                        message=f"the user {ANSWERS[verdict.answer]}: nothing was reported. The recall stays "
+                        f"reportable until {iso_time(recall.record.expires_at)}: report it again, with a reward if "
+                        "you can tell how the task went.",
+                    )
+                reward, provenance = verdict.reward, Provenance(reward="user", note=verdict.note)
+            if trajectory is not None:
+                outcome = outcome or outcome_of(reward)
+                task = recall.record.task
+                experience, source = await self._distill(client, access, task, trajectory, outcome, provenance)
+                provenance = dataclasses.replace(provenance, experience=source)
+        result = await self._run(
+            self._service.report, recall_id, reward, experience, outcome, metadata, access=access, provenance=provenance
+        )
+        if verdict is not None:
+            result.message = verdict.said
+        return result
+
+    async def store(
+        self,
+        client: Asking,
+        task: str,
+        experience: str | None,
+        trajectory: str | None,
+        namespace: str | None,
+        outcome: Outcome,
+        q: float | None,
+        metadata: dict[str, Any] | None,
+        *,
+        access: Access,
+    ) -> StoreResult:
+        """``store_experience``: the experience, else one a model writes from the trajectory."""
+        self._one_of(experience, trajectory)
+        if experience is None and trajectory is None:
+            raise MemoryRequestError("experience: required (or trajectory, for a model to write it from)")
+        trajectory = self._checked_trajectory(client, trajectory)
+        source: ExperienceSource = "agent"
+        if trajectory is not None:
+            await self._run(self._service.namespace_of, namespace, access)  # a refusal before any model is asked
+            with _unreported("nothing was stored"):
+                experience, source = await self._distill(client, access, task, trajectory, outcome, AGENT)
+        return await self._run(
+            self._service.store_experience,
+            task,
+            experience,
+            namespace,
+            outcome,
+            q,
+            metadata,
+            access=access,
+            source=source,
+        )
+
+    async def report_trajectory(
+        self,
+        client: Asking,
+        task: str,
+        steps: list[Any],
+        episode_id: str,
+        namespace: str | None,
+        recall_id: str | None,
+        *,
+        access: Access,
+    ) -> TrajectoryResult:
+        """``report_trajectory``: the last step's reward, else the user's; then the report."""
+        provenance, verdict = AGENT, None
+        if steps and steps[-1].reward is None:
+            check_step_rewards(steps, last_may_lack=True)
+            self._can_ask_user(client)
+            already = await self._run(self._service.applied_trajectory, episode_id, namespace, access=access)
+            if already is not None:
+                return already
+            recall = None if recall_id is None else await self._run(self._service.reportable, recall_id, access=access)
+            question = _episode_question(task, steps, recall)
+            with _unreported(f"episode_id {episode_id!r} stays reportable"):
+                verdict = await self._ask_user(client, question)
+            if verdict.reward is None:
+                return TrajectoryResult(
+                    episode_id=episode_id,
+                    namespace=self._service.namespace_of(namespace, access),
+                    already_applied=False,
+                    reported=False,
+                    steps=len(steps),
+                    updated=0,
+                    created=0,
+                    merged=0,
+                    dropped=0,
+                    changes=[],
+                    message=f"the user {ANSWERS[verdict.answer]}: nothing was reported. Report episode_id "
+                    f"{episode_id!r} again, with the last step's reward if you can tell how the episode went.",
+                )
+            steps = [*steps[:-1], steps[-1].model_copy(update={"reward": verdict.reward})]
+            provenance = Provenance(reward="user", note=verdict.note)
+        result = await self._run(
+            self._service.report_trajectory,
+            task,
+            steps,
+            episode_id,
+            namespace,
+            recall_id,
+            access=access,
+            provenance=provenance,
+        )
+        if provenance.reward == "user" and not result.already_applied:
+            result.message = f"{verdict.said}; {result.message}"
+        return result
+
+    # -- the user -------------------------------------------------------------------------------------
+
+    def _can_ask_user(self, client: Asking) -> None:
+        lacking = client.lacks("elicitation")
+        if lacking is not None:
+            low, high = self._learning.reward_min, self._learning.reward_max
+            raise MemoryRequestError(
+                f"reward: required: {lacking}. Pass reward yourself: {high:g} success, {low:g} failure, "
+                f"{(low + high) / 2:g} no clear outcome; ask the user in the chat if you cannot tell."
+            )
+
+    async def _ask_user(self, client: Asking, message: str) -> Verdict:
+        request = ElicitRequest(params=ElicitRequestFormParams(message=message, requested_schema=REWARD_FORM))
+        try:
+            result = await client.ask("reward", request, ElicitResult, self._learning.elicitation_timeout_seconds)
+        except ValidationError:
+            raise MemoryRequestError("reward: the client's answer to the question is no elicitation result") from None
+        if result.action != "accept":
+            return Verdict(result.action)
+        try:
+            answer = RewardAnswer.model_validate(result.content or {})
+        except ValidationError as error:
+            raise MemoryRequestError("reward: the user's answer: " + plain_error(error.errors()[0])) from None
+        note = answer.note.strip() if answer.note else ""
+        note = self._note.check("note", note) if note else None
+        return Verdict("accept", answer.succeeded, self._learning.user_reward(answer.succeeded), note)
+
+    # -- the model ------------------------------------------------------------------------------------
+
+    def _one_of(self, experience: str | None, trajectory: str | None) -> None:
+        if experience is not None and trajectory is not None:
+            raise MemoryRequestError("trajectory: give experience or trajectory, not both")
+
+    def _checked_trajectory(self, client: Asking, trajectory: str | None) -> str | None:
+        """The trajectory, checked, when a model can be asked for its experience; else a refusal."""
+        if trajectory is None:
+            return None
+        trajectory = self._trajectory.check("trajectory", trajectory)
+        lacking = client.lacks("sampling")
+        if lacking is not None and self._endpoint is None:
+            raise MemoryRequestError(
+                f"trajectory: {lacking}, and this server has no distill_base_url to ask instead: write the "
+                "experience yourself (on success 3-5 steps that worked, on failure what to avoid) and pass experience"
+            )
+        return trajectory
+
+    async def _distill(
+        self, client: Asking, access: Access, task: str, trajectory: str, outcome: Outcome, provenance: Provenance
+    ) -> tuple[str, ExperienceSource]:
+        """The experience a model writes from ``trajectory``: the client's, else the endpoint (module docstring)."""
+        learning = self._learning
+        request = distill_request(task, trajectory, outcome, provenance.note, learning.distill_max_tokens)
+        rule, timeout = self._service.limits.experience, learning.distill_timeout_seconds
+
+        def spend() -> None:
+            if not self._budget.take(access.client or ""):
+                raise MemoryRequestError(
+                    f"trajectory: this token had {self._per_minute} experiences written in the last minute "
+                    "(max_samplings_per_minute); pass experience instead, or try again later"
+                )
+
+        if client.lacks("sampling") is None:
+            try:
+                result = await client.ask("experience", request, CreateMessageResult, timeout, spend)
+            except ValidationError:
+                raise MemoryRequestError(
+                    "experience: the client's model answered with something other than one text message (tool use?); "
+                    "nothing stored"
+                ) from None
+            return answered_text(result, rule, "the client's model"), "client_model"
+        assert self._endpoint is not None, "checked by _checked_trajectory"
+        spend()
+        return checked(await self._endpoint.complete(request, timeout), rule, "distill_base_url"), "endpoint"
+
+
+@contextmanager
+def _unreported(stays: str) -> Iterator[None]:
+    """A refusal after the checks (no answer, a bad answer, no budget) says that nothing was reported."""
+    try:
+        yield
+    except MemoryRequestError as error:
+        raise type(error)(f"{error}. Nothing was reported: {stays}.") from None
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _recall_question(recall: PendingRecall) -> str:
+    """The message of the question about a recall: the task, and the memories it gave."""
+    return (
+        "How did this task go? Your answer teaches the memory which past experiences help.\n\n"
+        f"Task: {_clip(recall.record.task, SHOWN_TASK_CHARS)}\n" + _memories(recall.memories)
+    )
+
+
+def _episode_question(task: str, steps: list[Any], recall: PendingRecall | None) -> str:
+    """The message of the question about an episode of many steps: its task, its last action, and the memories its
+    recall gave."""
+    text = (
+        "How did this task go? Your answer teaches the memory which steps help.\n\n"
+        f"Task: {_clip(task, SHOWN_TASK_CHARS)}\n"
+        f"{len(steps)} steps; the last: {_clip(steps[-1].action, SHOWN_EXPERIENCE_CHARS)}\n"
+    )
+    return text + ("" if recall is None else _memories(recall.memories))
+
+
+def _memories(memories: list[MemoryView]) -> str:
+    if not memories:
+        return "No past experience was used (a new kind of task)."
+    shown = "".join(
+        f"\n- {m.outcome}: {_clip(m.experience, SHOWN_EXPERIENCE_CHARS)}" for m in memories[:SHOWN_MEMORIES]
+    )
+    more = f"\n(and {len(memories) - SHOWN_MEMORIES} more)" if len(memories) > SHOWN_MEMORIES else ""
+    return f"Past experiences used:{shown}{more}"
