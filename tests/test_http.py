@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -49,11 +50,12 @@ def tokens_file(tmp_path: Path) -> Path:
 
 
 @asynccontextmanager
-async def mcp_client(server: HttpServer, token: str | None) -> AsyncIterator[Client]:
+async def mcp_client(server: HttpServer, token: str | None, **options: Any) -> AsyncIterator[Client]:
+    """A client of ``server`` with ``token``; ``options`` of the SDK's Client (its callbacks, its protocol mode)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with AsyncExitStack() as stack:
         http = await stack.enter_async_context(create_mcp_http_client(headers=headers))
-        yield await stack.enter_async_context(Client(streamable_http_client(server.url, http_client=http)))
+        yield await stack.enter_async_context(Client(streamable_http_client(server.url, http_client=http), **options))
 
 
 def base_url(server: HttpServer) -> str:

@@ -19,12 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
 import numpy as np
 import pytest
 import yaml
+from mcp import types
 
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory import algorithm
@@ -68,7 +70,7 @@ def base_url(server: HttpServer) -> str:
 
 def write_tokens(path: Path) -> Path:
     grants = [
-        {"name": "alice", "token": ALICE, "namespaces": ["alice", "preview", "hostile"]},
+        {"name": "alice", "token": ALICE, "namespaces": ["alice", "preview", "hostile", "sources"]},
         {"name": "bob", "token_sha256": hashlib.sha256(BOB.encode()).hexdigest(), "namespaces": ["bob"]},
     ]
     path.write_text(yaml.safe_dump({"tokens": grants}))
@@ -82,6 +84,20 @@ def harness_runs(folder: Path) -> Path:
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return folder
+
+
+SAMPLED = "Rotate the nginx logs every night"
+SAMPLED_EXPERIENCE = "1. Write the logrotate rule. 2. Force a rotation. 3. Check the files."
+USER_NOTE = "checked the rotated files by hand"
+
+
+async def user_says_yes(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"succeeded": True, "note": USER_NOTE})
+
+
+async def model_writes(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+    text = types.TextContent(type="text", text=SAMPLED_EXPERIENCE)
+    return types.CreateMessageResult(role="assistant", content=text, model="client-model")
 
 
 async def seed(server: HttpServer, token: str | None) -> dict[str, str]:
@@ -105,6 +121,12 @@ async def seed(server: HttpServer, token: str | None) -> dict[str, str]:
         await store(UNRELATED, "preview", experience="list.sort()", q=0.0)
         for task in HOSTILE_TASKS:
             await store(task, "hostile", experience=HOSTILE_EXPERIENCE, metadata=HOSTILE_METADATA)
+    async with mcp_client(server, token, elicitation_callback=user_says_yes, sampling_callback=model_writes) as helped:
+        # Provenance: an experience the client's model wrote, and a reward the user gave, with a note.
+        stored = await call(helped, "store_experience", task=SAMPLED, trajectory="$ logrotate -f", namespace="sources")
+        ids[SAMPLED] = stored["id"]
+        recall = await call(helped, "recall_experience", task=SAMPLED, namespace="sources")
+        await call(helped, "report_outcome", recall_id=recall["recall_id"])
     if token is not None:
         async with mcp_client(server, BOB) as bob:
             stored = await call(bob, "store_experience", task=SECRET, experience="secret steps", namespace="bob")
@@ -227,6 +249,23 @@ def test_a_server_without_tokens_answers_loopback_names_only(without_tokens: See
         # DNS rebinding: a page whose name now resolves to 127.0.0.1 still sends its own name.
         for path in ("/ui", "/ui/api/session", f"/ui/api/memories/{memory}"):
             assert http.get(path, headers={"Host": "evil.example.com"}).status_code == 421
+
+
+def test_a_memory_says_who_wrote_its_experience_and_who_gave_each_reward(with_tokens: Seeded) -> None:
+    """Issue 26: the experience the client's model wrote, the reward the user gave (with the note), and an operator's
+    correction, as the inspector's API shows them (the page draws them: tests/test_inspector_browser.py)."""
+    memory_id = with_tokens.ids[SAMPLED]
+    with httpx.Client(base_url=with_tokens.base, timeout=10) as http:
+        memory = http.get(f"/ui/api/memories/{memory_id}", headers=auth(ALICE)).json()
+        assert (memory["experience"], memory["experience_source"]) == (SAMPLED_EXPERIENCE, "client_model")
+        (event,) = memory["history"]
+        assert (event["source"], event["note"], event["reward"]) == ("user", USER_NOTE, 1.0)
+        agent = http.get(f"/ui/api/memories/{with_tokens.ids['Sort the CSV export']}", headers=auth(ALICE)).json()
+        assert agent["experience_source"] == "agent" and {e["source"] for e in agent["history"]} == {"agent"}
+        edited = http.patch(
+            f"/ui/api/memories/{memory_id}", json={"experience": "corrected"}, headers={**JSON_WRITE, **auth(ALICE)}
+        ).json()
+        assert (edited["experience_source"], edited["history"]) == ("operator", memory["history"])
 
 
 def test_the_page_opens_on_a_namespace_that_holds_memories(without_tokens: Seeded, with_tokens: Seeded) -> None:

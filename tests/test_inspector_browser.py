@@ -28,7 +28,9 @@ from tests.test_inspector import (
     HOSTILE_METADATA,
     HOSTILE_TASKS,
     OBJECTS,
+    SAMPLED,
     SECRET,
+    USER_NOTE,
     VERBS,
     Seeded,
     auth,
@@ -148,7 +150,7 @@ def test_the_page_asks_for_a_token_and_shows_the_callers_memories_only(
     expect(p.locator("#login-message")).to_have_text("That token was refused.")
     p.fill("#token", ALICE)
     p.click("#login button")
-    expect(p.locator("#who-namespaces")).to_have_text("namespaces: alice, hostile, preview")
+    expect(p.locator("#who-namespaces")).to_have_text("namespaces: alice, hostile, preview, sources")
     expect(p.locator("#stat-memories b")).to_have_text(str(len(VERBS) * len(OBJECTS)))
     expect(p.locator("#page-range")).to_have_text(f"1-25 of {len(VERBS) * len(OBJECTS)}")
     assert p.locator("#q-distribution rect").count() == 1  # the box of the middle half of Q
@@ -227,6 +229,26 @@ def test_a_memorys_page_shows_experience_metadata_and_q_history(page: Watched, s
     page.clean()
 
 
+def test_a_memorys_page_says_who_wrote_it_and_who_gave_each_reward(
+    page: Watched, server: Seeded, tmp_path: Path
+) -> None:
+    p = page.page
+    log_in(p, server)
+    p.select_option("#namespace", "sources")
+    p.click(f"text={SAMPLED}")
+    expect(p.locator("#memory-source")).to_have_text("the client's model")
+    expect(p.locator("#q-history tbody tr td.giver")).to_have_text([f"the user: \u201c{USER_NOTE}\u201d"])
+    shot(p, tmp_path, "provenance-user-and-model")
+    p.click("#tabs a[data-view=memories]")
+    p.select_option("#namespace", "alice")
+    p.click("th[data-sort=visits]")
+    p.locator("#memories tbody a.memory-link").first.click()
+    expect(p.locator("#memory-source")).to_have_text("the agent")
+    expect(p.locator("#q-history tbody tr td.giver")).to_have_text(["the agent"] * 4)
+    shot(p, tmp_path, "provenance-agent")
+    page.clean()
+
+
 def test_why_this_memory_for_any_lambda_logs_no_recall(page: Watched, server: Seeded, tmp_path: Path) -> None:
     p = page.page
     log_in(p, server)
@@ -283,6 +305,7 @@ def test_edit_and_forget_a_memory_from_the_page(page: Watched, server: Seeded) -
     expect(p.locator("#status")).to_have_text("Saved.")
     expect(p.locator("#memory-experience")).to_have_text("Use age, not gpg: age -r KEY file.pdf > file.pdf.age")
     expect(p.locator("#memory-metadata")).to_contain_text('"reviewed_by": "alice"')
+    expect(p.locator("#memory-source")).to_have_text("an operator (this page)")
     stored = httpx.get(f"{server.base}/ui/api/memories/{memory_id}", headers=auth(ALICE)).json()
     assert stored["metadata"] == {"reviewed_by": "alice"}
 

@@ -19,6 +19,10 @@ elsewhere) talks to a small JSON API under ``/ui/api/``. The API is a thin adapt
 recall computes them, through the read-only path; nothing is logged as a recall) and says why each candidate was
 chosen or not. Learning curves are read from the ``curve.json`` of harness run folders (the ``ui_runs`` setting;
 :mod:`memrl_mcp.curves`) and drawn by the page.
+
+A memory's page says who wrote its experience (the agent, the client's model, the server's endpoint, an operator
+here) and, for each change of its Q, who gave the reward (the agent, or the user the server asked, with the user's
+note): :mod:`memrl_mcp.serving.feedback` records both.
 """
 
 from __future__ import annotations
@@ -387,7 +391,12 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
         edit: MemoryEdit = await _body(request, MemoryEdit)
         updated: MemoryDetail = await in_thread(
             lambda: service.update_memory(
-                memory_id, experience=edit.experience, metadata=edit.metadata, reset_q=edit.reset_q, access=access
+                memory_id,
+                experience=edit.experience,
+                metadata=edit.metadata,
+                reset_q=edit.reset_q,
+                access=access,
+                source="operator",
             )
         )
         return _json(updated)

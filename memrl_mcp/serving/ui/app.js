@@ -341,7 +341,9 @@ async function memoryView(main, id) {
   const fields = el("dl", { class: "fields" },
     [["namespace", m.namespace], ["outcome", outcomeBadge(m.outcome)], ["Q", fmt(m.q)], ["visits", String(m.visits)],
       ["last reward", fmt(m.last_reward, 2)], ["merges", String(m.merges)], ["created", when(m.created_at)],
-      ["updated", when(m.updated_at)], ["id", el("code", {}, m.id)]]
+      ["updated", when(m.updated_at)],
+      ["experience by", el("span", { id: "memory-source" }, WRITERS[m.experience_source ?? ""])],
+      ["id", el("code", {}, m.id)]]
       .map(([name, value]) => [el("dt", {}, name), el("dd", {}, value)]));
   const children = [
     el("p", {}, el("a", { href: "#/memories" }, "‹ all memories")),
@@ -358,6 +360,18 @@ async function memoryView(main, id) {
   main.replaceChildren(...children);
 }
 
+// Who wrote an experience, and who gave a reward (the server keeps it with each; older ones did not).
+const WRITERS = {
+  agent: "the agent", client_model: "the client's model", endpoint: "the server's endpoint (distill_base_url)",
+  operator: "an operator (this page)", "": "not recorded",
+};
+const GIVERS = { agent: "the agent", user: "the user", "": "" };
+
+function rewardGiver(h) {
+  const who = GIVERS[h.source ?? ""];
+  return h.note ? `${who}: “${h.note}”` : who;
+}
+
 function qHistory(history, memory) {
   if (!history.length) return el("p", { class: "note", id: "q-history" }, "No reward folded in yet.");
   const settings = state.session.settings;
@@ -368,11 +382,12 @@ function qHistory(history, memory) {
     series: [{ label: "Q", points: [{ x: 0, y: history[0].q_before }, ...points] }],
   });
   const table = el("table", { id: "q-history" },
-    el("thead", {}, el("tr", {}, ["#", "when", "change", "Q before", "Q after"].map((h) => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, ["#", "when", "change", "Q before", "Q after", "from"].map((h) => el("th", {}, h)))),
     el("tbody", {}, history.map((h, i) => el("tr", {},
       el("td", {}, String(i + 1)), el("td", {}, when(h.at)),
       el("td", {}, h.event === "reset" ? "reset" : "reward " + fmt(h.reward, 2)),
-      el("td", { class: "num" }, fmt(h.q_before)), el("td", { class: "num" }, fmt(h.q_after)))).reverse()));
+      el("td", { class: "num" }, fmt(h.q_before)), el("td", { class: "num" }, fmt(h.q_after)),
+      el("td", { class: "giver" }, rewardGiver(h)))).reverse()));
   const note = el("p", { class: "note" }, `Newest first; the last ${state.session.q_history_size} ` +
     `changes are kept (${memory.visits} rewards folded in so far).`);
   return el("div", { class: "row" }, chart, el("div", {}, table, note));
