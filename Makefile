@@ -20,7 +20,7 @@ SANDBOX_STAMP := $(VENV)/.llb-rootfs-shifted
 PEER_VENV ?= .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: setup serve demo test bench llm alfworld sandbox mariadb docker peer browser
+.PHONY: setup serve demo test bench llm alfworld sandbox mariadb docker peer browser node
 
 setup: $(STAMP)
 
@@ -93,6 +93,13 @@ browser: | $(STAMP)
 	@command -v chromium >/dev/null || \
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
+# The TypeScript SDK client of tests/test_typescript_client.py: Debian's node and npm, and the SDK at the version of
+# tests/ts_client/package-lock.json, installed into that folder (npm ci: from the lock file, nothing else).
+node:
+	@command -v node >/dev/null && command -v npm >/dev/null || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm; }
+	cd tests/ts_client && npm ci --no-audit --no-fund
+
 serve: setup
 	$(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
 
@@ -101,7 +108,7 @@ demo: setup
 	$(VENV)/bin/memrl-harness run controlled --mode none rag memrl --epochs 8 --runs runs/demo
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
-test: setup llm alfworld sandbox mariadb docker peer browser
+test: setup llm alfworld sandbox mariadb docker peer browser node
 	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests perf
 	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests perf
 	$(PY) -m pytest -q

@@ -65,6 +65,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="FRACTION",
         help="hold out this share of the tasks by a hash of their id; train on the rest",
     )
+    client = run.add_argument_group(
+        "the client's help", "memrl-mcp asks its MCP client (the harness) for what the reports leave out"
+    )
+    client.add_argument(
+        "--user-rewards",
+        type=float,
+        metavar="ERROR",
+        help="leave the rewards out: a simulated user answers memrl-mcp's question (elicitation), wrong with "
+        "probability ERROR (e.g. 0.1)",
+    )
+    client.add_argument(
+        "--client-model",
+        action="store_true",
+        help="hand over trajectories: the run's LLM writes the experiences memrl-mcp asks for (sampling)",
+    )
     run.add_argument("--workers", type=int, default=1, help="episodes in parallel within an epoch")
     run.add_argument(
         "--config",
@@ -148,6 +163,7 @@ def run_command(args: argparse.Namespace) -> int:
         benchmark = load_benchmark(args.benchmark, **options)
         eval_benchmark = load_benchmark(args.benchmark, **(options | eval_options)) if eval_options else None
         needs_llm = benchmark.needs_llm or (eval_benchmark is not None and eval_benchmark.needs_llm)
+        needs_llm = needs_llm or args.client_model  # the client's model is the run's LLM
         llm = LLM.from_env(settings=run_settings.llm) if needs_llm else None
         configs = [
             RunConfig(
@@ -163,6 +179,8 @@ def run_command(args: argparse.Namespace) -> int:
                 benchmark_options=options,
                 trials=args.trials,
                 transfer=transfer,
+                user_rewards=args.user_rewards,
+                client_model=args.client_model,
             )
             for mode in modes
             for seed in seeds

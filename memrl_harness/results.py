@@ -71,6 +71,19 @@ class RunConfig(BaseModel):
     benchmark_options: dict[str, Any] = Field(default_factory=dict)
     trials: int | None = Field(None, ge=1, le=10, description="reflexion: attempts per task.")
     transfer: TransferConfig | None = None
+    user_rewards: float | None = Field(
+        None,
+        ge=0.0,
+        le=0.5,
+        description="The rewards come from a simulated user: reports leave them out, memrl-mcp asks its client (MCP "
+        "elicitation), and the harness answers as a user who is wrong with this probability. None: the harness "
+        "passes the checker's reward.",
+    )
+    client_model: bool = Field(
+        False,
+        description="The experiences come from the client's model: reports hand over the trajectory, memrl-mcp asks "
+        "its client for the experience (MCP sampling), and the harness's LLM writes it.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -89,6 +102,10 @@ class RunConfig(BaseModel):
     def mode_label(self) -> str:
         """The mode in a few words, as a legend shows it."""
         label = f"{self.mode} ({self.attempts} trials)" if self.mode == "reflexion" else self.mode
+        if self.user_rewards is not None:
+            label += f", user rewards ({self.user_rewards:.0%} wrong)"
+        if self.client_model:
+            label += ", client-model experiences"
         return f"{label}, transfer" if self.transfer else label
 
     @property
@@ -112,6 +129,7 @@ class EpisodeRecord(BaseModel):
     wall_s: float
     recall_id: str | None = None
     memory_ids: list[str] = Field(default_factory=list, description="Memories injected into the prompt.")
+    user_said: bool | None = Field(None, description="user_rewards: whether the simulated user said it succeeded.")
     stored_id: str | None = None
     task_type: str | None = Field(None, description="Benchmark-specific group for per-type results.")
     trials: int = Field(1, ge=1, description="Attempts made (reflexion stops at the first success).")

@@ -45,7 +45,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,8 @@ from memrl_harness.benchmarks.base import (
     StepwiseBenchmark,
     Task,
 )
-from memrl_harness.llm import LLM, Usage, summarize_experience
+from memrl_harness.client_help import ClientModel, SimulatedUser
+from memrl_harness.llm import LLM, TRAJECTORY_CHARS, Usage, summarize_experience, truncate_middle
 from memrl_harness.metrics import TaskSimilarity, mean_pairwise_similarity, write_curve
 from memrl_harness.results import (
     EPISODE_Q_MODES,
@@ -87,6 +88,8 @@ from memrl_harness.run_settings import RunSettings
 
 ENV_MEMORY_TOKEN = "MEMRL_MEMORY_TOKEN"  # bearer token for --memory-url
 ENV_TOOL_PROFILE = "MEMRL_TOOL_PROFILE"  # the runner's own memrl-mcp offers every tool; a frozen one, look-ups only
+ENV_SAMPLINGS = "MEMRL_MAX_SAMPLINGS_PER_MINUTE"
+MAX_SAMPLINGS = 100_000  # the setting's highest: memrl-mcp's budget guards a shared server, not a run's own
 # A step's texts as the step memory takes them (memrl-mcp's default max_observation_chars / max_action_chars): a
 # longer shell output or script keeps its head and tail.
 STEP_OBSERVATION_CHARS = 8000
@@ -101,12 +104,12 @@ class RunError(RuntimeError):
 
 
 @asynccontextmanager
-async def _http_memory_client(url: str, token: str | None) -> AsyncIterator[Client]:
+async def _http_memory_client(url: str, token: str | None, **callbacks: Any) -> AsyncIterator[Client]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with AsyncExitStack() as stack:
         http = await stack.enter_async_context(create_mcp_http_client(headers=headers))
         try:
-            client = await stack.enter_async_context(Client(streamable_http_client(url, http_client=http)))
+            client = await stack.enter_async_context(Client(streamable_http_client(url, http_client=http), **callbacks))
         except Exception as error:  # the SDK reports a 401 as a bare "error response"
             hint = "" if token else f" (a server with tokens needs {ENV_MEMORY_TOKEN})"
             raise RunError(f"cannot open the memory at {url}: {error}{hint}") from None
@@ -120,26 +123,29 @@ def _store_args(config: RunConfig, run_dir: RunDir) -> list[str]:
 
 @asynccontextmanager
 async def _stdio_memory_client(
-    config: RunConfig, run_dir: RunDir, log_dir: RunDir, read_only: bool
+    config: RunConfig, run_dir: RunDir, log_dir: RunDir, read_only: bool, **callbacks: Any
 ) -> AsyncIterator[Client]:
     args = ["-m", "memrl_mcp.cli", *_store_args(config, run_dir)]
     profile = "read_only" if read_only else "full"
     env = get_default_environment() | {"MEMRL_LOG_CALLS": "true", ENV_TOOL_PROFILE: profile}
+    if config.client_model:  # the run's own server, with the harness as its only client: every episode samples
+        env[ENV_SAMPLINGS] = str(MAX_SAMPLINGS)
     # The server's log lines (one per call) are for whoever debugs this run, not for the terminal: they go to the
     # run folder.
     log_dir.path.mkdir(parents=True, exist_ok=True)
     with log_dir.server_log.open("a") as log:
         server = StdioServerParameters(command=sys.executable, args=args, env=env)
-        async with Client(stdio_client(server, errlog=log)) as client:
+        async with Client(stdio_client(server, errlog=log), **callbacks) as client:
             yield client
 
 
-def memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextManager[Client]:
+def memory_client(config: RunConfig, run_dir: RunDir, **callbacks: Any) -> AbstractAsyncContextManager[Client]:
     """An MCP client of memrl-mcp: the given HTTP server (with the bearer token of ``MEMRL_MEMORY_TOKEN``,
-    kept out of the run's saved config), or a fresh stdio server on the run's store, logging into the run folder."""
+    kept out of the run's saved config), or a fresh stdio server on the run's store, logging into the run folder.
+    ``callbacks``: how the client answers the server (:mod:`memrl_harness.client_help`)."""
     if config.memory_url:
-        return _http_memory_client(config.memory_url, os.environ.get(ENV_MEMORY_TOKEN))
-    return _stdio_memory_client(config, run_dir, run_dir, read_only=False)
+        return _http_memory_client(config.memory_url, os.environ.get(ENV_MEMORY_TOKEN), **callbacks)
+    return _stdio_memory_client(config, run_dir, run_dir, read_only=False, **callbacks)
 
 
 def frozen_memory_client(config: RunConfig, run_dir: RunDir) -> AbstractAsyncContextManager[Client]:
@@ -210,6 +216,10 @@ class Runner:
                     "no later step to advise; the step-memory modes are for multi-step benchmarks "
                     "(alfworld, llb-os, llb-db, controlled-steps)"
                 )
+        if config.client_model and llm is None:
+            raise RunError("--client-model: the client's model is the run's LLM (MEMRL_LLM_BASE_URL / --llm-base-url)")
+        self.user = None if config.user_rewards is None else SimulatedUser(config.user_rewards)
+        self.model = ClientModel(llm) if config.client_model and llm is not None else None
         transfer = config.transfer
         if transfer is not None and transfer.eval_options and eval_benchmark is None:
             raise RunError("a transfer with eval_options needs the benchmark built with them (eval_benchmark)")
@@ -264,7 +274,8 @@ class Runner:
             if not memory:
                 await self._epochs(None, self.training, done[id(self.training)], counter)
             else:
-                async with memory_client(self.config, self.run_dir) as client:
+                callbacks = {"elicitation_callback": self.user, "sampling_callback": self.model}
+                async with memory_client(self.config, self.run_dir, **callbacks) as client:
                     await self._record_memory_settings(client)
                     await self._epochs(client, self.training, done[id(self.training)], counter)
                     if self.config.mode in EPISODE_Q_MODES:
@@ -336,43 +347,34 @@ class Runner:
         stored_id = experience = None
         reported_steps = 0
         recall_reported = False
+        said: bool | None = None  # what the simulated user said, when it was asked
         learn = phase.learn and client is not None
+        asked = random.Random(f"{self.config.seed}:{epoch}:{task.id}:user")
         if learn and steps is not None and steps.taken:
             assert client is not None
-            report = await _call(client, "report_trajectory", _trajectory_report(task, steps, episode, recall))
+            arguments = _trajectory_report(task, steps, episode, recall, ask_user=self.user is not None)
+            async with self._asking(episode, asked) as said:
+                report = await _call(client, "report_trajectory", arguments)
             if report.get("outcome_error"):
                 raise RunError(f"memrl-mcp report_trajectory could not report the recall: {report['outcome_error']}")
             reported_steps, recall_reported = report["updated"], recall is not None
         if learn and recall is not None and (mode != "memp" or episode.success):
             assert client is not None
-            experience, summary_usage = await self._experience(task, episode)
+            written, summary_usage = await self._written(task, episode)
             usage = usage + summary_usage
-            outcome = "success" if episode.success else "failure"
+            succeeded = episode.success if said is None else said  # the outcome is whoever gave the reward's
+            outcome = "success" if succeeded else "failure"
             if mode in EPISODE_Q_MODES and not recall_reported:
-                report = await _call(
-                    client,
-                    "report_outcome",
-                    {
-                        "recall_id": recall["recall_id"],
-                        "reward": episode.reward,
-                        "experience": experience,
-                        "outcome": outcome,
-                        "metadata": {"task_id": task.id},
-                    },
-                )
-                stored_id = report["stored"]["id"]
+                arguments = {"recall_id": recall["recall_id"], **written, "metadata": {"task_id": task.id}}
+                if self.user is None:  # else memrl-mcp asks the user, and takes the outcome from the answer
+                    arguments |= {"reward": episode.reward, "outcome": outcome}
+                async with self._asking(episode, asked) as said:
+                    report = await _call(client, "report_outcome", arguments)
+                stored = report["stored"]
             else:  # rag, memp; both, whose report_trajectory reported the recall but takes no experience
-                stored = await _call(
-                    client,
-                    "store_experience",
-                    {
-                        "task": task.intent,
-                        "experience": experience,
-                        "outcome": outcome,
-                        "metadata": {"task_id": task.id},
-                    },
-                )
-                stored_id = stored["id"]
+                arguments = {"task": task.intent, **written, "outcome": outcome, "metadata": {"task_id": task.id}}
+                stored = await _call(client, "store_experience", arguments)
+            stored_id, experience = stored["id"], stored["memory"]["experience"]
         record = EpisodeRecord(
             epoch=epoch,
             position=position,
@@ -390,6 +392,7 @@ class Runner:
             trials=len(attempts),
             advised_steps=steps.advised if steps else 0,
             reported_steps=reported_steps,
+            user_said=said,
         )
         trajectory = TrajectoryRecord(
             epoch=epoch,
@@ -418,13 +421,14 @@ class Runner:
         reflections: list[Memory] = []
         attempts: list[Attempt] = []
         usage = Usage()
+        llm = self.llm if benchmark.needs_llm else None  # the run's LLM may be the client's model alone
         for trial in range(1, self.config.attempts + 1):
             shown = [*reversed(reflections), *memories]
             if steps is not None:
                 assert isinstance(benchmark, StepwiseBenchmark)  # checked when the runner was made
-                episode = await anyio.to_thread.run_sync(benchmark.run_steps, task, shown, self.llm, rng, steps)
+                episode = await anyio.to_thread.run_sync(benchmark.run_steps, task, shown, llm, rng, steps)
             else:
-                episode = await anyio.to_thread.run_sync(benchmark.run_episode, task, shown, self.llm, rng)
+                episode = await anyio.to_thread.run_sync(benchmark.run_episode, task, shown, llm, rng)
             usage = usage + episode.usage
             attempt = Attempt(
                 memories=[*(GivenMemory(id=r.id, outcome=r.outcome) for r in reversed(reflections)), *given],
@@ -440,6 +444,18 @@ class Runner:
             usage = usage + reflection_usage
             reflections.append(Memory(f"reflection-{trial}", task.intent, attempt.reflection, "failure", 0.0, 1.0))
         return attempts, episode, usage
+
+    def _asking(self, episode: Episode, rng: random.Random) -> AbstractAsyncContextManager[bool | None]:
+        """Around a report that the simulated user may be asked about: what it says (None: no simulated user)."""
+        return nullcontext(None) if self.user is None else self.user.reporting(episode.success, rng)
+
+    async def _written(self, task: Task, episode: Episode) -> tuple[dict[str, str], Usage]:
+        """A report's or a store's experience argument: the experience (:meth:`_experience`), or with
+        ``client_model`` the trajectory (cut to what the harness's summaries give an LLM), for the client's model."""
+        if self.model is not None:
+            return {"trajectory": truncate_middle(episode.trajectory.strip(), TRAJECTORY_CHARS)}, Usage()
+        text, usage = await self._experience(task, episode)
+        return {"experience": text}, usage
 
     async def _experience(self, task: Task, episode: Episode) -> tuple[str, Usage]:
         """What an episode teaches: the benchmark's own text, else the LLM's procedure (success) or reflection."""
@@ -532,19 +548,22 @@ def _step_hook(client: Client, task: Task) -> Steps:
     return Steps(recall)
 
 
-def _trajectory_report(task: Task, steps: Steps, episode: Episode, recall: dict[str, Any] | None) -> dict[str, Any]:
+def _trajectory_report(
+    task: Task, steps: Steps, episode: Episode, recall: dict[str, Any] | None, ask_user: bool
+) -> dict[str, Any]:
     """``report_trajectory``'s arguments: every step taken, reward 0 but the last (the episode's reward: the
-    benchmarks reward the outcome only), under a fresh episode id (the once-only key: an episode run again after
-    a kill is another trajectory); with the episode memory's recall (mode both), whose outcome it reports too."""
-    rewards = [0.0] * (len(steps.taken) - 1) + [episode.reward]
+    benchmarks reward the outcome only; left out with ``ask_user``, for memrl-mcp to ask the user), under a fresh
+    episode id (the once-only key: an episode run again after a kill is another trajectory); with the episode
+    memory's recall (mode both), whose outcome it reports too."""
+    rewards = [0.0] * (len(steps.taken) - 1) + [None if ask_user else episode.reward]
     arguments: dict[str, Any] = {
         "task": task.intent,
         "steps": [
             {
                 "observation": bound(s.observation, STEP_OBSERVATION_CHARS),
                 "action": bound(s.action, STEP_ACTION_CHARS),
-                "reward": r,
             }
+            | ({} if r is None else {"reward": r})
             for s, r in zip(steps.taken, rewards, strict=True)
         ],
         "episode_id": str(uuid.uuid4()),

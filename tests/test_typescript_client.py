@@ -1,0 +1,49 @@
+"""memrl-mcp with the official TypeScript SDK (npm @modelcontextprotocol/sdk, pinned in tests/ts_client/) as its
+client, over stdio: the flow of issue 26 (a reward from the user, an experience from the client's model) through
+another implementation of MCP, which speaks the handshake protocol. ``make node`` installs node and the SDK; this
+test installs the SDK itself when it is missing (``npm ci``: the lock file's versions), and fails without node."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.test_transports import CLI, child_env
+
+CLIENT = Path(__file__).parent / "ts_client"
+TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    found = shutil.which("node")
+    assert found is not None, "node is missing: `make node` (apt-get install -y nodejs npm)"
+    if not (CLIENT / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        npm = shutil.which("npm")
+        assert npm is not None, "npm is missing: `make node` (apt-get install -y nodejs npm)"
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLIENT, check=True, timeout=TIMEOUT_S)
+    return found
+
+
+def test_a_typescript_client_gives_the_users_reward_and_its_models_experience(node: str, tmp_path: Path) -> None:
+    env = child_env(tmp_path / "data", MCP_TEST_SERVER=json.dumps(CLI))
+    done = subprocess.run([node, "report.mjs"], cwd=CLIENT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["tools"] == ["recall_experience", "report_outcome", "store_experience"]  # the default profile
+    (question,) = out["asked"]["user"]
+    assert "Rotate the logs of the web server every night" in question["message"]
+    assert question["requestedSchema"]["required"] == ["succeeded"]
+    (request,) = out["asked"]["model"]
+    assert "$ logrotate -f" in request["text"] and "<<<EPISODE" in request["systemPrompt"]
+    report = out["report"]
+    assert (report["reported"], report["reward"], report["reward_source"]) == (True, 1.0, "user")
+    assert report["message"] == "the user said the task succeeded: reward 1 (note: checked from TypeScript)"
+    (change,) = report["updated"]
+    assert change["id"] == out["stored"]["id"] and change["q_after"] == pytest.approx(0.3)
+    memory = report["stored"]["memory"]
+    assert (memory["experience"], memory["experience_source"]) == ("1. Write the rule. 2. Rotate.", "client_model")
