@@ -22,24 +22,28 @@ from memrl_harness.llm import LLM, Usage
 
 
 class SimulatedUser:
-    """Answers the server's question about the episode being reported, wrong with probability ``error``.
+    """Says whether an episode succeeded, wrong with probability ``error``: when memrl-mcp asks (the callback), and
+    when the agent asks in the chat (:meth:`says`: the modes whose tools ask no one, which label what they store).
 
-    The question names the task, not the episode: reports that ask go one at a time (:meth:`reporting`), so the
-    question that comes is about the report in flight. A question outside a report is declined."""
+    The server's question names the task, not the episode: reports that ask go one at a time (:meth:`reporting`),
+    so the question that comes is about the report in flight. A question outside a report is declined."""
 
     def __init__(self, error: float) -> None:
         self.error = error
         self._lock = anyio.Lock()
         self._says: bool | None = None
 
+    def says(self, success: bool, rng: random.Random) -> bool:
+        """What the user says of an episode: ``success``, or wrongly not (one draw of ``rng``)."""
+        return success != (rng.random() < self.error)
+
     @asynccontextmanager
-    async def reporting(self, success: bool, rng: random.Random) -> AsyncIterator[bool]:
-        """While a report that leaves its reward out is made: what the user says (``success``, or wrongly not)."""
-        says = success != (rng.random() < self.error)
+    async def reporting(self, says: bool) -> AsyncIterator[None]:
+        """While a report that leaves its reward out is made: the user's answer to the server's question."""
         async with self._lock:
             self._says = says
             try:
-                yield says
+                yield
             finally:
                 self._says = None
 

@@ -347,28 +347,28 @@ class Runner:
         stored_id = experience = None
         reported_steps = 0
         recall_reported = False
-        said: bool | None = None  # what the simulated user said, when it was asked
         learn = phase.learn and client is not None
-        asked = random.Random(f"{self.config.seed}:{epoch}:{task.id}:user")
+        # What the simulated user says of the episode: memrl-mcp asks it in the reports; the agent, in the chat.
+        said = None if self.user is None or not learn else self.user.says(episode.success, self._user_rng(epoch, task))
+        succeeded = episode.success if said is None else said
         if learn and steps is not None and steps.taken:
             assert client is not None
-            arguments = _trajectory_report(task, steps, episode, recall, ask_user=self.user is not None)
-            async with self._asking(episode, asked) as said:
+            arguments = _trajectory_report(task, steps, episode, recall, ask_user=said is not None)
+            async with self._asking(said):
                 report = await _call(client, "report_trajectory", arguments)
             if report.get("outcome_error"):
                 raise RunError(f"memrl-mcp report_trajectory could not report the recall: {report['outcome_error']}")
             reported_steps, recall_reported = report["updated"], recall is not None
-        if learn and recall is not None and (mode != "memp" or episode.success):
+        if learn and recall is not None and (mode != "memp" or succeeded):
             assert client is not None
             written, summary_usage = await self._written(task, episode)
             usage = usage + summary_usage
-            succeeded = episode.success if said is None else said  # the outcome is whoever gave the reward's
             outcome = "success" if succeeded else "failure"
             if mode in EPISODE_Q_MODES and not recall_reported:
                 arguments = {"recall_id": recall["recall_id"], **written, "metadata": {"task_id": task.id}}
-                if self.user is None:  # else memrl-mcp asks the user, and takes the outcome from the answer
+                if said is None:  # else memrl-mcp asks the user, and takes the outcome from the answer
                     arguments |= {"reward": episode.reward, "outcome": outcome}
-                async with self._asking(episode, asked) as said:
+                async with self._asking(said):
                     report = await _call(client, "report_outcome", arguments)
                 stored = report["stored"]
             else:  # rag, memp; both, whose report_trajectory reported the recall but takes no experience
@@ -445,9 +445,12 @@ class Runner:
             reflections.append(Memory(f"reflection-{trial}", task.intent, attempt.reflection, "failure", 0.0, 1.0))
         return attempts, episode, usage
 
-    def _asking(self, episode: Episode, rng: random.Random) -> AbstractAsyncContextManager[bool | None]:
-        """Around a report that the simulated user may be asked about: what it says (None: no simulated user)."""
-        return nullcontext(None) if self.user is None else self.user.reporting(episode.success, rng)
+    def _asking(self, said: bool | None) -> AbstractAsyncContextManager[None]:
+        """Around a report that memrl-mcp asks the simulated user about (``said``: its answer; None: no user)."""
+        return nullcontext() if self.user is None or said is None else self.user.reporting(said)
+
+    def _user_rng(self, epoch: int, task: Task) -> random.Random:
+        return random.Random(f"{self.config.seed}:{epoch}:{task.id}:user")
 
     async def _written(self, task: Task, episode: Episode) -> tuple[dict[str, str], Usage]:
         """A report's or a store's experience argument: the experience (:meth:`_experience`), or with
