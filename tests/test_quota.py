@@ -28,9 +28,8 @@ from memrl_mcp.settings import SettingsError, load_settings
 from memrl_mcp.storage import EdgeStore, Point, Store, Table
 from memrl_mcp.storage.quota import MeteredStore
 from memrl_mcp.storage.store import vector_size
-from tests.conftest import call, make_service, refused
-from tests.test_http import ALICE, BOB, mcp_client
-from tests.test_transports import child_env, http_server, run_cli
+from tests.support.mcp import call, make_service, refused
+from tests.support.servers import ALICE, BOB, child_env, http_server, mcp_client, run_cli
 
 MB = 1 << 20
 BOB_QUOTA_MB = 4

@@ -11,7 +11,7 @@ from pathlib import Path
 from memrl_harness.benchmarks.controlled import ControlledBenchmark
 from memrl_harness.results import Q_VALUES_FILE, RunDir
 from tests.harness.fake_llm import FakeLLMServer
-from tests.harness.test_hle import ROWS
+from tests.harness.hle_rows import ROWS
 
 HARNESS = [sys.executable, "-m", "memrl_harness.cli"]
 ROOT = Path(__file__).resolve().parents[2]

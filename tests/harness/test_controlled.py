@@ -24,7 +24,7 @@ from memrl_harness.benchmarks.options import OptionError
 from memrl_mcp.embeddings import Embedder, SimilarityProfile
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.models import RecallQuery
-from tests.conftest import make_service
+from tests.support.mcp import make_service
 
 # The paper's ALFWorld constants (configs/alfworld.yaml), spelled out so the experiment does not move
 # when a default does.

@@ -23,7 +23,7 @@ from memrl_harness.results import Attempt, RunConfig, RunDir, TrajectoryRecord, 
 from memrl_harness.runner import RunError, Runner, frozen_memory_client, split_tasks
 from memrl_mcp.embeddings import Embedder
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
-from tests.harness.test_runner import CAPITALS, MISSED, CapitalsQuiz
+from tests.harness.quiz import CAPITALS, MISSED, CapitalsQuiz
 
 SMALL = {"families": "2", "tasks_per_family": "8"}  # 16 tasks, one appliance's twin families
 
