@@ -21,7 +21,7 @@ from tests.support.servers import HttpServer, base_url, http_server, mcp_client
 ALICE, BOB = "alice-inspector-0123456789", "bob-inspector-abcdefghijkl"
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 VERBS = ("Sort", "Compress", "Rename", "Count the lines of", "Back up", "Encrypt")

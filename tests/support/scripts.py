@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PERF = Path(__file__).resolve().parents[1] / "perf"
+PERF = Path(__file__).resolve().parents[2] / "perf"
 
 
 def run(script: str, *args: str, timeout: float = 600) -> str:
