@@ -1,12 +1,14 @@
 """Shared fixtures: one real embedder per session, a fresh real store per test, both engines; and the two tiers.
 
-``make test`` runs every test. ``make test-fast`` runs those not marked ``slow``: a module that needs a service or a
-build (MariaDB, a Docker engine, chromium, the sandboxes, the local LLM, a wheel) marks itself, and a test run on both
-embedded engines runs on qdrant-edge only there (qdrant-client's local mode is the fallback engine; the full suite
+``make test`` runs every test. ``make test-fast`` runs those not marked ``slow``, in process, in a few minutes: a
+module that needs a service or a build (MariaDB, a Docker engine, chromium, the sandboxes, the local LLM, a wheel)
+marks itself; a test that starts a server process, kills a child or mounts a filesystem is marked here; and a test run
+on both embedded engines runs on qdrant-edge only (qdrant-client's local mode is the fallback engine; the full suite
 keeps the two in step)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -18,11 +20,19 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.tools import create_server
 from tests.support.mcp import make_service
 
+PROCESSES = ("http_server(", "stdio_server(", "run_cli(", "subprocess.", "small_disk(", "seeded_server(", "os.kill(")
+"""What a test calls when it starts a server process, a child that it kills, or a filesystem it mounts: seconds each,
+left to the full suite."""
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fast tier's cut (module docstring): tests on the second engine, and tests that start processes, are slow."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("engine") == "qdrant-local":
+            item.add_marker(pytest.mark.slow)
+        function = getattr(item, "function", None)
+        if function is not None and any(call in inspect.getsource(function) for call in PROCESSES):
             item.add_marker(pytest.mark.slow)
 
 
