@@ -8,9 +8,8 @@ import pytest
 
 from tests.support.scripts import PERF, run
 
-pytestmark = (
-    pytest.mark.slow
-)  # needs the perf/ scripts (and the peer server): `make test` runs it, `make test-fast` does not
+# needs the perf/ scripts (and the peer server): `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize(

@@ -32,9 +32,8 @@ from tests.dockerd import docker_engine  # noqa: F401 (the session's engine)
 from tests.support.mcp import call
 from tests.support.servers import free_port
 
-pytestmark = (
-    pytest.mark.slow
-)  # needs a Docker engine and the image build: `make test` runs it, `make test-fast` does not
+# needs a Docker engine and the image build: `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
 
 IMAGE = "memrl/memrl-mcp:local"
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from tests.support.crashes import CountingStore
 from tests.support.mcp import call
 from tests.support.steps import synthetic_trajectory
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # measures the disk and the reads of long runs
 
 
 def disk_bytes(folder: Path) -> int:

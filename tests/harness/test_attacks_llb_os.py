@@ -22,9 +22,8 @@ from tests.harness.fake_llm import FakeLLMServer
 from tests.harness.processes import alive_processes
 from tests.harness.shell_attacks import SYSCALLS, TASK, play
 
-pytestmark = (
-    pytest.mark.slow
-)  # needs the bubblewrap sandbox and its root filesystem: `make test` runs it, `make test-fast` does not
+# needs the bubblewrap sandbox and its root filesystem: `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.anyio

@@ -260,6 +260,7 @@ def simulate(bench: ControlledBenchmark, mode: str, seed: int, epochs: int, embe
     return success, csr
 
 
+@pytest.mark.slow  # epochs of three modes
 @pytest.mark.parametrize("seed", [0, 1])
 def test_memrl_above_rag_above_none(embedder: Embedder, tmp_path: Path, seed: int) -> None:
     bench, cached = ControlledBenchmark(), CachedEmbedder(embedder)

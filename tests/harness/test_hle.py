@@ -142,6 +142,7 @@ def test_the_judge_comes_from_the_environment(
     assert HLEBenchmark(data=str(data), judge="exact").judge is None
 
 
+@pytest.mark.slow  # a run through a memrl-mcp server
 @pytest.mark.anyio
 async def test_a_memrl_run(data: Path, fake_llm: FakeLLMServer, llm: LLM, tmp_path: Path) -> None:
     bench = HLEBenchmark(data=str(data), judge="exact", text_only=True)

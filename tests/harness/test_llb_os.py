@@ -28,9 +28,8 @@ from memrl_harness.runner import Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 from tests.harness.processes import alive_processes
 
-pytestmark = (
-    pytest.mark.slow
-)  # needs the bubblewrap sandbox and its root filesystem: `make test` runs it, `make test-fast` does not
+# needs the bubblewrap sandbox and its root filesystem: `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

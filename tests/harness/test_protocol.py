@@ -25,6 +25,9 @@ from memrl_mcp.embeddings import Embedder
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 from tests.harness.quiz import CAPITALS, MISSED, CapitalsQuiz
 
+# runs the harness end to end, with memrl-mcp servers: `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
+
 SMALL = {"families": "2", "tasks_per_family": "8"}  # 16 tasks, one appliance's twin families
 
 

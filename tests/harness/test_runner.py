@@ -16,6 +16,9 @@ from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 from tests.harness.quiz import CAPITALS, MISSED, CapitalsQuiz
 from tests.support.servers import http_server
 
+# runs the harness end to end, with memrl-mcp servers: `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
+
 
 def answer(request: RecordedRequest) -> str:
     """The fake LLM: answers quiz questions (wrongly for Spain) and writes experiences."""
