@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from mcp import Client, types
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
@@ -27,10 +25,9 @@ from memrl_mcp.serving.distill import distill_request
 from memrl_mcp.serving.feedback import MAX_NOTE_CHARS, Budget
 from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import SettingsError, load_settings
-from tests.conftest import call, make_service, refused
 from tests.harness.fake_llm import FakeLLMServer, FakeReply
-from tests.test_http import ALICE, BOB, tokens_file
-from tests.test_transports import DEADLINE_S, http_server
+from tests.support.mcp import call, make_service, refused
+from tests.support.servers import ALICE, BOB, DEADLINE_S, http_server, mcp_client, tokens_file
 
 pytestmark = pytest.mark.anyio
 
@@ -623,16 +620,10 @@ async def test_each_token_has_its_own_sampling_budget_over_http(tmp_path: Path) 
     with http_server(tmp_path / "data", tmp_path, **variables) as server, anyio.fail_after(DEADLINE_S):
         models = {ALICE: Model("alice's lesson"), BOB: Model("bob's lesson")}
 
-        @asynccontextmanager
-        async def tenant(token: str) -> AsyncIterator[Client]:
-            async with AsyncExitStack() as stack:
-                http = await stack.enter_async_context(
-                    create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
-                )
-                transport = streamable_http_client(server.url, http_client=http)
-                yield await stack.enter_async_context(Client(transport, sampling_callback=models[token]))
-
-        async with tenant(ALICE) as alice, tenant(BOB) as bob:
+        async with (
+            mcp_client(server, ALICE, sampling_callback=models[ALICE]) as alice,
+            mcp_client(server, BOB, sampling_callback=models[BOB]) as bob,
+        ):
             first = await call(alice, "store_experience", task=TASK, trajectory="ran logrotate")
             assert (first["memory"]["namespace"], first["memory"]["experience_source"]) == ("alice", "client_model")
             message = await refused(alice, "store_experience", task="another", trajectory="ran it again")

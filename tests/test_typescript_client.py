@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_transports import CLI, child_env
+from tests.support.servers import CLI, child_env
+
+pytestmark = pytest.mark.slow  # node and a server process
 
 CLIENT = Path(__file__).parent / "ts_client"
 TIMEOUT_S = 300
