@@ -31,7 +31,8 @@ from memrl_mcp.models import (
     StoreResult,
     TrajectoryResult,
 )
-from memrl_mcp.serving.tools import compact_schema, create_server
+from memrl_mcp.serving.schema import compact_schema
+from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import TOOL_PROFILES, SettingsError, load_settings
 from memrl_mcp.validation import CandidateCount, NamespaceName, Outcome, SortKey
 from tests.support.mcp import call

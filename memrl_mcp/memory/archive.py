@@ -33,6 +33,7 @@ from typing import BinaryIO
 from pydantic import ValidationError
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
+from memrl_mcp.memory.records import check_memory, check_step
 from memrl_mcp.memory.service import RESTORE_BATCH, MemoryService
 from memrl_mcp.models import MemoryView, StepRecordView
 from memrl_mcp.settings import Settings
@@ -109,9 +110,9 @@ def import_memories(settings: Settings, path: Path, progress: Callable[[int, int
             for number, record in batch:
                 try:
                     if isinstance(record, StepRecordView):
-                        service.check_step(record)
+                        check_step(service.limits, settings.steps.step_max_actions, record)
                     else:
-                        service.check_memory(record)
+                        check_memory(service.limits, record)
                     valid.append(record)
                 except MemoryRequestError as error:
                     problems.append(f"line {number}: {error}")

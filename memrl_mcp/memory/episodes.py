@@ -110,6 +110,15 @@ class Found:
         return RecallPool(query=self.query, namespace=self.namespace, candidates=candidates)
 
 
+@dataclass(frozen=True)
+class PendingRecall:
+    """A recall that can be reported now, and the memories it gave (those not forgotten since)."""
+
+    id: str
+    record: RecallRecord
+    memories: list[MemoryView]
+
+
 class EpisodeMemory:
     """Recall, report and store over the ``memories`` and ``recalls`` tables (module docstring)."""
 
@@ -171,6 +180,13 @@ class EpisodeMemory:
             self._store.upsert("recalls", [Point(recall_id, found.vector, payload)])
         self._pending.added(found.namespace)
         return RecallResult(recall_id=recall_id, **result.model_dump())
+
+    def pending(self, recall_id: str, access: Access) -> PendingRecall:
+        """The caller's recall ``recall_id`` if it can be reported now (:meth:`reportable`), and its memories."""
+        record = self.reportable(recall_id, access)
+        found = self._store.get("memories", record.memory_ids)
+        memories = [memory_view(memory_id, found[memory_id]) for memory_id in record.memory_ids if memory_id in found]
+        return PendingRecall(recall_id, record, memories)
 
     def reportable(self, recall_id: str, access: Access) -> RecallRecord:
         """The pending recall ``recall_id`` of the caller, or a refusal that says why it cannot be reported (another

@@ -21,7 +21,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Self
 
 import numpy as np
@@ -32,7 +31,7 @@ from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.admission import RESTORE_BATCH, report_bytes, restore_bytes, trajectory_bytes
 from memrl_mcp.memory.bounds import OldestBeyond
-from memrl_mcp.memory.episodes import EpisodeMemory
+from memrl_mcp.memory.episodes import EpisodeMemory, PendingRecall
 from memrl_mcp.memory.ledger import Ledger
 from memrl_mcp.memory.listing import DEFAULT_PAGE, decode_cursor, encode_cursor, keyset_page
 from memrl_mcp.memory.records import (
@@ -96,15 +95,6 @@ STALE_REPORT_SECONDS = 60.0  # a report still "applying" after this long was int
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class PendingRecall:
-    """A recall that can be reported now, and the memories it gave (those not forgotten since)."""
-
-    id: str
-    record: RecallRecord
-    memories: list[MemoryView]
-
-
 class MemoryService:
     """recall / report / store / forget / stats over one store, with MemRL's scoring and update.
 
@@ -122,21 +112,13 @@ class MemoryService:
         ``tokens``; :meth:`open` also reads ``tokens_file``)."""
         self.settings = settings
         self.embedder = embedder
-        limits, learning = settings.limits, settings.learning
-        self.limits = Limits(
-            limits.max_task_chars,
-            limits.max_experience_chars,
-            limits.max_metadata_chars,
-            (learning.reward_min, learning.reward_max),
-            (limits.max_trajectory_steps, limits.max_observation_chars, limits.max_action_chars),
-            limits.max_list_page,
-        )
+        self.limits = Limits.of(settings)
         self._store = store
         self.quotas = Quotas(
             store, settings.storage.namespace_quota_mb, settings.serving.tokens if grants is None else grants
         )
-        self._ledger = Ledger(store, learning, limits.max_metadata_chars)
-        self._clock = clock
+        self._ledger = Ledger(store, settings.learning, settings.limits.max_metadata_chars)
+        self.clock = clock  # of every time the service keeps, and of the budgets of the server in front
         self._calls = threading.Condition()
         self._active_calls = 0
         self._closed = False
@@ -183,11 +165,6 @@ class MemoryService:
         return service
 
     @property
-    def clock(self) -> Callable[[], float]:
-        """The clock of every time the service keeps (recalls' expiry, reports, budgets of the server's own)."""
-        return self._clock
-
-    @property
     def write_conflicts(self) -> int:
         """Optimistic writes that lost a race and were retried (a metric)."""
         return self._ledger.conflicts
@@ -214,7 +191,7 @@ class MemoryService:
 
     def housekeeping(self, stale_after: float) -> None:
         """Finish reports interrupted (``applying`` for ``stale_after`` seconds or more), drop expired recalls."""
-        now = self._clock()
+        now = self.clock()
         for recall_id, payload in list(self._store.scroll("recalls", {"status": "applying"})):
             recall = RecallRecord.model_validate(payload)
             if recall.report is not None and now - recall.report.reported_at >= stale_after:
@@ -240,7 +217,7 @@ class MemoryService:
         report updates exactly these memories."""
         resolved = self._resolve(query, access)
         with self._call():
-            if self._clock() - self._housekept_at > PURGE_INTERVAL_SECONDS:
+            if self.clock() - self._housekept_at > PURGE_INTERVAL_SECONDS:
                 self.housekeeping(stale_after=STALE_REPORT_SECONDS)
             return self.episodes.recall(resolved)
 
@@ -291,7 +268,7 @@ class MemoryService:
             report = ClaimedReport(
                 claim=new_id(),
                 reward=reward,
-                reported_at=self._clock(),
+                reported_at=self.clock(),
                 experience=experience,
                 outcome=outcome,
                 metadata=meta,
@@ -306,10 +283,7 @@ class MemoryService:
         """The caller's recall ``recall_id`` if it can be reported now, with the memories it gave, else a refusal
         that says why: what to check before asking anyone (the user, the client's model) for what its report needs."""
         with self._call():
-            record = self.episodes.reportable(recall_id, access)
-            found = self._store.get("memories", record.memory_ids)
-        memories = [memory_view(memory_id, found[memory_id]) for memory_id in record.memory_ids if memory_id in found]
-        return PendingRecall(recall_id, record, memories)
+            return self.episodes.pending(recall_id, access)
 
     # -- the step memory (Rememberer) ----------------------------------------------------------
 
@@ -356,9 +330,7 @@ class MemoryService:
             if recall_id is not None:
                 added += report_bytes(self.episodes.reportable(recall_id, access), None, {}, self.embedder.dim)
             with self.quotas.admit(namespace, added):
-                result = self.steps.report(
-                    task, trajectory, episode_id, namespace, recall_id, self._clock(), provenance
-                )
+                result = self.steps.report(task, trajectory, episode_id, namespace, recall_id, self.clock(), provenance)
             if not result.already_applied:
                 self._reported.added(namespace)
             return result
@@ -366,8 +338,7 @@ class MemoryService:
     def applied_trajectory(
         self, episode_id: str, namespace: str | None = None, *, access: Access
     ) -> TrajectoryResult | None:
-        """What a report of ``episode_id`` would answer if it was reported already (None: it was not): what to check
-        before asking the user how the episode went."""
+        """What a report of ``episode_id`` answers if it was reported already (None: it was not): checked first."""
         episode_id = EPISODE_ID.check("episode_id", episode_id)
         namespace = self.namespace_of(namespace, access)
         with self._call():
@@ -540,7 +511,7 @@ class MemoryService:
         learning = self.settings.learning
         with self._call():
             namespace = self.get(memory_id, access=access).namespace
-            now = self._clock()
+            now = self.clock()
 
             def edit(m: Mapping[str, Any]) -> dict[str, Any]:
                 update: dict[str, Any] = {"updated_at": now}
@@ -579,19 +550,11 @@ class MemoryService:
         for record_id, payload in self._store.scroll("steps"):
             yield StepPayload.model_validate(payload).view(record_id)
 
-    def check_memory(self, memory: MemoryView) -> None:
-        """Refuse a memory to restore that the tools could not have stored (:func:`records.check_memory`)."""
-        check_memory(self.limits, memory)
-
-    def check_step(self, record: StepRecordView) -> None:
-        """Refuse a step record to restore that reports could not have made (:func:`records.check_step`)."""
-        check_step(self.limits, self.settings.steps.step_max_actions, record)
-
     def restore(self, memories: Sequence[MemoryView], batch: int = RESTORE_BATCH) -> int:
         """Write memories exactly as given (same id, Q, visits, timestamps), re-embedding their tasks.
         A memory whose id is already stored is replaced. Every memory is checked before any is written."""
         for memory in memories:
-            self.check_memory(memory)
+            check_memory(self.limits, memory)
         with self._call(), self.quotas.admit_all(self.restore_bytes(memories)):
             for start in range(0, len(memories), batch):
                 chunk = sorted(memories[start : start + batch], key=lambda m: m.namespace)
@@ -606,7 +569,7 @@ class MemoryService:
     def restore_steps(self, records: Sequence[StepRecordView]) -> int:
         """Write step records exactly as given, re-embedding their texts; every one is checked first."""
         for record in records:
-            self.check_step(record)
+            check_step(self.limits, self.settings.steps.step_max_actions, record)
         with self._call(), self.quotas.admit_all(self.restore_bytes(records)):
             self.steps.restore(records)
         return len(records)

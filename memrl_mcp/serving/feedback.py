@@ -35,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
-from memrl_mcp.memory.service import MemoryService, PendingRecall
+from memrl_mcp.memory.episodes import PendingRecall
+from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import (
     AGENT,
     ExperienceSource,
