@@ -38,6 +38,7 @@ def last_epoch(run_dir: RunDir) -> float:
     return statistics.mean(r.success for r in records if r.epoch == last)
 
 
+@pytest.mark.slow  # runs the harness end to end, with memrl-mcp servers
 async def test_with_a_user_who_is_wrong_one_time_in_ten_memrl_still_leads(tmp_path: Path) -> None:
     """memrl's rewards and outcomes come from the simulated user (memrl-mcp asks it); rag learns no reward, and labels
     what it stores with what the user says in the chat (the same user, asked by the agent). Last epoch, mean of two
@@ -66,6 +67,7 @@ async def test_with_a_user_who_is_wrong_one_time_in_ten_memrl_still_leads(tmp_pa
                 assert memory["outcome"] == ("success" if said[memory["id"]] else "failure"), (mode, memory)
 
 
+@pytest.mark.slow
 async def test_the_runs_llm_writes_the_experiences_the_server_asks_for(tmp_path: Path) -> None:
     """--client-model: the reports hand over the trajectory; memrl-mcp asks the client's model (sampling), which is
     the run's LLM (here the fake OpenAI-compatible server); the experiences are stored and recalled."""
