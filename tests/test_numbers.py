@@ -112,8 +112,8 @@ async def test_what_a_tool_returns_is_what_the_next_read_shows(moved_clock_clien
 
     steps = [
         {"observation": "on the counter: a mug", "action": "take mug", "reward": MOVED_SHARE},
-        {"observation": "holding a mug", "action": "put mug in coffee machine", "reward": 1 - MOVED_SHARE},
-    ]
+        {"observation": "holding a mug", "action": "put mug in coffee machine", "reward": 0.0},
+    ]  # credited last to first: take mug's target is its reward plus the next record's best Q, 0
     trajectory = await call(client, "report_trajectory", task=task, steps=steps, episode_id="e-1")
     advice = await call(client, "recall_step_advice", task=task, observation="on the counter: a mug")
     (record, *_) = advice["records"]

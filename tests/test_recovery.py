@@ -69,7 +69,7 @@ def test_on_a_qdrant_server_a_replica_finishes_only_reports_left_for_a_minute(
     shared = settings.model_copy(
         update={"storage": settings.storage.model_copy(update={"qdrant_url": "http://qdrant.internal:6333"})}
     )
-    now = crashed._clock()
+    now = crashed.clock()
     MemoryService.open(shared, embedder, store, clock=lambda: now + 5)
     assert store.get("memories", [stored.id])[stored.id]["visits"] == 0  # maybe still in progress elsewhere
     MemoryService.open(shared, embedder, store, clock=lambda: now + 61)
