@@ -17,9 +17,10 @@ import pytest
 from memrl_mcp.cli import parse_args
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.memory.archive import write_atomically, write_records
+from memrl_mcp.memory.archive import import_memories, write_atomically, write_records
 from memrl_mcp.memory.records import step_id
 from memrl_mcp.models import MemoryView, RecallQuery, StepRecordView
+from memrl_mcp.settings import load_settings
 from tests.support.mcp import make_service
 from tests.support.servers import child_env, run_cli
 
@@ -398,3 +399,19 @@ def test_malformed_step_lines_are_named_and_nothing_is_written(embedder: Embedde
         assert {r.id: r for r in service.step_records()} == steps
     finally:
         service.close()
+
+
+def test_an_export_of_an_earlier_version_imports(embedder: Embedder, tmp_path: Path) -> None:
+    """Its memories lack ``experience_source`` (issue 26 added it): they import, with no source, as a store written
+    before it reads."""
+    original = seed(embedder, tmp_path / "data")
+    earlier = tmp_path / "earlier.jsonl"
+    lines = [m.model_dump(exclude={"experience_source"}) for m in original.values()]
+    earlier.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    import_memories(load_settings(data_dir=tmp_path / "restored"), earlier)
+    service = make_service(embedder, tmp_path / "restored")
+    try:
+        restored = {m.id: m for m in service.memories()}
+    finally:
+        service.close()
+    assert restored == {i: m.model_copy(update={"experience_source": None}) for i, m in original.items()}

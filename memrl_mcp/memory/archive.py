@@ -178,7 +178,8 @@ def records_in(path: Path, problems: list[str] | None = None) -> Iterator[tuple[
 
 
 def parse_record(text: str) -> Record:
-    """One line: a JSON object with exactly the fields of its kind, each of its exact type (no coercion)."""
+    """One line: a JSON object with exactly the fields of its kind, each of its exact type (no coercion); a field
+    with a default (added since: ``experience_source``) may be absent, so an earlier version's export imports."""
     try:
         record = json.loads(text.rstrip("\r\n"))  # so that the column is the line's own
     except json.JSONDecodeError as error:
@@ -192,7 +193,7 @@ def parse_record(text: str) -> Record:
         raise BackupError(f"kind: must be one of {', '.join(map(repr, KINDS))}, got {reprlib.repr(kind)}")
     model = KINDS[kind]
     fields = tuple(model.model_fields)
-    missing = [field for field in fields if field not in record]
+    missing = [field for field, info in model.model_fields.items() if info.is_required() and field not in record]
     if missing:
         raise BackupError(f"{', '.join(missing)}: missing")
     unknown = [field for field in record if field not in fields]
