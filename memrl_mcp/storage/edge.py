@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from memrl_mcp.storage.edge_index import (
     ShardParams,
     payload_schema,
     shard_config,
+    warm_up,
 )
 from memrl_mcp.storage.files import sync_folder, write_atomically
 from memrl_mcp.storage.numbers import kept
@@ -64,6 +66,7 @@ FULL_SCAN_KB = 10_000  # Qdrant's default: a filter matching fewer vectors than 
 # vectors: ~15 ms to read), and the stream gets the GIL between two searches: at 1M unindexed memories, where an
 # exact search holds it for 90-270 ms, a stream in pages of 256 crawled (the child had grown by 113 MB after 8 min).
 BUILD_PAGE = 1024
+RECORD = attrgetter("id", "vector", "payload")  # a scrolled record as the child takes it, read in C
 FINAL_REPLAY = 64  # logged writes few enough to replay with writers held back
 CHECK_EVERY = 1000  # memories writes between two checks of whether a build is due
 # Writes to a table between two flushes. qdrant-edge writes a changed point's whole payload anew, and frees the old
@@ -121,6 +124,7 @@ class EdgeStore:
         names = {table: self._current_generation(table) for table in TABLES}
         self._room.check_open([path / name for name in names.values() if (path / name / "edge_config.json").exists()])
         self._live = {table: _Live(self._open(path / name, dim, table), name) for table, name in names.items()}
+        self._warm_up(self._live["memories"])
         for table, name in names.items():
             for stray in path.glob(f"{table}*"):  # a rebuild or a retired generation a crash left behind
                 if stray.is_dir() and stray.name != name:
@@ -188,6 +192,12 @@ class EdgeStore:
             with self._generations:
                 live.readers -= 1
                 self._generations.notify_all()
+
+    def _warm_up(self, live: _Live) -> None:
+        """Make an indexed shard's search files resident, in the background (:func:`warm_up`)."""
+        if live.shard.info().indexed_vectors_count:
+            folder = self._path / live.name
+            threading.Thread(target=warm_up, args=(folder,), name="memrl-warm-up", daemon=True).start()
 
     def index_status(self) -> tuple[int, int]:
         """(memories, of which in an HNSW index)."""
@@ -282,7 +292,9 @@ class EdgeStore:
                         offset=offset, limit=BUILD_PAGE, with_payload=True, with_vector=True
                     )
                     records, offset = shard.scroll(request)
-                    pickle.dump([(str(r.id), r.vector, r.payload) for r in records], child.stdin)
+                    # The page is made in one hold of the GIL and sent in one write, which releases it until
+                    # the child has read the page (see BUILD_PAGE).
+                    child.stdin.write(pickle.dumps(list(map(RECORD, records))))
                     times.points += len(records)
                     if offset is None:
                         pickle.dump(None, child.stdin)
@@ -301,6 +313,7 @@ class EdgeStore:
         self._room.check_open([target])
         new = _Live(self._edge.EdgeShard.load(str(target)), target.name)
         times.load_s = time.perf_counter() - start
+        self._warm_up(new)
         return new
 
     def _swap(self, table: Table, new: _Live, times: BuildTimes) -> bool:
