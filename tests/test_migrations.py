@@ -140,6 +140,31 @@ async def test_a_version_1_store_gets_its_q_histories_as_text_and_they_go_on(
     assert stored == history  # the stored floats, with their times in ISO 8601 as every answer shows them
 
 
+def test_memories_two_versions_behind_get_both_steps_in_one_pass(embedder: Embedder, tmp_path: Path) -> None:
+    """A version-0 memory (no bookkeeping) holding a Q history as a list gets both steps, in the single pass over
+    the memories a migration makes; the other memories keep what they hold."""
+    data_dir = tmp_path / "data"
+    event = {"at": 1.7e9, "event": "reward", "reward": 1.0, "q_before": 0.0, "q_after": 0.25, "recall_id": None}
+    both = Point(new_id(), embedder.embed([TASKS[0]])[0], {**old_payload("team", TASKS[0]), "history": [event]})
+    current = Point(new_id(), embedder.embed([TASKS[1]])[0], memory_payload_of("team", TASKS[1]))
+    write_old_store(data_dir, "edge", [both, current])
+
+    make_service(embedder, data_dir).close()
+    store = open_store(load_settings(data_dir=data_dir).storage, 384)
+    try:
+        stored = store.get("memories", [both.id, current.id])
+        assert schema_version(store) == SCHEMA_VERSION
+    finally:
+        store.close()
+    assert stored[both.id] == {**both.payload, "version": 0, "applied": [], "history": json.dumps([event])}
+    assert stored[current.id] == current.payload
+
+
+def memory_payload_of(namespace: str, task: str) -> dict[str, Any]:
+    """A memory as this version stores it."""
+    return {**old_payload(namespace, task), "version": 4, "applied": ["report:a"]}
+
+
 def test_a_migration_killed_midway_completes_at_the_next_open(embedder: Embedder, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     rng = np.random.default_rng(0)

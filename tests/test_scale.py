@@ -24,6 +24,7 @@ from memrl_mcp.models import QSummary, RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import EdgeStore, Point, open_store
 from memrl_mcp.storage.edge import CURRENT, TALLY
+from memrl_mcp.storage.edge_index import WARM, release, warm_up
 from memrl_mcp.storage.tally import FIELDS, Tally
 
 DIM = 384
@@ -301,3 +302,55 @@ def test_lists_full_text_and_edits_work_the_same_on_a_swapped_in_generation(embe
         assert [m.id for m in service.list_memories("ns1", text="corrected", access=EVERYTHING).memories] == [stored.id]
     finally:
         service.close()
+
+
+def mapped_kb(folder: Path) -> dict[str, int]:
+    """Resident KB of this process's mappings of the files under ``folder``, per file (from /proc/self/smaps)."""
+    resident: dict[str, int] = {}
+    path = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split(None, 5)
+        if "-" in fields[0] and len(fields[0]) > 8 and not fields[0].endswith(":"):  # a mapping's header
+            path = fields[5] if len(fields) == 6 else None
+        elif fields[0] == "Rss:" and path and path.startswith(f"{folder.resolve()}/"):
+            resident[path] = resident.get(path, 0) + int(fields[1])
+    return resident
+
+
+def test_an_indexed_generation_keeps_what_searches_read_resident_and_gives_back_what_a_full_read_mapped(
+    tmp_path: Path,
+) -> None:
+    """The new generation is memory-mapped whole (nothing read at its load), its int8 vectors, graph and namespace
+    index are then made resident in the engine's own mappings; a full read's pages (payloads, original vectors) are
+    given back, and giving them back loses no write, flushed or not."""
+    store, points = seeded_store(tmp_path / "edge")
+    try:
+        store.build_index(wait=True)
+        folder = tmp_path / "edge" / (tmp_path / "edge" / CURRENT).read_text()
+        assert warm_up(folder) > 0
+        warm = {path: kb for path, kb in mapped_kb(folder).items() if WARM.search(path)}
+        names = {Path(path).name for path in warm} | {Path(path).parent.name for path in warm}
+        assert "quantized.data" in names and "vector_index" in names  # qdrant-edge's files still have these names
+        assert any("-namespac-" in name for name in names)
+        int8 = next(path for path in warm if path.endswith("quantized.data"))
+        assert warm[int8] * 1024 >= os.path.getsize(int8) - 4096  # every page of the int8 copies is mapped
+
+        before = dict(store.scroll("memories"))
+        assert len(before) == len(points)
+        read = {path: kb for path, kb in mapped_kb(folder).items() if not WARM.search(path)}
+        assert sum(read.values()) > 0  # the full read mapped payload pages
+        for point in points[:30]:  # unflushed writes: dirty pages of the mapped files
+            store.set_payload_if("memories", point.id, {"q": 0.75, "version": 1}, {"version": 0})
+        assert release(folder) > 0
+        left = {path: kb for path, kb in mapped_kb(folder).items() if not WARM.search(path)}
+        assert sum(left.values()) < sum(read.values())
+        assert sum(kb for path, kb in mapped_kb(folder).items() if WARM.search(path)) == sum(warm.values())
+        expected = before | {p.id: before[p.id] | {"q": 0.75, "version": 1} for p in points[:30]}
+        assert dict(store.scroll("memories")) == expected
+    finally:
+        store.close()
+    reopened = EdgeStore(tmp_path / "edge", DIM)
+    try:
+        assert dict(reopened.scroll("memories")) == expected
+    finally:
+        reopened.close()

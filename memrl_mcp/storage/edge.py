@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from memrl_mcp.storage.disk import RECALL_SHARE, DiskFullError, DiskRoom
+from memrl_mcp.storage.disk import RECALL_SHARE, DiskRoom
 from memrl_mcp.storage.edge_index import (
     RESCORE_OVERSAMPLING,
     BuildTimes,
     Rebuild,
     ShardParams,
-    payload_schema,
-    shard_config,
+    open_shard,
+    release,
     warm_up,
 )
 from memrl_mcp.storage.files import sync_folder, write_atomically
@@ -43,7 +43,6 @@ from memrl_mcp.storage.store import (
     Hit,
     Point,
     Range,
-    StoreLockedError,
     Table,
     Where,
     Words,
@@ -68,6 +67,7 @@ FULL_SCAN_KB = 10_000  # Qdrant's default: a filter matching fewer vectors than 
 BUILD_PAGE = 1024
 RECORD = attrgetter("id", "vector", "payload")  # a scrolled record as the child takes it, read in C
 FINAL_REPLAY = 64  # logged writes few enough to replay with writers held back
+RELEASE_EVERY = 32_768  # records a full read returns between two releases of the pages it mapped (~70 MB at 1M)
 CHECK_EVERY = 1000  # memories writes between two checks of whether a build is due
 # Writes to a table between two flushes. qdrant-edge writes a changed point's whole payload anew, and frees the old
 # copy and truncates its write-ahead log only at a flush, which it never runs by itself: a server running for days
@@ -120,6 +120,7 @@ class EdgeStore:
         self._closing = False
         self._writes_to_check = 0
         self._unflushed: dict[Table, int] = dict.fromkeys(TABLES, 0)
+        self._unreleased: dict[Table, int] = dict.fromkeys(TABLES, 0)
         self.last_build: BuildTimes | None = None
         names = {table: self._current_generation(table) for table in TABLES}
         self._room.check_open([path / name for name in names.values() if (path / name / "edge_config.json").exists()])
@@ -144,41 +145,7 @@ class EdgeStore:
         return ShardParams(size, is_dot(table), table == "recalls", hnsw, FULL_SCAN_KB, indexes, self._room.min_free)
 
     def _open(self, path: Path, dim: int, table: Table) -> Any:
-        edge = self._edge
-        config_file = path / "edge_config.json"
-        stored = json.loads(config_file.read_text()) if config_file.exists() else None
-        if stored is not None:
-            stored_dim = int(next(iter(stored["vectors"].values()))["size"])
-            if stored_dim != vector_size(table, dim):
-                raise ValueError(
-                    f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones "
-                    f"({vector_size(table, dim)}-d in this table)"
-                )
-        config = shard_config(edge, self._params(table, hnsw=False))
-        try:
-            if stored is None:
-                shard = edge.EdgeShard.create(str(path), config)
-            elif table == "recalls" and stored.get("payload_memory") != "cold":
-                # A store made before recalls were memory-mapped: loading with a config rewrites it (that needs
-                # a little room, so it is done only when something changes).
-                shard = edge.EdgeShard.load(str(path), config)
-            else:
-                shard = edge.EdgeShard.load(str(path))
-        except Exception as error:
-            if "WouldBlock" in str(error):
-                raise StoreLockedError(path, "its write-ahead log is locked") from None
-            if "No space left on device" in str(error):  # the engine writes a little at every open
-                raise DiskFullError(
-                    f"cannot open the memory store at {path}: its disk is full. Free some space; meanwhile a "
-                    "read-only server (MEMRL_TOOL_PROFILE=read_only) serves it and `memrl-mcp export` backs it up: "
-                    "both open a copy of it in TMPDIR"
-                ) from None
-            raise
-        indexed = set(shard.info().payload_schema)
-        for key, kind in INDEXES[table].items():
-            if key not in indexed:
-                shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind)))
-        return shard
+        return open_shard(self._edge, path, self._params(table, hnsw=False), dim)
 
     @contextmanager
     def _reading(self, table: Table) -> Iterator[Any]:
@@ -296,6 +263,7 @@ class EdgeStore:
                     # the child has read the page (see BUILD_PAGE).
                     child.stdin.write(pickle.dumps(list(map(RECORD, records))))
                     times.points += len(records)
+                    self._read_through(job.table, len(records))
                     if offset is None:
                         pickle.dump(None, child.stdin)
                         break
@@ -344,8 +312,10 @@ class EdgeStore:
                 new.shard.update(operation)
         with self._generations:
             self._generations.wait_for(lambda: old.readers == 0)
+        start = time.perf_counter()
         old.shard.close()
         shutil.rmtree(self._path / old.name, ignore_errors=True)
+        times.retire_s = time.perf_counter() - start
         return True
 
     # -- the counts of memory_stats ----------------------------------------------------------------
@@ -529,6 +499,7 @@ class EdgeStore:
                 )
                 records, offset = shard.scroll(request)
                 yield from ((str(r.id), np.asarray(r.vector, dtype=np.float32), dict(r.payload or {})) for r in records)
+                self._read_through(table, len(records))
                 if offset is None:
                     return
 
@@ -571,8 +542,16 @@ class EdgeStore:
                 )
                 records, offset = shard.scroll(request)
                 yield from ((str(r.id), dict(r.payload or {})) for r in records)
+                self._read_through(table, len(records))
                 if offset is None:
                     return
+
+    def _read_through(self, table: Table, records: int) -> None:
+        """Count the records a long read returned; every :data:`RELEASE_EVERY`, give back the pages it mapped."""
+        self._unreleased[table] += records
+        if self._unreleased[table] >= RELEASE_EVERY:
+            self._unreleased[table] = 0
+            release(self._path / self._live[table].name)
 
     def count(self, table: Table, where: Where | None = None) -> int:
         request = self._edge.CountRequest(exact=True, filter=self._filter(where))

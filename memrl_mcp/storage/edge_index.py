@@ -13,7 +13,8 @@ point (deleting 90% of a 135 MB shard freed nothing, measured), and its ``optimi
 holds the GIL for the whole rewrite (1.4 s for 250 MB, without indexing). A new shard holds only the live points,
 and the old folder, write-ahead log included, is removed.
 
-Shard configurations are defined here, once (:func:`shard_config`): the server creates its tables with them too.
+Shard configurations are defined here, once (:func:`shard_config`): the server creates and opens its tables with
+them too (:func:`open_shard`).
 
 A built shard keeps its vectors and payloads in memory-mapped files that are read on demand (``Memory.Cold``), and
 in RAM only the graph, the namespace index and int8 copies of the vectors (:func:`indexed_config`): at a million
@@ -36,6 +37,9 @@ import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from memrl_mcp.storage.disk import DiskFullError
+from memrl_mcp.storage.store import StoreLockedError
 
 HNSW_M = 16  # links per node: Qdrant's default; recall@5 against exact 1.00 at 1M, ef 32-256 (perf/scale.py)
 HNSW_EF_CONSTRUCT = 100  # Qdrant's default
@@ -103,6 +107,44 @@ def shard_config(edge: Any, params: ShardParams) -> Any:
     return edge.EdgeConfig(vectors=vectors, payload_memory=edge.Memory.Cold)
 
 
+def open_shard(edge: Any, path: Path, params: ShardParams, dim: int) -> Any:
+    """The server's shard at ``path``, created or loaded, with the payload indexes it lacks; a store of vectors
+    other than ``dim``'s (the embedder's), the engine's lock and a full disk are told as such."""
+    config_file = path / "edge_config.json"
+    stored = json.loads(config_file.read_text()) if config_file.exists() else None
+    if stored is not None:
+        stored_dim = int(next(iter(stored["vectors"].values()))["size"])
+        if stored_dim != params.size:
+            raise ValueError(
+                f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones "
+                f"({params.size}-d in this table)"
+            )
+    try:
+        if stored is None:
+            shard = edge.EdgeShard.create(str(path), shard_config(edge, params))
+        elif params.cold and stored.get("payload_memory") != "cold":
+            # A store made before recalls were memory-mapped: loading with a config rewrites it (that needs
+            # a little room, so it is done only when something changes).
+            shard = edge.EdgeShard.load(str(path), shard_config(edge, params))
+        else:
+            shard = edge.EdgeShard.load(str(path))
+    except Exception as error:
+        if "WouldBlock" in str(error):
+            raise StoreLockedError(path, "its write-ahead log is locked") from None
+        if "No space left on device" in str(error):  # the engine writes a little at every open
+            raise DiskFullError(
+                f"cannot open the memory store at {path}: its disk is full. Free some space; meanwhile a "
+                "read-only server (MEMRL_TOOL_PROFILE=read_only) serves it and `memrl-mcp export` backs it up: "
+                "both open a copy of it in TMPDIR"
+            ) from None
+        raise
+    indexed = set(shard.info().payload_schema)
+    for key, kind in params.payload_indexes:
+        if key not in indexed:
+            shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind)))
+    return shard
+
+
 def indexed_config(edge: Any, params: ShardParams) -> Any:
     """An indexed shard (cosine): every part of it memory-mapped, read on demand. A search walks the HNSW graph on
     int8 copies of the vectors (a quarter of their size) and rescores only the few best candidates with their
@@ -128,6 +170,7 @@ WARM = re.compile(
 )
 """The files of an indexed shard that every search reads: the int8 vectors, the graph and the namespace index
 (qdrant-edge's names; tests/test_scale.py fails if they no longer match)."""
+MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim a range's pages as memory pressure would (a dirty page is kept)
 MADV_POPULATE_READ = 22  # Linux >= 5.14: map a range's pages as a read of each would, without reading them here
 
 
@@ -141,15 +184,7 @@ def warm_up(folder: Path) -> int:
     file pages no process maps once unused for a minute, and an unmapped int8 copy made the next searches read it
     from disk (50-100 ms each instead of 1-3 ms). On a system without /proc or MADV_POPULATE_READ the files are
     only read into the page cache."""
-    mappings = []
-    try:
-        for line in Path("/proc/self/maps").read_text().splitlines():
-            fields = line.split(None, 5)
-            if len(fields) == 6 and fields[5].startswith(f"{folder.resolve()}/") and WARM.search(fields[5]):
-                start, end = (int(address, 16) for address in fields[0].split("-"))
-                mappings.append((start, end - start, fields[5]))
-    except OSError:
-        return 0
+    mappings = [mapping for mapping in _mappings(folder) if WARM.search(mapping[2])]
     chunk = bytearray(1 << 22)
     for path in sorted({path for _, _, path in mappings}):
         try:
@@ -158,10 +193,41 @@ def warm_up(folder: Path) -> int:
                     pass
         except OSError:  # a retired generation, removed meanwhile
             return 0
+    return _advise(mappings, MADV_POPULATE_READ)
+
+
+def release(folder: Path) -> int:
+    """Give back the pages this process maps of the shard at ``folder`` that no search keeps resident (all but
+    :data:`WARM`'s: the payloads, the original vectors, the other indexes, the write-ahead log), as memory pressure
+    would; returns the bytes of those mappings. A full read of a table maps every page it reads, and they count
+    in the process's RSS until unmapped: the first open of a million memories (a recount and a schema check, each
+    reading every payload) took it from 0.8 to 1.5 GB, a rebuild's stream reads the vectors too."""
+    return _advise([mapping for mapping in _mappings(folder) if not WARM.search(mapping[2])], MADV_PAGEOUT)
+
+
+def _mappings(folder: Path) -> list[tuple[int, int, str]]:
+    """This process's mappings of the files under ``folder``: (start, length, path); none without /proc."""
+    prefix = f"{folder.resolve()}/"
+    found = []
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith(prefix):
+            start, end = (int(address, 16) for address in fields[0].split("-"))
+            found.append((start, end - start, fields[5]))
+    return found
+
+
+def _advise(mappings: list[tuple[int, int, str]], advice: int) -> int:
+    """madvise each mapping (without the GIL); a range unmapped meanwhile, or an advice the kernel lacks, fails
+    harmlessly: both advices only ever change which pages are resident, never what they hold."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     for start, length, _ in mappings:
-        libc.madvise(start, length, MADV_POPULATE_READ)  # fails harmlessly on a range unmapped meanwhile
+        libc.madvise(start, length, advice)
     return sum(length for _, length, _ in mappings)
 
 
@@ -204,8 +270,8 @@ def _leave_room(folder: str, min_free: int) -> None:
 @dataclass
 class BuildTimes:
     """Where a rebuild's time went: streaming the table's points to the child (the server's share, interleaved
-    with its requests), the child's writing and indexing after that, opening the new shard (holds the GIL), and
-    the last replay round with writers held back."""
+    with its requests), the child's writing and indexing after that, opening the new shard (holds the GIL), the
+    last replay round with writers held back, and closing and removing the old shard (its close holds the GIL)."""
 
     points: int = 0
     stream_s: float = 0.0
@@ -213,6 +279,7 @@ class BuildTimes:
     load_s: float = 0.0
     replayed: int = 0
     held_s: float = 0.0
+    retire_s: float = 0.0
 
 
 @dataclass(frozen=True)
