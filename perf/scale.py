@@ -90,11 +90,12 @@ def children() -> list[int]:
 
 
 class PeakRss:
-    """Peak RSS of this process (its VmHWM, reset at the start) and of its children (sampled every 0.2 s)."""
+    """Peak RSS of this process (its VmHWM, reset at the start) and of its children, and the peaks of their
+    anonymous parts (sampled every 0.2 s): the rest is pages of memory-mapped files, which the kernel can reclaim."""
 
     def __enter__(self) -> PeakRss:
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-        self.children = 0.0
+        self.children = self.children_anon = self.own_anon = 0.0
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -102,9 +103,12 @@ class PeakRss:
 
     def _sample(self) -> None:
         while not self._stop.wait(0.2):
+            self.own_anon = max(self.own_anon, status_mb()["RssAnon"])
             for pid in children():
                 with contextlib.suppress(OSError, KeyError):  # a child gone meanwhile
-                    self.children = max(self.children, status_mb(pid)["VmRSS"])
+                    memory = status_mb(pid)
+                    self.children = max(self.children, memory["VmRSS"])
+                    self.children_anon = max(self.children_anon, memory["RssAnon"])
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -112,7 +116,10 @@ class PeakRss:
         self.own = status_mb()["VmHWM"]
 
     def __str__(self) -> str:
-        return f"peak RSS {self.own:.0f} MB (this process), {self.children:.0f} MB (the build's child)"
+        return (
+            f"peak RSS {self.own:.0f} MB (this process; anonymous {self.own_anon:.0f}), {self.children:.0f} MB "
+            f"(the build's child; anonymous {self.children_anon:.0f})"
+        )
 
 
 def summary(values: list[float]) -> str:
@@ -260,8 +267,7 @@ def during_build(args: argparse.Namespace, qs: list[tuple[str, np.ndarray]]) -> 
             began = time.perf_counter()
             builder = threading.Thread(target=lambda: (store.build_index(wait=True), done.set()))
             builder.start()
-            if args.build_load == "searches":
-                searches, writes = measure(done, 0)
+            searches, writes = measure(done, 0) if args.build_load == "searches" else ([], [])
             builder.join()
             build_s = time.perf_counter() - began
         times = store.last_build

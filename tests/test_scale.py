@@ -5,9 +5,11 @@ progress on stderr and imports everything."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -354,3 +356,52 @@ def test_an_indexed_generation_keeps_what_searches_read_resident_and_gives_back_
         assert dict(reopened.scroll("memories")) == expected
     finally:
         reopened.close()
+
+
+SERVER_WITH_A_BUILD = """
+import os, subprocess, sys
+from memrl_mcp.storage.edge_index import ShardParams
+# The build's child, its stdin a pipe whose write end a second process keeps open, as a child busy indexing never
+# reads its stdin again: only its parent's death can stop it.
+read, write = os.pipe()
+params = ShardParams(384, False, False, True, 10_000, (("namespace", "keyword"),)).to_json()
+child = subprocess.Popen([sys.executable, "-m", "memrl_mcp.storage.edge_index", sys.argv[1], params], stdin=read)
+keeper = subprocess.Popen(["sleep", "600"], pass_fds=(write,), start_new_session=True)
+print(child.pid, keeper.pid, flush=True)
+child.wait()
+"""
+
+
+def test_a_build_child_dies_with_its_server(tmp_path: Path) -> None:
+    """A server killed (SIGKILL) during a build takes its child with it: left alive, the child went on writing
+    into the folder that the restarted server removes as a stray, and the restart failed ("Directory not empty")."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER_WITH_A_BUILD, str(tmp_path / "memories-1")], stdout=subprocess.PIPE, env=env
+    )
+    assert server.stdout is not None
+    child, keeper = (int(pid) for pid in server.stdout.readline().split())
+    try:
+        for _ in range(600):  # until the child waits for its first page: it has started, as a build's child has
+            if "pipe" in Path(f"/proc/{child}/wchan").read_text():
+                break
+            threading.Event().wait(0.1)
+        server.kill()
+        server.wait()
+        for _ in range(600):  # the kernel's signal, delivered at once; 60 s of patience before failing
+            if not alive(child):
+                break
+            threading.Event().wait(0.1)
+        assert not alive(child)
+    finally:
+        for pid in (child, keeper):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False

@@ -127,9 +127,11 @@ class EdgeStore:
         self._live = {table: _Live(self._open(path / name, dim, table), name) for table, name in names.items()}
         self._warm_up(self._live["memories"])
         for table, name in names.items():
-            for stray in path.glob(f"{table}*"):  # a rebuild or a retired generation a crash left behind
+            # A rebuild or a retired generation a crash left behind. The child of a server just killed may still be
+            # writing in its folder for a moment (it is killed with its parent): what it adds goes at the next open.
+            for stray in path.glob(f"{table}*"):
                 if stray.is_dir() and stray.name != name:
-                    shutil.rmtree(stray)
+                    shutil.rmtree(stray, ignore_errors=True)
         self._tally = self._read_tally()
         self._maybe_build()
 

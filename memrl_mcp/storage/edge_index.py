@@ -32,6 +32,7 @@ import json
 import os
 import pickle
 import re
+import signal
 import sys
 import threading
 from dataclasses import asdict, dataclass, field
@@ -44,6 +45,7 @@ from memrl_mcp.storage.store import StoreLockedError
 HNSW_M = 16  # links per node: Qdrant's default; recall@5 against exact 1.00 at 1M, ef 32-256 (perf/scale.py)
 HNSW_EF_CONSTRUCT = 100  # Qdrant's default
 BUILD_NICENESS = 10
+PR_SET_PDEATHSIG = 1  # Linux prctl: the signal this process gets when its parent dies
 INT8_QUANTILE = 0.99  # Qdrant's usual choice: the int8 range covers 99% of the components, outliers are clipped
 RESCORE_OVERSAMPLING = 4.0  # candidates per result found on the int8 copies and rescored: recall@5 0.997 at 1M
 
@@ -294,6 +296,9 @@ class Rebuild:
 def main(argv: list[str]) -> int:
     folder, params = argv[0], ShardParams.from_json(argv[1])
     os.nice(BUILD_NICENESS)
+    # Die with the server: killed (SIGKILL), it could not stop this child, which went on writing into the folder
+    # that the restarted server removes as a stray (its removal failed: "Directory not empty").
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     written = build(folder, params, sys.stdin.buffer)
     print(written)
     return 0

@@ -77,7 +77,7 @@ FIELDS = ("version", "applied", "history")  # what the steps read
 
 
 def convert(store: Store, steps: Sequence[Callable[[Mapping[str, Any]], dict[str, Any]]]) -> int:
-    """Run ``steps`` on every memory in one pass (each full read of a million memories took 13-16 s), each memory
+    """Run ``steps`` on every memory in one pass (a full read of the memories, not one per step), each memory
     written once, conditional on the ``version`` it was read with: a report that changed it meanwhile wrote it in
     the new shape. Returns the memories changed."""
     done = 0
