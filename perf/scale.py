@@ -430,10 +430,17 @@ def import_throughput(args: argparse.Namespace, pairs: list[tuple[str, str]]) ->
 # ---------------------------------------------------------------- phase 6: over MCP stdio
 
 
+def server_env() -> dict[str, str]:
+    """A spawned server's environment: this one without MEMRL_* settings, every tool, and no namespace quota (a
+    benchmark namespace holds a quarter of the store, over the default 1 GB at 1M memories)."""
+    own = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")}
+    return own | {"MEMRL_TOOL_PROFILE": "full", "MEMRL_NAMESPACE_QUOTA_MB": "0"}
+
+
 async def over_stdio(args: argparse.Namespace, qs: list[tuple[str, str]]) -> None:
     """recall_experience through a spawned server against (query embedding in this process + a round trip)."""
     embedder = MiniLMEmbedder()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")} | {"MEMRL_TOOL_PROFILE": "full"}
+    env = server_env()
     server = StdioServerParameters(
         command=sys.executable, args=["-m", "memrl_mcp.cli", "--data-dir", args.store], env=env
     )
@@ -475,7 +482,7 @@ def drop_page_cache() -> None:
 async def first_answer(args: argparse.Namespace, qs: list[tuple[str, str]]) -> None:
     """Spawn ``memrl-mcp`` on the store, time its first ``recall_experience`` answer from the spawn, read its peak
     RSS; ``--runs`` times, each with a new query."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")} | {"MEMRL_TOOL_PROFILE": "full"}
+    env = server_env()
     server = StdioServerParameters(
         command=sys.executable, args=["-m", "memrl_mcp.cli", "--data-dir", args.store], env=env
     )

@@ -16,10 +16,9 @@ and the old folder, write-ahead log included, is removed.
 Shard configurations are defined here, once (:func:`shard_config`): the server creates and opens its tables with
 them too (:func:`open_shard`).
 
-A built shard keeps its vectors and payloads in memory-mapped files that are read on demand (``Memory.Cold``), and
-in RAM only the graph, the namespace index and int8 copies of the vectors (:func:`indexed_config`): at a million
-memories the server held 0.9 GB resident, not the 1.5 GB of vectors and more of payloads (README, "A million
-memories").
+A built shard is memory-mapped whole and read on demand (``Memory.Cold``, :func:`indexed_config`); :func:`warm_up`
+keeps resident only what every search reads: the graph, the namespace index and int8 copies of the vectors, not the
+1.5 GB of vectors of a million memories and more of payloads (docs/storage.md, "A million memories").
 
 Run as ``python -m memrl_mcp.storage.edge_index FOLDER PARAMS_JSON`` with pickled batches of ``(id, vector, payload)``
 on stdin (from the parent only: pickle is trusted here because nobody else writes that pipe), ended by ``None``.
