@@ -268,7 +268,7 @@ class EdgeStore:
         params = self._params(job.table, job.hnsw).to_json()
         with tempfile.TemporaryFile() as errors:  # not a pipe: nobody reads it until the child is done
             child = subprocess.Popen(
-                [sys.executable, "-m", "memrl_mcp.edge_index", str(target), params],
+                [sys.executable, "-m", "memrl_mcp.storage.edge_index", str(target), params],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
