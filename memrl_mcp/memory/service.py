@@ -275,7 +275,7 @@ class MemoryService:
                 metadata=meta,
             )
             with self.quotas.admit(recall.namespace, report_bytes(recall, experience, meta, self.embedder.dim)):
-                return self._ledger.report(recall_id, report)
+                return self._ledger.report(recall_id, report, recall)
 
     # -- the step memory (Rememberer) ----------------------------------------------------------
 

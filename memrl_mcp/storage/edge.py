@@ -45,7 +45,9 @@ from memrl_mcp.storage.store import (
     Table,
     Where,
     Words,
+    fields_of,
     is_dot,
+    matches,
     optional_vector,
     vector_size,
 )
@@ -354,8 +356,8 @@ class EdgeStore:
         with self._writing:
             return self._tally.total(namespaces)
 
-    def _fields(self, shard: Any, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        selector = self._edge.PayloadSelector.Include(list(TALLY_FIELDS))
+    def _fields(self, shard: Any, ids: Sequence[str], fields: Sequence[str]) -> dict[str, dict[str, Any]]:
+        selector = self._edge.PayloadSelector.Include(list(fields))
         return {str(r.id): dict(r.payload or {}) for r in shard.retrieve(list(ids), selector, False)} if ids else {}
 
     def _write(
@@ -365,22 +367,38 @@ class EdgeStore:
         room: float | None,
         ids: Sequence[str] | None = None,
         new: Mapping[str, Mapping[str, Any]] | None = None,
-    ) -> None:
+        update: Mapping[str, Any] | None = None,
+        where: Where | None = None,
+    ) -> bool:
         """Apply one write under the lock that orders them: check the free space it needs (``room``: the share of
-        the margin; None: a delete, always let through since it frees room), count its effect on the memories'
-        tally (on ``ids``, None: every point it may touch, read first; ``new``: their payloads, when known), log it
-        for a rebuild of its table in flight, and start an index build of the memories when one is due."""
+        the margin; None: a delete, always let through since it frees room); with ``where``, only if the point
+        ``ids[0]`` meets it (False: it did not, nothing was written); count its effect on the memories' tally (on
+        ``ids``, None: every point it may touch, read first; after the write: ``new``, their whole payloads, or the
+        old fields with ``update``, the fields a payload update writes, laid over them; else read back); log it for
+        a rebuild of its table in flight, and start an index build of the memories when one is due.
+
+        This process is the store's only writer and holds the lock, so the point read here is the one the write
+        meets: the condition is checked here, with the tally's fields in one read, and a write the service makes
+        three times a report needs no read back to know whether it applied."""
         memories = table == "memories"
         with self._writing, self._reading(table) as shard:
             if room is not None:
                 self._room.check(room)
-            if memories:
+            if memories or where is not None:
                 ids = [point_id for point_id, _ in self.scroll("memories", fields=())] if ids is None else ids
-                old = self._fields(shard, ids)
+                fields = [*(TALLY_FIELDS if memories else ()), *fields_of(where or {})]
+                old = self._fields(shard, ids, fields)
+                if where is not None and (ids[0] not in old or not matches(old[ids[0]], where)):
+                    return False
             shard.update(operation)
             self._flush_when_due(table, shard)
             if memories:
-                after = new if new is not None else self._fields(shard, ids)
+                if new is not None:
+                    after = new
+                elif update is not None:
+                    after = {point_id: _laid(fields, update) for point_id, fields in old.items()}
+                else:
+                    after = self._fields(shard, ids, TALLY_FIELDS)
                 for point_id in set(old) | set(after):
                     self._tally.apply(old.get(point_id), after.get(point_id))
                 self._writes_to_check -= 1
@@ -389,6 +407,7 @@ class EdgeStore:
         if memories and self._writes_to_check <= 0:
             self._writes_to_check = CHECK_EVERY
             self._maybe_build()
+        return True
 
     # -- the Store primitives ------------------------------------------------------------------------
 
@@ -450,11 +469,15 @@ class EdgeStore:
         return np.asarray(records[0].vector, dtype=np.float32) if records else None
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
-        self._write(table, self._edge.UpdateOperation.set_payload([point_id], kept(payload)), 1.0, [point_id])
+        written = kept(payload)
+        self._write(table, self._edge.UpdateOperation.set_payload([point_id], written), 1.0, [point_id], update=written)
 
-    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
-        operation = self._edge.UpdateOperation.set_payload_by_filter(self._filter(where, point_id), kept(payload))
-        self._write(table, operation, 1.0, [point_id])
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> bool:
+        """Checked here (:meth:`_write`), written as a plain update: replayed on a rebuilt table, the writes that
+        applied rebuild the same state in the same order."""
+        written = kept(payload)
+        operation = self._edge.UpdateOperation.set_payload([point_id], written)
+        return self._write(table, operation, 1.0, [point_id], update=written, where=where)
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:
@@ -589,6 +612,12 @@ class EdgeStore:
                 write_atomically(self._path / TALLY, lambda stream: stream.write(saved))
             except OSError as error:  # a full disk: the next open counts the memories again
                 log.warning("could not save the memories' counts (%s); the next open recounts them", error)
+
+
+def _laid(old: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """A payload's fields after ``update`` is set over them: a field set to null is removed
+    (:func:`~memrl_mcp.storage.store.as_set`)."""
+    return {key: value for key, value in {**old, **update}.items() if value is not None}
 
 
 @dataclass

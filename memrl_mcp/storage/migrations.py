@@ -25,7 +25,7 @@ import numpy as np
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.storage.store import Point, Store
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA_POINT = str(uuid.uuid5(uuid.NAMESPACE_URL, "memrl-schema"))
 PROGRESS_EVERY = 1000  # records per progress line of a long migration
 MISSING = object()
@@ -79,9 +79,12 @@ def history_as_text(store: Store) -> int:
 STEPS: tuple[tuple[int, Callable[[Store], int]], ...] = ((1, bookkeeping), (2, history_as_text))
 """(the version a step brings the store to, the step: returns how many records it changed), oldest first.
 
-Version 3 converts nothing: step records gained their nearest neighbour (``nearest*``, looked up when a namespace
-at its capacity first needs them) and a claimed episode its progress point (an episode claimed before resumes from
-its own ``done``). Older code refuses those fields and points, so the version makes it refuse the store instead."""
+Versions 3 and 4 convert nothing; older code would misread what they add, so the version makes it refuse the store
+instead. 3: step records gained their nearest neighbour (``nearest*``, looked up when a namespace at its capacity
+first needs them) and a claimed episode its progress point (an episode claimed before resumes from its own ``done``).
+4: a record's applied operations are written as text (:func:`memrl_mcp.memory.records.applied_text`; a list is
+still read, and becomes text at the record's next update), and a Q history one event per line
+(:func:`memrl_mcp.memory.records.with_event`)."""
 
 
 def schema_version(store: Store) -> int:
@@ -118,7 +121,7 @@ def migrate(store: Store, dim: int, read_only: bool = False) -> None:
     if read_only and found == 0 and store.count("memories") == 0:
         return  # a fresh store, never opened for writing: no record to migrate (every step is the memories')
     if read_only and not pending:
-        return  # only versions that convert nothing (3) stand between: the records already read as they are
+        return  # only versions that convert nothing (3, 4) stand between: the records already read as they are
     if read_only:
         needed = ", ".join(f"{step.__name__} (to version {version})" for version, step in pending)
         raise MigrationNeededError(
