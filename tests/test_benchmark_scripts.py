@@ -25,6 +25,7 @@ def run(script: str, *args: str, timeout: float = 600) -> str:
         ("load.py", ("--clients", "2", "--seconds", "3", "--seed-memories", "50"), "LOST UPDATES 0"),
         ("embedders.py", ("--rounds", "1", "--queries", "5", "--texts", "40"), "fp32 (FastEmbed's all-MiniLM-L6-v2)"),
         ("history_cost.py", ("--events", "5", "--rounds", "2", "--cycles", "20"), "as JSON text"),
+        ("cycle_cost.py", ("--rounds", "2", "--passes", "1", "--tasks", "5", "--age", "3"), "this / baseline"),
         ("step_capacity.py", ("--capacities", "20", "--steps", "3", "--runs", "2"), "same pick"),
         ("tool_list.py", ("--profile", "core"), "core: "),
         (

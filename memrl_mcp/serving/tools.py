@@ -107,19 +107,28 @@ def paragraphs(docstring: str) -> str:
     return re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(docstring))
 
 
+OnLoop = Callable[[Access, dict[str, Any]], bool]
+"""Whether a call (its caller, its arguments) is served on the event loop rather than in a worker thread."""
+
+
 def _served(
-    fn: Callable[..., BaseModel], identify: Callable[[Context[Any, Any]], Awaitable[Access]], metrics: Metrics
+    fn: Callable[..., BaseModel],
+    identify: Callable[[Context[Any, Any]], Awaitable[Access]],
+    metrics: Metrics,
+    on_loop: OnLoop | None = None,
 ) -> Callable[..., Awaitable[CallToolResult]]:
     """The tool body ``fn``, which takes its caller as ``access``, as the SDK serves it: the SDK hands the call's
     ``Context`` (``ctx``) in place of ``access``, and ``identify`` turns it into the caller's :class:`Access`.
     Every tool is served through here, so none can forget its caller's tenant or project namespace, and none
     reads the caller from anywhere but the request that carried the call. The body runs in a worker thread (the
-    store's calls block); each call is timed, counted and logged; a refused request reaches the client as a
-    tool error with its message (which names the field).
+    store's calls block, and a model run lets other requests go on meanwhile), or on the event loop when
+    ``on_loop`` says the call is short: a hand-off to a worker thread and back cost 55-95 us of CPU
+    (docs/performance.md). Each call is timed, counted and logged; a refused request reaches the client as a tool
+    error with its message (which names the field).
 
     The result, a model built and checked by the service, is handed to the SDK as its wire form (structured
-    content, and the same JSON as text): the SDK would validate it again against the model and dump it twice,
-    X ms of CPU per call (docs/performance.md)."""
+    content, and the same JSON as text): the SDK would validate it again against the model and dump it twice (48 us
+    against 26 for a recall of three memories, docs/performance.md)."""
     signature = inspect.signature(fn)
     if "access" not in signature.parameters:
         raise TypeError(f"the tool {fn.__name__} must take its caller's access")
@@ -132,7 +141,8 @@ def _served(
             try:
                 access = await identify(ctx)
                 call.client = access.client
-                result = await anyio.to_thread.run_sync(functools.partial(fn, *args, access=access, **kwargs))
+                body = functools.partial(fn, *args, access=access, **kwargs)
+                result = body() if on_loop and on_loop(access, kwargs) else await anyio.to_thread.run_sync(body)
             except MemrlError as error:
                 call.status = "refused"
                 raise ToolError(str(error)) from None
@@ -488,9 +498,18 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         "memory_stats": (memory_stats, "Memory statistics", reads),
     }
     assert set(every_tool) == set(TOOL_PROFILES["full"]), "a tool is missing from the full profile"
+    # Served on the event loop: the hot calls that run no model (a report folds rewards and stores an experience
+    # under the recall's own vector; a recall whose task's embedding is cached searches and logs), a millisecond or
+    # two of store calls. Every other call, and a recall that embeds, runs in a worker thread.
+    on_loop: dict[str, OnLoop] = {
+        "report_outcome": lambda access, arguments: True,
+        "recall_experience": lambda access, arguments: (
+            not service.runs_model(arguments["task"], arguments.get("namespace"), access=access)
+        ),
+    }
     tools = [
         MemoryTool.strict(
-            _served(fn, identify, metrics),
+            _served(fn, identify, metrics, on_loop.get(name)),
             title,
             serving.tool_descriptions.get(name) or paragraphs(fn.__doc__ or ""),
             annotations,
