@@ -20,7 +20,7 @@ SANDBOX_STAMP := $(VENV)/.llb-rootfs-shifted
 PEER_VENV ?= .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: setup serve demo test bench llm alfworld sandbox mariadb docker peer browser
+.PHONY: setup serve demo test test-fast bench llm alfworld sandbox mariadb docker peer browser
 
 setup: $(STAMP)
 
@@ -105,6 +105,12 @@ test: setup llm alfworld sandbox mariadb docker peer browser
 	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests perf
 	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests perf
 	$(PY) -m pytest -q
+
+# The everyday tier: ruff and the tests not marked slow (no MariaDB, dockerd, browser, sandbox or local LLM).
+test-fast: setup
+	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests perf
+	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests perf
+	$(PY) -m pytest -q -m "not slow"
 
 bench: setup
 	$(PY) perf/backends.py

@@ -27,10 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from perf._bench import DIM, NAMESPACES, clustered_vectors, synthetic_text, table
-
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, open_store
+from perf._bench import DIM, NAMESPACES, clustered_vectors, synthetic_text, table
 
 BATCH = 500
 

@@ -1,10 +1,16 @@
-"""Shared fixtures: one real embedder per session, a fresh real store per test, both engines."""
+"""Shared fixtures: one real embedder per session, a fresh real store per test, both engines; and the two tiers.
+
+``make test`` runs every test. ``make test-fast`` runs those not marked ``slow``, in process, in a few minutes: a
+module that needs a service or a build (MariaDB, a Docker engine, chromium, the sandboxes, the local LLM, a wheel)
+marks itself; a test that starts a server process, kills a child or mounts a filesystem is marked here; and a test run
+on both embedded engines runs on qdrant-edge only (qdrant-client's local mode is the fallback engine; the full suite
+keeps the two in step)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from mcp import Client
@@ -12,22 +18,22 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder, MiniLMEmbedder
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.tools import create_server
-from memrl_mcp.settings import Settings, load_settings
+from tests.support.mcp import make_service
+
+PROCESSES = ("http_server(", "stdio_server(", "run_cli(", "subprocess.", "small_disk(", "seeded_server(", "os.kill(")
+"""What a test calls when it starts a server process, a child that it kills, or a filesystem it mounts: seconds each,
+left to the full suite."""
 
 
-async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    """Call a tool that must succeed; its typed result arrives as structured content."""
-    result = await client.call_tool(tool, arguments)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
-async def refused(client: Client, tool: str, **arguments: Any) -> str:
-    """Call a tool that must be refused; the message the client sees."""
-    result = await client.call_tool(tool, arguments)
-    assert result.is_error, result.structured_content
-    return " ".join(getattr(block, "text", "") for block in result.content)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fast tier's cut (module docstring): tests on the second engine, and tests that start processes, are slow."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("engine") == "qdrant-local":
+            item.add_marker(pytest.mark.slow)
+        function = getattr(item, "function", None)
+        if function is not None and any(call in inspect.getsource(function) for call in PROCESSES):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
@@ -44,14 +50,6 @@ def embedder() -> Embedder:
 def engine(request: pytest.FixtureRequest) -> str:
     """Every test that takes this runs on both embedded engines (one shared suite)."""
     return request.param
-
-
-def make_service(embedder: Embedder, data_dir: Path, engine: str = "edge", **overrides: Any) -> MemoryService:
-    """A service on a fresh store whose server offers every tool (``tool_profile: full``, unless overridden): the
-    tests exercise them all; tests/test_agent_surface.py checks what the default profile offers."""
-    overrides = {"tool_profile": "full"} | overrides
-    settings: Settings = load_settings(data_dir=data_dir, embedded_engine=engine, **overrides)
-    return MemoryService.open(settings, embedder)
 
 
 @pytest.fixture

@@ -34,8 +34,8 @@ from memrl_mcp.models import (
 from memrl_mcp.serving.tools import compact_schema, create_server
 from memrl_mcp.settings import TOOL_PROFILES, SettingsError, load_settings
 from memrl_mcp.validation import CandidateCount, NamespaceName, Outcome, SortKey
-from tests.conftest import call
-from tests.test_transports import child_env, http_server, run_cli
+from tests.support.mcp import call
+from tests.support.servers import child_env, http_server, run_cli
 
 DEFAULT_LIST_BUDGET = 8 * 1024  # characters of compact JSON: about 2,000 tokens on every turn of the agent
 JARGON = re.compile(r"Phase [AB]|lambda|λ|z\(|Q_init", re.I)

@@ -20,8 +20,8 @@ from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.archive import write_atomically, write_records
 from memrl_mcp.memory.records import step_id
 from memrl_mcp.models import MemoryView, RecallQuery, StepRecordView
-from tests.conftest import make_service
-from tests.test_transports import child_env, run_cli
+from tests.support.mcp import make_service
+from tests.support.servers import child_env, run_cli
 
 CSV_TASK = "Sort a CSV file by its second column and write the result to a new file"
 PNG_TASK = "Resize a PNG image to 64x64 pixels"

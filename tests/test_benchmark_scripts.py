@@ -2,19 +2,14 @@
 next measurement (the figures of docs/performance.md come from the same scripts at full size)."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-PERF = Path(__file__).resolve().parents[1] / "perf"
+from tests.support.scripts import PERF, run
 
-
-def run(script: str, *args: str, timeout: float = 600) -> str:
-    done = subprocess.run([sys.executable, str(PERF / script), *args], capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+# needs the perf/ scripts (and the peer server): `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize(

@@ -28,9 +28,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.conftest import call
 from tests.dockerd import docker_engine  # noqa: F401 (the session's engine)
-from tests.test_transports import free_port
+from tests.support.mcp import call
+from tests.support.servers import free_port
+
+# needs a Docker engine and the image build: `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
 
 IMAGE = "memrl/memrl-mcp:local"
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,34 +29,14 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import open_store
-from tests.conftest import call, make_service, refused
-from tests.test_http import mcp_client
-from tests.test_recovery import DiesAtWrite
-from tests.test_transports import child_env, http_server, run_cli, stdio_server
+from tests.support.crashes import DiesAtWrite
+from tests.support.mcp import call, make_service, refused
+from tests.support.servers import child_env, http_server, mcp_client, run_cli, stdio_server
+from tests.support.stores import small_disk
 
 DISK_MB, MARGIN_MB, ROOM_ABOVE_MARGIN_MB = 96, 8, 3
 EXPERIENCE_CHARS = 15_000  # a long experience: the disk fills in a few hundred writes
 WORDS = ("parse", "rotate", "index", "backup", "deploy", "compile", "join", "filter", "migrate", "cache", "render")
-
-
-@contextmanager
-def small_disk(tmp_path: Path, megabytes: int) -> Iterator[Path]:
-    """A fresh ext4 filesystem of ``megabytes``, loop-mounted (no reserved blocks: free space is what df shows)."""
-    image, mountpoint = tmp_path / "disk.img", tmp_path / "disk"
-    mountpoint.mkdir()
-    with image.open("wb") as file:
-        file.truncate(megabytes << 20)
-    for command in (
-        ["mkfs.ext4", "-q", "-F", "-m", "0", str(image)],
-        ["mount", "-o", "loop", str(image), str(mountpoint)],
-    ):
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            pytest.fail(f"this test needs root and loop devices ({' '.join(command)}): {result.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", str(mountpoint)], check=True)
 
 
 def free_mb(path: Path) -> float:

@@ -22,8 +22,8 @@ import pytest
 from mcp import Client
 
 from memrl_mcp.memory.algorithm import update_q
-from tests.conftest import call, refused
-from tests.test_transports import http_server
+from tests.support.mcp import call, refused
+from tests.support.servers import http_server
 
 CLIENTS = 4
 KILL_AFTER_ACKS = 48  # acknowledged writes (stores and reports) of all clients together before the kill

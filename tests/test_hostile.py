@@ -32,8 +32,8 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import MemoryView, RecallQuery
 from memrl_mcp.serving.tools import create_server
 from memrl_mcp.validation import MAX_METADATA_DEPTH
-from tests.conftest import call, make_service, refused
-from tests.test_transports import child_env, http_server, run_cli
+from tests.support.mcp import call, make_service, refused
+from tests.support.servers import child_env, http_server, run_cli
 
 MUG = "put a clean mug in the coffee machine"
 TASKS = (

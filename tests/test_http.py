@@ -6,11 +6,8 @@ test talks to the server with raw HTTP (status codes) or the MCP SDK's client (t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -19,45 +16,24 @@ import pytest
 import yaml
 from mcp import Client
 from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from memrl_mcp.settings import SettingsError, load_grants, load_settings
-from tests.conftest import call, refused
-from tests.test_transports import DEADLINE_S, HttpServer, child_env, http_server, run_cli
+from tests.support.mcp import call, refused
+from tests.support.servers import (
+    ALICE,
+    BOB,
+    DEADLINE_S,
+    INITIALIZE,
+    MCP_HEADERS,
+    base_url,
+    child_env,
+    http_server,
+    mcp_client,
+    run_cli,
+    tokens_file,
+)
 
-ALICE, BOB = "alice-token-0123456789", "bob-token-abcdefghijkl"
 TASK = "Sort a CSV file by its second column"
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}},
-}
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-
-
-def tokens_file(tmp_path: Path) -> Path:
-    """alice's token in clear; bob's only as its SHA-256, as an operator keeping secrets out of files would."""
-    path = tmp_path / "tokens.yaml"
-    grants = [
-        {"name": "alice", "token": ALICE, "namespaces": ["alice"]},
-        {"name": "bob", "token_sha256": hashlib.sha256(BOB.encode()).hexdigest(), "namespaces": ["bob", "shared"]},
-    ]
-    path.write_text(yaml.safe_dump({"tokens": grants}))
-    return path
-
-
-@asynccontextmanager
-async def mcp_client(server: HttpServer, token: str | None) -> AsyncIterator[Client]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with AsyncExitStack() as stack:
-        http = await stack.enter_async_context(create_mcp_http_client(headers=headers))
-        yield await stack.enter_async_context(Client(streamable_http_client(server.url, http_client=http)))
-
-
-def base_url(server: HttpServer) -> str:
-    return server.url.rsplit("/", 1)[0]
 
 
 def test_a_non_loopback_bind_without_a_token_is_refused(tmp_path: Path) -> None:

@@ -29,9 +29,20 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.auth import TokenTable
 from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import TokenGrant
-from tests.conftest import call, refused
-from tests.test_http import ALICE, BOB, INITIALIZE, MCP_HEADERS, base_url, mcp_client, tokens_file
-from tests.test_transports import DEADLINE_S, TOOLS, HttpServer, http_server
+from tests.support.mcp import call, refused
+from tests.support.servers import (
+    ALICE,
+    BOB,
+    DEADLINE_S,
+    INITIALIZE,
+    MCP_HEADERS,
+    TOOLS,
+    HttpServer,
+    base_url,
+    http_server,
+    mcp_client,
+    tokens_file,
+)
 
 ALICE_TASK = "Rotate the database credentials of the payroll service"
 ALICE_SECRET = "the vault path is secret/payroll/db, rotate with vault write -f"

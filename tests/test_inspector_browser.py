@@ -20,7 +20,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, expect, sync_playwright
 
-from tests.test_inspector import (
+from tests.support.inspector import (
     ALICE,
     CLOSEST,
     FARTHER,
@@ -35,6 +35,8 @@ from tests.test_inspector import (
     harness_runs,
     seeded_server,
 )
+
+pytestmark = pytest.mark.slow  # needs chromium: `make test` runs it, `make test-fast` does not
 
 CHROMIUM = Path("/usr/bin/chromium")
 TIMEOUT_MS = 15_000

@@ -8,7 +8,7 @@ from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.serving.tools import create_server
-from tests.conftest import make_service
+from tests.support.mcp import make_service
 
 pytestmark = pytest.mark.anyio
 

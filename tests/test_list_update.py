@@ -16,10 +16,9 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.tools import create_server
-from tests.conftest import call, make_service, refused
-from tests.test_benchmark_scripts import run
-from tests.test_http import ALICE, BOB, mcp_client, tokens_file
-from tests.test_transports import DEADLINE_S, http_server
+from tests.support.mcp import call, make_service, refused
+from tests.support.scripts import run
+from tests.support.servers import ALICE, BOB, DEADLINE_S, http_server, mcp_client, tokens_file
 
 pytestmark = pytest.mark.anyio
 

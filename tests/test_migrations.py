@@ -19,43 +19,13 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.memory.records import memory_payload
-from memrl_mcp.models import MemoryView, QEvent, RecallQuery
+from memrl_mcp.models import QEvent, RecallQuery
 from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, new_id, open_store
 from memrl_mcp.storage.migrations import SCHEMA_POINT, SCHEMA_VERSION, schema_version
-from tests.conftest import call, make_service, refused
-
-TASKS = ("heat the mug in the microwave", "list the files larger than 10MB under /var/log", "count rows per region")
-
-
-def old_payload(namespace: str, task: str, q: float = 0.25) -> dict[str, Any]:
-    """A memory as stores written before the bookkeeping of optimistic writes held it: no version, no applied."""
-    memory = MemoryView(
-        id=new_id(),
-        namespace=namespace,
-        task=task,
-        experience=f"how to {task}",
-        outcome="success",
-        q=q,
-        visits=2,
-        last_reward=1.0,
-        merges=0,
-        created_at=1.7e9,
-        updated_at=1.7e9,
-        metadata={},
-    )
-    payload = memory_payload(memory)
-    del payload["version"], payload["applied"]
-    return payload
-
-
-def write_old_store(data_dir: Path, engine: str, points: list[Point]) -> None:
-    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, 384)
-    for start in range(0, len(points), 1000):
-        store.upsert("memories", points[start : start + 1000])
-    store.close()
+from tests.support.mcp import call, make_service, refused
+from tests.support.stores import TASKS, old_payload, write_old_store
 
 
 def old_fields_left(data_dir: Path, engine: str = "edge") -> tuple[int, int]:

@@ -20,7 +20,7 @@ from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, open_store
 from memrl_mcp.storage.numbers import kept, kept_float
-from tests.conftest import call
+from tests.support.mcp import call
 
 MOVED_TIME = 1795468687.2779167  # a time.time() the engine read back as 1795468687.277917 (a failed CI run)
 MOVED_SHARE = 0.18878891023282363  # read back as ...365

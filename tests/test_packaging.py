@@ -10,7 +10,7 @@ from mcp import Client
 import memrl_mcp
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.serving.tools import create_server
-from tests.conftest import make_service
+from tests.support.mcp import make_service
 
 
 def test_the_version_is_written_once(embedder: Embedder) -> None:

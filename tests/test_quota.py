@@ -28,9 +28,8 @@ from memrl_mcp.settings import SettingsError, load_settings
 from memrl_mcp.storage import EdgeStore, Point, Store, Table
 from memrl_mcp.storage.quota import MeteredStore
 from memrl_mcp.storage.store import vector_size
-from tests.conftest import call, make_service, refused
-from tests.test_http import ALICE, BOB, mcp_client
-from tests.test_transports import child_env, http_server, run_cli
+from tests.support.mcp import call, make_service, refused
+from tests.support.servers import ALICE, BOB, child_env, http_server, mcp_client, run_cli
 
 MB = 1 << 20
 BOB_QUOTA_MB = 4
@@ -131,6 +130,7 @@ async def test_bob_fills_his_quota_alice_still_writes_and_forgetting_gives_the_d
             assert (await call(alice, "search_experience", task="alice's task"))["memories"][0]["id"] == mine["id"]
 
 
+@pytest.mark.slow  # rebuilds tables in child processes
 def test_concurrent_writers_never_overshoot_the_quota_and_the_count_is_exact(
     embedder: Embedder, tmp_path: Path, engine: str
 ) -> None:
@@ -253,6 +253,7 @@ def test_a_token_sets_the_quota_of_the_namespaces_it_names(embedder: Embedder, t
         load_settings(tokens=[{"name": "admin", "token": "x" * 16, "namespaces": ["*"], "namespace_quota_mb": 5}])
 
 
+@pytest.mark.slow  # rebuilds tables in child processes
 @pytest.mark.parametrize("table", ["recalls", "steps", "episodes", "memories"])
 def test_a_compaction_keeps_every_write_made_during_it_and_drops_the_deleted(tmp_path: Path, table: Table) -> None:
     """A table is rebuilt from its live points while writes go on: every one of them is in the new generation,
@@ -299,6 +300,7 @@ def test_a_compaction_keeps_every_write_made_during_it_and_drops_the_deleted(tmp
         reopened.close()
 
 
+@pytest.mark.slow  # rebuilds tables in child processes
 def test_a_small_forget_is_given_back_at_the_next_check(tmp_path: Path) -> None:
     """Below 20% of its table, a forgotten namespace waits for the hourly check, which the next open also makes
     (the deleted bytes are saved with the usage at close)."""

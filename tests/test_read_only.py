@@ -18,11 +18,10 @@ from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, StoreLockedError, new_id, open_store
 from memrl_mcp.storage.migrations import SCHEMA_VERSION
-from tests.conftest import call, make_service
-from tests.test_disk import small_disk
-from tests.test_migrations import TASKS, old_payload, write_old_store
-from tests.test_recovery import DiesAtWrite
-from tests.test_transports import DEADLINE_S, child_env, run_cli, stdio_server
+from tests.support.crashes import DiesAtWrite
+from tests.support.mcp import call, make_service
+from tests.support.servers import DEADLINE_S, child_env, run_cli, stdio_server
+from tests.support.stores import TASKS, old_payload, small_disk, write_old_store
 
 
 @pytest.mark.anyio

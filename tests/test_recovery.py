@@ -1,7 +1,6 @@
 """A report interrupted by a crash at any of its writes is finished, exactly once, when the store reopens."""
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -11,33 +10,12 @@ from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import Store, open_store
+from memrl_mcp.storage import open_store
+from tests.support.crashes import DiesAtWrite
 
-WRITES = ("upsert", "insert", "set_payload", "set_payload_if")
 # A report with two recalled memories and a new experience writes 5 times: the claim, one conditional write
 # per memory, the new memory, then "reported". Crash before each of them.
 REPORT_WRITES = 5
-
-
-class DiesAtWrite:
-    """The real store, except that the process 'dies' at its n-th write (0-based) once armed."""
-
-    def __init__(self, store: Store, n: int) -> None:
-        self._store = store
-        self._left = n
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._store, name)
-        if name not in WRITES:
-            return method
-
-        def write(*args: Any, **kwargs: Any) -> Any:
-            if self._left == 0:
-                raise KeyboardInterrupt("killed mid-report")
-            self._left -= 1
-            return method(*args, **kwargs)
-
-        return write
 
 
 @pytest.mark.parametrize("crash_at", range(REPORT_WRITES))

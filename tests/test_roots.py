@@ -24,8 +24,8 @@ from memrl_mcp.serving.observability import Metrics
 from memrl_mcp.serving.roots import project_namespace
 from memrl_mcp.serving.tools import _served, create_server
 from memrl_mcp.validation import NAMESPACE_PATTERN
-from tests.conftest import call, make_service, refused
-from tests.test_transports import DEADLINE_S, http_server
+from tests.support.mcp import call, make_service, refused
+from tests.support.servers import DEADLINE_S, http_server
 
 pytestmark = pytest.mark.anyio
 

@@ -19,9 +19,19 @@ import pytest
 from mcp import Client
 from mcp.client.sse import sse_client
 
-from tests.conftest import call
-from tests.test_http import ALICE, BOB, INITIALIZE, MCP_HEADERS, base_url, mcp_client, tokens_file
-from tests.test_transports import DEADLINE_S, HttpServer, http_server
+from tests.support.mcp import call
+from tests.support.servers import (
+    ALICE,
+    BOB,
+    DEADLINE_S,
+    INITIALIZE,
+    MCP_HEADERS,
+    HttpServer,
+    base_url,
+    http_server,
+    mcp_client,
+    tokens_file,
+)
 
 TASK = "Rotate the nginx logs every night and keep a week of them"
 QUOTA, IDLE_S = 3, 2.0

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
-from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,117 +20,18 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.memory.steps import embedded_text
 from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import Hit, Point, Store, Table, open_store
-from tests.conftest import call
+from memrl_mcp.storage import Store, open_store
+from tests.support.crashes import CountingStore
+from tests.support.mcp import call
+from tests.support.steps import synthetic_trajectory
 
-pytestmark = pytest.mark.anyio
-
-PLACES = ["countertop", "cabinet", "drawer", "fridge", "sinkbasin", "microwave", "shelf", "diningtable", "desk"]
-THINGS = ["mug", "cup", "knife", "apple", "bread", "lettuce", "tomato", "egg", "pan", "pot", "plate", "bowl", "key"]
-NAMES = ["rows", "cols", "total", "mean", "path", "data", "items", "value", "result", "users", "orders", "prices"]
-
-
-def observation(rng: random.Random, chars: int) -> str:
-    """A room description (ALFWorld's style) of about ``chars`` characters."""
-    place = rng.choice(PLACES)
-    text = f"You arrive at {place} {rng.randrange(1, 9)}. On the {place} {rng.randrange(1, 9)}, you see"
-    while len(text) < chars:
-        text += f" a {rng.choice(THINGS)} {rng.randrange(1, 9)},"
-    return text[:chars]
-
-
-def action(rng: random.Random, chars: int) -> str:
-    """A shell command running a Python one-liner of about ``chars`` characters."""
-    text = f"python3 -c \"import csv, json; rows = list(csv.reader(open('/data/{rng.choice(NAMES)}.csv')))"
-    while len(text) < chars:
-        a, b = rng.choice(NAMES), rng.choice(NAMES)
-        text += f"; {a} = [r[{rng.randrange(9)}] for r in rows if r[{rng.randrange(9)}] != '{b}']"
-    return text[:chars]
-
-
-def trajectory(seed: int, steps: int, observation_chars: int, action_chars: int) -> list[dict[str, Any]]:
-    """The issue's shape: distinct observations (each its own record), rewards 0 but the last."""
-    rng = random.Random(seed)
-    return [
-        {
-            "observation": f"[{seed}.{t}] {observation(rng, observation_chars - len(f'[{seed}.{t}] '))}",
-            "action": action(rng, action_chars),
-            "reward": float(t == steps - 1),
-        }
-        for t in range(steps)
-    ]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # measures the disk and the reads of long runs
 
 
 def disk_bytes(folder: Path) -> int:
     """What the folder takes on disk (du): allocated blocks, not apparent sizes (the engine's files are sparse)."""
     du = subprocess.run(["du", "-sB1", str(folder)], capture_output=True, text=True, check=True)
     return int(du.stdout.split()[0])
-
-
-class CountingStore:
-    """The real store, counting the records its calls return (per table), the reads of each record's payload, and the
-    ids it writes."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self.records_read: Counter[str] = Counter()
-        self.reads: Counter[str] = Counter()
-        self.written: dict[str, set[str]] = defaultdict(set)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    def _saw(self, table: Table, points: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        self.records_read[table] += len(points)
-        self.reads.update(point_id for point_id, _ in points)
-
-    def get(self, table: Table, ids: Sequence[str], *args: Any) -> dict[str, dict[str, Any]]:
-        found = self._store.get(table, ids, *args)
-        self._saw(table, list(found.items()))
-        return found
-
-    def get_vector(self, table: Table, point_id: str) -> np.ndarray | None:
-        vector = self._store.get_vector(table, point_id)
-        self.records_read[table] += vector is not None  # a vector alone: not a read of the record's payload
-        return vector
-
-    def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Any, *args: Any) -> list[Hit]:
-        hits = self._store.search(vector, limit, min_similarity, where, *args)
-        table = args[0] if args else "memories"
-        self._saw(table, [(hit.id, hit.payload) for hit in hits])
-        return hits
-
-    def ordered(self, table: Table, where: Any, key: str, descending: bool, limit: int) -> list[Any]:
-        points = self._store.ordered(table, where, key, descending, limit)
-        self._saw(table, points)
-        return points
-
-    def scroll(self, table: Table, where: Any = None, fields: Any = None) -> Iterator[tuple[str, dict[str, Any]]]:
-        for point in self._store.scroll(table, where, fields):
-            self._saw(table, [point])
-            yield point
-
-    def vectors(self, table: Table, where: Any, fields: Any) -> Iterator[tuple[str, np.ndarray, dict[str, Any]]]:
-        for point_id, vector, payload in self._store.vectors(table, where, fields):
-            self._saw(table, [(point_id, payload)])
-            yield point_id, vector, payload
-
-    def upsert(self, table: Table, points: Sequence[Point]) -> None:
-        self.written[table].update(p.id for p in points)
-        self._store.upsert(table, points)
-
-    def insert(self, table: Table, point: Point) -> None:
-        self.written[table].add(point.id)
-        self._store.insert(table, point)
-
-    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Any) -> bool:
-        self.written[table].add(point_id)
-        return self._store.set_payload_if(table, point_id, payload, where)
-
-    def reset(self) -> None:
-        self.records_read.clear()
-        self.reads.clear()
-        self.written.clear()
 
 
 # -- disk -------------------------------------------------------------------------------------------
@@ -164,9 +62,9 @@ async def test_a_trajectory_costs_disk_in_proportion_to_its_size(
     but kept by its files, so a store that rewrote a trajectory after every step stayed as large ever after."""
     data = tmp_path / "data"
     MemoryService.open(load_settings(data_dir=data), embedder).close()
-    warm_up = {"task": "warm up", "steps": trajectory(0, 1, 300, 900), "episode_id": "0"}
+    warm_up = {"task": "warm up", "steps": synthetic_trajectory(0, 1, 300, 900), "episode_id": "0"}
     await report_and_measure(data, embedder, warm_up)
-    steps = trajectory(1, 200, observation_chars, action_chars)
+    steps = synthetic_trajectory(1, 200, observation_chars, action_chars)
     arguments = {"task": "tidy the data", "steps": steps, "episode_id": "e-1"}
     size, growth = await report_and_measure(data, embedder, arguments)
     print(f"{size} bytes of JSON: the store grew by {growth} bytes ({growth / size:.1f}x)")
@@ -191,7 +89,7 @@ def test_a_long_running_server_reuses_the_space_of_what_it_rewrites(embedder: Em
     data = tmp_path / "data"
     service = MemoryService.open(load_settings(data_dir=data, max_reported_episodes=100), embedder)
     edge = data / "memrl" / "edge"
-    step = trajectory(0, 1, 300, 900)
+    step = synthetic_trajectory(0, 1, 300, 900)
     sizes = []
     try:
         for i in range(4000):
@@ -216,7 +114,7 @@ async def test_a_namespace_keeps_a_bounded_number_of_reported_episodes(embedder:
     service = MemoryService.open(
         load_settings(data_dir=tmp_path / "data", max_reported_episodes=5, tool_profile="full"), embedder
     )
-    steps = trajectory(0, 1, 100, 50)
+    steps = synthetic_trajectory(0, 1, 100, 50)
     try:
         async with Client(create_server(service)) as client:
             await call(client, "report_trajectory", task="t", steps=steps, episode_id="other", namespace="lab")
@@ -301,8 +199,8 @@ async def test_at_capacity_a_new_step_reads_a_few_records_and_evicts_as_the_pape
     settings = load_settings(data_dir=tmp_path / "data", embedded_engine=engine, step_max_records=capacity)
     counting = CountingStore(open_store(settings.storage, embedder.dim))
     service = MemoryService.open(settings, embedder, counting)  # type: ignore[arg-type]
-    fill = trajectory(1, capacity, 200, 40)
-    newcomers = [step["observation"] for step in trajectory(2, 9, 200, 40)]
+    fill = synthetic_trajectory(1, capacity, 200, 40)
+    newcomers = [step["observation"] for step in synthetic_trajectory(2, 9, 200, 40)]
     try:
         assert service.report_trajectory("tidy the data", fill, "fill", access=EVERYTHING).created == capacity
         for text in newcomers[:6]:

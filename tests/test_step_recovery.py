@@ -21,10 +21,9 @@ from memrl_mcp.memory.steps import EpisodeGone
 from memrl_mcp.models import ActionView, RecallQuery
 from memrl_mcp.settings import Settings, load_settings
 from memrl_mcp.storage import PLACEHOLDER, Point, Store, open_store
-from tests.test_recovery import WRITES, DiesAtWrite
-from tests.test_step_costs import CountingStore, trajectory
-from tests.test_steps import MUG, SUCCESS, records
-from tests.test_transports import child_env
+from tests.support.crashes import WRITES, CountingStore, DiesAtWrite
+from tests.support.servers import child_env
+from tests.support.steps import MUG, SUCCESS, records, synthetic_trajectory
 
 # A report of 3 new steps with a recall writes 11 times: the episode claim; per step the progress point (saying what
 # the step is about to do) and the new record; the recall's claim, its memory, its "reported"; then the episode's
@@ -37,8 +36,7 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import open_store
-from tests.test_steps import MUG, SUCCESS
-from tests.test_step_costs import trajectory
+from tests.support.steps import MUG, SUCCESS, synthetic_trajectory
 
 class KilledAtWrite:
     def __init__(self, store, n):
@@ -57,7 +55,7 @@ class KilledAtWrite:
 data_dir, engine, kill_at, recall_id, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 settings = load_settings(data_dir=data_dir, embedded_engine=engine)
 service = MemoryService.open(settings, store=KilledAtWrite(open_store(settings.storage, 384), kill_at))
-steps = SUCCESS if steps == "success" else trajectory(0, int(steps), 300, 900)
+steps = SUCCESS if steps == "success" else synthetic_trajectory(0, int(steps), 300, 900)
 service.report_trajectory(MUG, steps, "episode-1", recall_id=recall_id or None, access=EVERYTHING)
 print("finished without being killed", flush=True)
 """
@@ -256,7 +254,7 @@ def test_a_report_killed_mid_episode_resumes_where_it_stopped_and_counts_each_st
     settings = load_settings(data_dir=tmp_path, embedded_engine=engine)
     MemoryService.open(settings, embedder).close()  # a store in use (a new one's first write is its schema marker)
     killed_at_write(settings, 3 + 2 * LANDED, "", str(STEPS))
-    steps = trajectory(0, STEPS, 300, 900)
+    steps = synthetic_trajectory(0, STEPS, 300, 900)
     ids = [step_id("default", MUG, step["observation"]) for step in steps]
     counting = CountingStore(open_store(settings.storage, embedder.dim))
     reopened = MemoryService.open(settings, embedder, counting)  # type: ignore[arg-type]  # finishes the report

@@ -15,29 +15,16 @@ from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.tools import create_server
-from tests.conftest import call, make_service, refused
-from tests.test_http import ALICE, BOB, mcp_client, tokens_file
-from tests.test_transports import DEADLINE_S, http_server
+from tests.support.mcp import call, make_service, refused
+from tests.support.servers import ALICE, BOB, DEADLINE_S, http_server, mcp_client, tokens_file
+from tests.support.steps import COUNTER, HOLDING, MUG, ROOM, SUCCESS, records, trajectory_of
 
 pytestmark = pytest.mark.anyio
 
-MUG = "put a clean mug in the coffee machine"
-ROOM = "You are in the middle of a room. Looking around you, you see a countertop 1, a sinkbasin 1, a coffeemachine 1."
-COUNTER = "On the countertop 1, you see a mug 1 and a knife 1."
-HOLDING = "You pick up the mug 1 from the countertop 1."
 KNIFE = "You pick up the knife 1 from the countertop 1."
 
 
-def trajectory(*steps: tuple[str, str, float]) -> list[dict[str, Any]]:
-    return [{"observation": o, "action": a, "reward": r} for o, a, r in steps]
-
-
-SUCCESS = trajectory(
-    (ROOM, "go to countertop 1", 0.0),
-    (COUNTER, "take mug 1 from countertop 1", 0.0),
-    (HOLDING, "go to sinkbasin 1", 1.0),
-)
-FAILURE = trajectory(
+FAILURE = trajectory_of(
     (ROOM, "go to countertop 1", 0.0),
     (COUNTER, "take knife 1 from countertop 1", 0.0),
     (KNIFE, "go to coffeemachine 1", -1.0),
@@ -83,11 +70,6 @@ async def test_reports_change_the_advice(client: Client) -> None:
     assert advice["advice_threshold"] == 0.0
     after_knife = await call(client, "recall_step_advice", task=MUG, observation=KNIFE, k=1)
     assert advised(after_knife, "discouraged") == [("go to coffeemachine 1", -1.0, 1)]
-
-
-def records(service: MemoryService) -> dict[str, Any]:
-    """Every step record of the store, by id, as plain data."""
-    return {r.id: r.model_dump() for r in service.step_records()}
 
 
 async def test_an_episode_id_is_applied_once_and_its_recall_with_it(client: Client, service: MemoryService) -> None:

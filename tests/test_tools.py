@@ -15,8 +15,8 @@ from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import RecallQuery
 from memrl_mcp.serving.tools import create_server
-from tests.conftest import call, make_service, refused
-from tests.test_transports import TOOLS
+from tests.support.mcp import call, make_service, refused
+from tests.support.servers import TOOLS
 
 pytestmark = pytest.mark.anyio
 

@@ -8,112 +8,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.conftest import call, refused
+from tests.support.mcp import call, refused
+from tests.support.servers import CLI, DEADLINE_S, EVERY_TOOL, TOOLS, child_env, http_server, run_cli, stdio_server
 
-TOOLS = {
-    "recall_experience",
-    "search_experience",
-    "report_outcome",
-    "store_experience",
-    "forget_experience",
-    "memory_stats",
-    "recall_step_advice",
-    "report_trajectory",
-    "list_memories",
-    "update_memory",
-}
 TASK = "Sort a CSV file by its second column and write the result to a new file"
 EXPERIENCE = "1. Read with csv.reader. 2. sorted(rows, key=lambda r: r[1]). 3. Write with csv.writer."
-DEADLINE_S = 60  # a whole test body; the server answers in milliseconds once started
-START_TIMEOUT_S = 30.0  # an HTTP server's start (it loads the embedder first)
-CLI = [sys.executable, "-m", "memrl_mcp.cli"]
-
-
-def child_env(data_dir: Path | None = None, **variables: str) -> dict[str, str]:
-    """This process's environment without any MEMRL_* of the user's, plus the test's own variables."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MEMRL_")}
-    if data_dir is not None:
-        env["MEMRL_DATA_DIR"] = str(data_dir)
-    env.update(variables)
-    return env
-
-
-EVERY_TOOL = {"MEMRL_TOOL_PROFILE": "full"}
-"""The servers the tests spawn offer every tool, unless a test says otherwise (tests/test_agent_surface.py checks
-the default profile)."""
-
-
-def stdio_server(data_dir: Path, **variables: str) -> StdioServerParameters:
-    return StdioServerParameters(command=CLI[0], args=CLI[1:], env=child_env(data_dir, **EVERY_TOOL | variables))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class HttpServer:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-
-@contextmanager
-def http_server(
-    data_dir: Path, tmp_path: Path, transport: str = "streamable-http", **variables: str
-) -> Iterator[HttpServer]:
-    """A ``memrl-mcp --transport streamable-http`` (or sse) child on 127.0.0.1, stopped with SIGTERM (as a
-    service manager would) when the block ends."""
-    port = free_port()
-    log_path = tmp_path / f"http-server-{port}.log"
-    args = ["--transport", transport, "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [*CLI, *args], env=child_env(**EVERY_TOOL | variables), stdin=subprocess.DEVNULL, stdout=log, stderr=log
-        )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"HTTP server exited with {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"HTTP server not listening after {START_TIMEOUT_S} s:\n{log_path.read_text()}")
-                time.sleep(0.05)
-        yield HttpServer(f"http://127.0.0.1:{port}/{'sse' if transport == 'sse' else 'mcp'}", proc, log_path)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-def run_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    """Run ``memrl-mcp`` with stdin closed (an stdio server would see EOF at once) and capture its output."""
-    return subprocess.run(
-        [*CLI, *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
-    )
 
 
 async def store_recall_report(client: Client) -> None:

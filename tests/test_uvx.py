@@ -23,8 +23,10 @@ from mcp.client.stdio import stdio_client
 import memrl_mcp
 from memrl_harness.install import LLB_PACKAGES
 from memrl_mcp.settings import ECOSYSTEM_VARIABLES, GROUP_OF, TOOL_PROFILES, as_yaml, load_settings
-from tests.conftest import call
-from tests.test_transports import child_env
+from tests.support.mcp import call
+from tests.support.servers import child_env
+
+pytestmark = pytest.mark.slow  # needs a wheel build and uv: `make test` runs it, `make test-fast` does not
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -213,7 +213,7 @@ def record_to_evict(new_similarity: float, closest: tuple[StoredRecord, StoredRe
     it adds the least: it is dropped (None). Otherwise one of the two closest goes, the one with more samples (the
     other, rarer one keeps its information in the memory; on a tie the first in storage order, the smaller id); its
     id is returned. The paper's code reads the pair off its similarity matrix; the caller finds it without one
-    (:mod:`memrl_mcp.steps`, "Capacities")."""
+    (:mod:`memrl_mcp.memory.steps`, "Capacities")."""
     if new_similarity >= similarity:
         return None
     first, second = sorted(closest, key=lambda record: record.id)

@@ -5,7 +5,7 @@ qdrant-edge builds an index only in ``EdgeShard.optimize()``, which holds the GI
 Python thread got no tick in 8.7 s of building 10,000 points; 1M take minutes): run in the server's process it
 would stop every recall and report. So the server streams a table's points (ids, vectors, payloads) to a child
 process that writes them into a new shard folder, indexes it if asked and exits; the server then opens that shard,
-replays the writes it made meanwhile and swaps it in (:class:`memrl_mcp.storage.EdgeStore`). The child runs at a
+replays the writes it made meanwhile and swaps it in (:class:`memrl_mcp.storage.edge.EdgeStore`). The child runs at a
 lower priority with one indexing thread, so that one core stays with the server.
 
 The same rebuild, without the index, is how deleted points give their disk back: qdrant-edge only marks a deleted

@@ -159,7 +159,7 @@ class StoreMissingError(MemrlError):
 
 @dataclass(frozen=True)
 class Point:
-    """A point to write: id, vector, payload (its floats made ones the engines keep: :mod:`memrl_mcp.numbers`)."""
+    """A point to write: id, vector, payload (its floats made ones the engines keep: :mod:`.numbers`)."""
 
     id: str
     vector: np.ndarray

@@ -20,6 +20,8 @@ from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
+pytestmark = pytest.mark.slow  # needs ALFWorld: `make test` runs it, `make test-fast` does not
+
 DATA = shared_data_root() / "alfworld"
 
 # Small bedroom games (fast to reset), one per type where the split has one.

@@ -24,8 +24,10 @@ from memrl_harness.benchmarks.bigcodebench import BigCodeBenchmark, python_folde
 from memrl_harness.llm import LLM
 from memrl_harness.results import EpisodeRecord, RunConfig, RunDir
 from memrl_harness.runner import Runner
-from tests.harness.conftest import alive_processes, venv_under
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
+from tests.harness.processes import alive_processes, venv_under
+
+pytestmark = pytest.mark.slow  # needs the bubblewrap sandbox: `make test` runs it, `make test-fast` does not
 
 TASK = "BigCodeBench/2"  # its canonical solution passes; the code below does not solve it
 WRONG = "def task_func(*args, **kwargs):\n    return None\n"

@@ -23,14 +23,17 @@ from memrl_harness.backends.docker import MariaDBContainer
 from memrl_harness.benchmarks.llb_db import LLBDBBenchmark
 from memrl_harness.llm import LLM
 from tests.dockerd import docker_engine  # noqa: F401 (the session's engine)
-from tests.harness.conftest import alive_processes
 from tests.harness.fake_llm import FakeLLMServer
-from tests.harness.test_attacks_llb_db import OTHER, TASK, refused
-from tests.harness.test_attacks_llb_db import play as play_sql
-from tests.harness.test_attacks_llb_os import SYSCALLS
-from tests.harness.test_attacks_llb_os import play as play_shell
+from tests.harness.processes import alive_processes
+from tests.harness.shell_attacks import SYSCALLS
+from tests.harness.shell_attacks import play as play_shell
+from tests.harness.sql_attacks import OTHER, TASK, refused
+from tests.harness.sql_attacks import play as play_sql
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.slow,
+]  # needs a Docker engine: `make test` runs it, `make test-fast` does not
 DOCKER = {"backend": "docker"}
 
 

@@ -24,8 +24,10 @@ from memrl_harness.install import shared_data_root
 from memrl_harness.llm import LLM
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
-from tests.harness.conftest import alive_processes, venv_under
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
+from tests.harness.processes import alive_processes, venv_under
+
+pytestmark = pytest.mark.slow  # needs the bubblewrap sandbox: `make test` runs it, `make test-fast` does not
 
 # Canonical solutions whose tests take 10-60 s by design (sleeps, subprocess timeouts): left out
 # of the sampled oracle test to keep it fast; all 327 were measured by hand (module doc).

@@ -8,10 +8,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from memrl_harness.benchmarks.controlled import ControlledBenchmark
 from memrl_harness.results import Q_VALUES_FILE, RunDir
 from tests.harness.fake_llm import FakeLLMServer
-from tests.harness.test_hle import ROWS
+from tests.harness.hle_rows import ROWS
+
+# runs the harness end to end, with memrl-mcp servers: `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
 
 HARNESS = [sys.executable, "-m", "memrl_harness.cli"]
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from memrl_harness.benchmarks.options import OptionError
 from memrl_mcp.embeddings import Embedder, SimilarityProfile
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.models import RecallQuery
-from tests.conftest import make_service
+from tests.support.mcp import make_service
 
 # The paper's ALFWorld constants (configs/alfworld.yaml), spelled out so the experiment does not move
 # when a default does.
@@ -260,6 +260,7 @@ def simulate(bench: ControlledBenchmark, mode: str, seed: int, epochs: int, embe
     return success, csr
 
 
+@pytest.mark.slow  # epochs of three modes
 @pytest.mark.parametrize("seed", [0, 1])
 def test_memrl_above_rag_above_none(embedder: Embedder, tmp_path: Path, seed: int) -> None:
     bench, cached = ControlledBenchmark(), CachedEmbedder(embedder)

@@ -23,6 +23,9 @@ from memrl_harness.report import build_report
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
 
+# runs the harness end to end, with memrl-mcp servers: `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
+
 # A small world so that the runs through MCP stay quick: 3 causes, 24 tickets, 6 remedies, 3 decisions, 3 epochs.
 SMALL = {"causes": 3, "tasks": 24, "fixes": 6, "depth": 3}
 EPOCHS = 3

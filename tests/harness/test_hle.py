@@ -24,35 +24,7 @@ from memrl_harness.llm import LLM
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
-
-ROWS = [
-    {
-        "id": "q-math",
-        "question": "What is the smallest prime number greater than 100?",
-        "answer": "101",
-        "answer_type": "exactMatch",
-        "category": "Math",
-        "image": "",
-    },
-    {
-        "id": "q-chem",
-        "question": (
-            "Which gas is most abundant in Earth's atmosphere?\nAnswer Choices:\nA. Oxygen\nB. Nitrogen\nC. Argon"
-        ),
-        "answer": "B",
-        "answer_type": "multipleChoice",
-        "category": "Chemistry",
-        "image": "",
-    },
-    {
-        "id": "q-image",
-        "question": "What is shown in the picture?",
-        "answer": "a cat",
-        "answer_type": "exactMatch",
-        "category": "Other",
-        "image": "data:image/png;base64,AAAA",
-    },
-]
+from tests.harness.hle_rows import ROWS
 
 
 @pytest.fixture
@@ -170,6 +142,7 @@ def test_the_judge_comes_from_the_environment(
     assert HLEBenchmark(data=str(data), judge="exact").judge is None
 
 
+@pytest.mark.slow  # a run through a memrl-mcp server
 @pytest.mark.anyio
 async def test_a_memrl_run(data: Path, fake_llm: FakeLLMServer, llm: LLM, tmp_path: Path) -> None:
     bench = HLEBenchmark(data=str(data), judge="exact", text_only=True)

@@ -21,6 +21,8 @@ from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
+pytestmark = pytest.mark.slow  # needs MariaDB: `make test` runs it, `make test-fast` does not
+
 INSERT, SELECT = "351", "254"  # an INSERT (md5) task and a SELECT task whose gold SQL has no ORDER BY
 
 

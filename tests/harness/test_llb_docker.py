@@ -20,6 +20,8 @@ from memrl_harness.benchmarks.llb_db import LLBDBBenchmark
 from memrl_harness.benchmarks.llb_os import LLBOSBenchmark
 from tests.dockerd import docker_engine  # noqa: F401 (the session's engine)
 
+pytestmark = pytest.mark.slow  # needs a Docker engine: `make test` runs it, `make test-fast` does not
+
 SAMPLE = 12  # tasks per oracle here
 # Gold SQL MariaDB rejects (DELETE ... AS) or answers with other rows (LIMIT without ORDER BY, ties): the same 14
 # on both backends.

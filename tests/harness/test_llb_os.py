@@ -25,8 +25,11 @@ from memrl_harness.benchmarks.llb_os import LLBOSBenchmark
 from memrl_harness.llm import LLM
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
-from tests.harness.conftest import alive_processes
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
+from tests.harness.processes import alive_processes
+
+# needs the bubblewrap sandbox and its root filesystem: `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,8 @@ from memrl_harness.local_llm import LocalLLMError, LocalServer, check_installed,
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
 
+pytestmark = pytest.mark.slow  # needs the compiled llama.cpp server: `make test` runs it, `make test-fast` does not
+
 SCHEMA = {
     "title": "Move",
     "type": "object",

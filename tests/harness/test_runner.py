@@ -13,30 +13,11 @@ from memrl_harness.llm import LLM
 from memrl_harness.results import Q_VALUES_FILE, RunConfig, RunDir
 from memrl_harness.runner import ENV_MEMORY_TOKEN, RunError, Runner, epoch_order
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
-from tests.test_transports import http_server
+from tests.harness.quiz import CAPITALS, MISSED, CapitalsQuiz
+from tests.support.servers import http_server
 
-CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid"}
-MISSED = "Spain"  # the fake LLM gets this one wrong every time
-
-
-class CapitalsQuiz:
-    """A three-task benchmark whose agent is one LLM call; the checker compares the answer."""
-
-    name = "capitals"
-    needs_llm = True
-
-    def tasks(self) -> Sequence[Task]:
-        return [Task(f"capital-{c}", f"name the capital city of {c}", {"country": c}, "geo") for c in CAPITALS]
-
-    def run_episode(self, task: Task, memories: Sequence[Memory], llm: LLM | None, rng: random.Random) -> Episode:
-        assert llm is not None
-        advice = "\n".join(f"[{m.outcome}] {m.experience}" for m in memories)
-        prompt = f"Past experience:\n{advice or 'none'}\n\nQuestion: {task.intent}?"
-        reply = llm.chat([{"role": "user", "content": prompt}])
-        success = reply.text.strip() == CAPITALS[task.data["country"]]
-        return Episode(
-            success, 1.0 if success else -1.0, 1, f"asked: {task.intent}\nanswered: {reply.text}", usage=reply.usage
-        )
+# runs the harness end to end, with memrl-mcp servers: `make test` runs it, `make test-fast` does not
+pytestmark = pytest.mark.slow
 
 
 def answer(request: RecordedRequest) -> str:

@@ -30,6 +30,8 @@ from memrl_harness.results import EpisodeRecord, RunConfig, RunDir
 from memrl_harness.runner import RunError, Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
+pytestmark = pytest.mark.slow  # needs MariaDB and the sandbox: `make test` runs it, `make test-fast` does not
+
 ADVICE = "Advice from earlier episodes at a similar point"
 PENCIL = "pick_and_place_simple-Pencil-None-Desk-310/trial_T20190909_113054_894334"
 

@@ -1,0 +1,1 @@
+"""What several test modules share, imported from here and never from another test module."""
