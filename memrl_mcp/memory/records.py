@@ -85,9 +85,8 @@ def applied_ids(payload: Mapping[str, Any]) -> list[str]:
 
 def applied_text(operations: list[str]) -> str:
     """The last :data:`APPLIED_KEPT` operations as stored: their ids in one text, space-separated (schema version 4).
-    The engine's binding converts a list item by item: a Q update's write with 64 ids was built in 177 us as a list,
-    16 us as text, and applied in 278 us against 86 (docs/performance.md). A record written before version 4 holds
-    a list, which is still read."""
+    The engine's binding converts a list item by item: a write of 64 ids was built in 175 us of CPU as a list, 6 us
+    as text (docs/performance.md). A record written before version 4 holds a list, which is still read."""
     return " ".join(operations[-APPLIED_KEPT:])
 
 
@@ -117,9 +116,9 @@ def with_event(payload: Mapping[str, Any], event: QEvent, capacity: int) -> str:
     is written in the same conditional write as the Q it records, so neither exists without the other.
 
     The text is a JSON array with one event per line (JSON escapes the line breaks of a string), so that an event is
-    appended, and the oldest dropped, without decoding the others: 13 us for a full history of 50 events, against
-    146 us decoded and encoded again (docs/performance.md). A history written in one line (before schema version 4)
-    is decoded once."""
+    appended, and the oldest dropped, without decoding the others: 17 us of CPU for a full history of 50 events,
+    against 143 us decoded and encoded again (docs/performance.md). A history written in one line (before schema
+    version 4) is decoded once."""
     if not capacity:
         return "[]"
     history = payload.get("history") or "[]"

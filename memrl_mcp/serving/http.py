@@ -61,7 +61,7 @@ def transport_security(host: str, allowed_hosts: list[str]) -> TransportSecurity
 
 def serve(service: MemoryService, transport: Transport, host: str, port: int, tokens: TokenTable | None) -> None:
     """Run until interrupted; the caller closes the service."""
-    server = create_server(service, tokens)
+    server = create_server(service, tokens, single_client=transport == "stdio")
     if transport == "stdio":
         anyio.run(serve_stdio, server)
         return

@@ -7,27 +7,25 @@ token's first one, else one derived from the client's project root (:mod:`memrl_
 ``namespace`` setting."""
 
 import dataclasses
-import functools
 import inspect
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Annotated, Any, Self
 
 import anyio.to_thread
-import pydantic_core
 from mcp.server import MCPServer
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from mcp.types import ToolAnnotations
+from pydantic import ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from memrl_mcp import __version__
-from memrl_mcp.errors import MemoryRequestError, MemrlError
+from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import (
@@ -45,6 +43,7 @@ from memrl_mcp.models import (
 )
 from memrl_mcp.serving import inspector
 from memrl_mcp.serving.auth import TokenTable, caller
+from memrl_mcp.serving.calls import OnLoop, served
 from memrl_mcp.serving.observability import Metrics
 from memrl_mcp.serving.roots import roots_namespace
 from memrl_mcp.settings import TOOL_PROFILES, LearningSettings
@@ -105,58 +104,6 @@ def paragraphs(docstring: str) -> str:
     """A docstring as a tool description: without the source's indentation and line breaks (one line per
     paragraph), as a model reads a description and a client shows it."""
     return re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(docstring))
-
-
-OnLoop = Callable[[Access, dict[str, Any]], bool]
-"""Whether a call (its caller, its arguments) is served on the event loop rather than in a worker thread."""
-
-
-def _served(
-    fn: Callable[..., BaseModel],
-    identify: Callable[[Context[Any, Any]], Awaitable[Access]],
-    metrics: Metrics,
-    on_loop: OnLoop | None = None,
-) -> Callable[..., Awaitable[CallToolResult]]:
-    """The tool body ``fn``, which takes its caller as ``access``, as the SDK serves it: the SDK hands the call's
-    ``Context`` (``ctx``) in place of ``access``, and ``identify`` turns it into the caller's :class:`Access`.
-    Every tool is served through here, so none can forget its caller's tenant or project namespace, and none
-    reads the caller from anywhere but the request that carried the call. The body runs in a worker thread (the
-    store's calls block, and a model run lets other requests go on meanwhile), or on the event loop when
-    ``on_loop`` says the call is short: a hand-off to a worker thread and back cost 55-95 us of CPU
-    (docs/performance.md). Each call is timed, counted and logged; a refused request reaches the client as a tool
-    error with its message (which names the field).
-
-    The result, a model built and checked by the service, is handed to the SDK as its wire form (structured
-    content, and the same JSON as text): the SDK would validate it again against the model and dump it twice (48 us
-    against 26 for a recall of three memories, docs/performance.md)."""
-    signature = inspect.signature(fn)
-    if "access" not in signature.parameters:
-        raise TypeError(f"the tool {fn.__name__} must take its caller's access")
-    context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context[Any, Any])
-    parameters = [*(p for p in signature.parameters.values() if p.name != "access"), context]
-
-    @functools.wraps(fn)
-    async def served(*args: Any, ctx: Context[Any, Any], **kwargs: Any) -> CallToolResult:
-        with metrics.call(fn.__name__) as call:
-            try:
-                access = await identify(ctx)
-                call.client = access.client
-                body = functools.partial(fn, *args, access=access, **kwargs)
-                result = body() if on_loop and on_loop(access, kwargs) else await anyio.to_thread.run_sync(body)
-            except MemrlError as error:
-                call.status = "refused"
-                raise ToolError(str(error)) from None
-        structured = result.model_dump(mode="json")
-        text = pydantic_core.to_json(structured, indent=2).decode()
-        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
-
-    served.__signature__ = signature.replace(parameters=parameters, return_annotation=CallToolResult)  # type: ignore[attr-defined]
-    served.__annotations__ = {
-        **{name: kind for name, kind in fn.__annotations__.items() if name not in ("access", "return")},
-        "ctx": Context[Any, Any],
-        "return": CallToolResult,
-    }
-    return served
 
 
 class MemoryTool(Tool):
@@ -226,9 +173,10 @@ def compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return compact
 
 
-def create_server(service: MemoryService, tokens: TokenTable | None = None) -> MCPServer:
-    """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one. The caller owns
-    the service and closes it. It offers the tools of the ``tool_profile`` setting."""
+def create_server(service: MemoryService, tokens: TokenTable | None = None, single_client: bool = False) -> MCPServer:
+    """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one; ``single_client``: it
+    serves one client only (stdio). The caller owns the service and closes it. It offers the tools of the
+    ``tool_profile`` setting."""
     settings, rules = service.settings, service.limits
     limits, learning, retrieval = settings.limits, settings.learning, settings.retrieval
     serving = settings.serving
@@ -498,18 +446,19 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         "memory_stats": (memory_stats, "Memory statistics", reads),
     }
     assert set(every_tool) == set(TOOL_PROFILES["full"]), "a tool is missing from the full profile"
-    # Served on the event loop: the hot calls that run no model (a report folds rewards and stores an experience
-    # under the recall's own vector; a recall whose task's embedding is cached searches and logs), a millisecond or
-    # two of store calls. Every other call, and a recall that embeds, runs in a worker thread.
-    on_loop: dict[str, OnLoop] = {
-        "report_outcome": lambda access, arguments: True,
-        "recall_experience": lambda access, arguments: (
+    # One client (stdio): its hot calls that run no model are served on the event loop (a report; a recall whose
+    # task's embedding is cached), a millisecond or two of store calls that may wait for the store's write lock (a
+    # flush, a swap): only that client's own requests wait with them. With several clients, every call runs in a
+    # worker thread, and a call waiting for the store holds back no one else.
+    on_loop: dict[str, OnLoop] = {}
+    if single_client:
+        on_loop["report_outcome"] = lambda access, arguments: True
+        on_loop["recall_experience"] = lambda access, arguments: (
             not service.runs_model(arguments["task"], arguments.get("namespace"), access=access)
-        ),
-    }
+        )
     tools = [
         MemoryTool.strict(
-            _served(fn, identify, metrics, on_loop.get(name)),
+            served(fn, identify, metrics, on_loop.get(name)),
             title,
             serving.tool_descriptions.get(name) or paragraphs(fn.__doc__ or ""),
             annotations,

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from memrl_mcp.storage.disk import RECALL_SHARE, DiskFullError, DiskRoom
+from memrl_mcp.storage.edge_filter import edge_filter
 from memrl_mcp.storage.edge_index import (
     RESCORE_OVERSAMPLING,
     BuildTimes,
@@ -37,14 +38,12 @@ from memrl_mcp.storage.store import (
     LARGE_FIELDS,
     SCROLL_PAGE,
     TABLES,
-    Condition,
     Hit,
     Point,
-    Range,
     StoreLockedError,
     Table,
     Where,
-    Words,
+    as_set,
     fields_of,
     is_dot,
     matches,
@@ -372,14 +371,10 @@ class EdgeStore:
     ) -> bool:
         """Apply one write under the lock that orders them: check the free space it needs (``room``: the share of
         the margin; None: a delete, always let through since it frees room); with ``where``, only if the point
-        ``ids[0]`` meets it (False: it did not, nothing was written); count its effect on the memories' tally (on
-        ``ids``, None: every point it may touch, read first; after the write: ``new``, their whole payloads, or the
-        old fields with ``update``, the fields a payload update writes, laid over them; else read back); log it for
-        a rebuild of its table in flight, and start an index build of the memories when one is due.
-
-        This process is the store's only writer and holds the lock, so the point read here is the one the write
-        meets: the condition is checked here, with the tally's fields in one read, and a write the service makes
-        three times a report needs no read back to know whether it applied."""
+        ``ids[0]`` meets it (else False, nothing written: this process is the store's only writer, so the point read
+        under the lock is the one the write meets); count its effect on the memories' tally (on ``ids``, None: every
+        point it may touch, read first; after: ``new``, their payloads, or ``update`` laid over the fields read, else
+        read back); log it for a rebuild in flight, and start an index build of the memories when one is due."""
         memories = table == "memories"
         with self._writing, self._reading(table) as shard:
             if room is not None:
@@ -396,7 +391,7 @@ class EdgeStore:
                 if new is not None:
                     after = new
                 elif update is not None:
-                    after = {point_id: _laid(fields, update) for point_id, fields in old.items()}
+                    after = {point_id: as_set({**read, **update}) for point_id, read in old.items()}
                 else:
                     after = self._fields(shard, ids, TALLY_FIELDS)
                 for point_id in set(old) | set(after):
@@ -410,32 +405,6 @@ class EdgeStore:
         return True
 
     # -- the Store primitives ------------------------------------------------------------------------
-
-    def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
-        edge = self._edge
-        must: list[Any] = []
-        for key, value in (where or {}).items():
-            if isinstance(key, tuple):
-                must.append(edge.Filter(should=[self._condition(field, value) for field in key]))
-            else:
-                must.append(self._condition(key, value))
-        if point_id is not None:
-            must.append(edge.HasIdCondition({point_id}))
-        return edge.Filter(must=must) if must else None
-
-    def _condition(self, key: str, value: Condition) -> Any:
-        edge = self._edge
-        if value is None:
-            return edge.IsEmptyCondition(key)
-        if isinstance(value, Range):
-            return edge.FieldCondition(
-                key, range=edge.RangeFloat(gte=value.gte, gt=value.gt, lte=value.lte, lt=value.lt)
-            )
-        if isinstance(value, Words):
-            return edge.FieldCondition(key, match=edge.MatchText(value.text))
-        if isinstance(value, list | tuple | set | frozenset):
-            return edge.FieldCondition(key, match=edge.MatchAny(list(value)))
-        return edge.FieldCondition(key, match=edge.MatchValue(value))
 
     def _flush_when_due(self, table: Table, shard: Any) -> None:
         """Flush a table at every :data:`FLUSH_EVERY`-th write to it in this process (its only writer)."""
@@ -485,7 +454,7 @@ class EdgeStore:
 
     def delete_namespace(self, table: Table, namespace: str) -> None:
         where = {"namespace": namespace}
-        operation = self._edge.UpdateOperation.delete_points_by_filter(self._filter(where))
+        operation = self._edge.UpdateOperation.delete_points_by_filter(edge_filter(self._edge, where))
         ids = [point_id for point_id, _ in self.scroll(table, where, ())] if table == "memories" else None
         self._write(table, operation, None, ids)
 
@@ -512,7 +481,7 @@ class EdgeStore:
         request = edge.QueryRequest(
             limit=limit,
             query=edge.Query.Nearest(vector.astype(np.float32).tolist()),
-            filter=self._filter(where),
+            filter=edge_filter(self._edge, where),
             score_threshold=min_similarity,
             with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
             with_vector=with_vectors,
@@ -533,7 +502,7 @@ class EdgeStore:
                 request = self._edge.ScrollRequest(
                     offset=offset,
                     limit=SCROLL_PAGE,
-                    filter=self._filter(where),
+                    filter=edge_filter(self._edge, where),
                     with_payload=self._edge.PayloadSelector.Include(list(fields)),
                     with_vector=True,
                 )
@@ -548,7 +517,7 @@ class EdgeStore:
         request = self._edge.ScrollRequest(
             offset=offset,
             limit=limit,
-            filter=self._filter(where),
+            filter=edge_filter(self._edge, where),
             with_payload=self._edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
         )
         with self._reading(table) as shard:
@@ -561,7 +530,7 @@ class EdgeStore:
         edge = self._edge
         request = edge.ScrollRequest(
             limit=limit,
-            filter=self._filter(where),
+            filter=edge_filter(self._edge, where),
             with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
             order_by=edge.OrderBy(key, edge.Direction.Desc if descending else edge.Direction.Asc),
         )
@@ -577,7 +546,7 @@ class EdgeStore:
         with self._reading(table) as shard:
             while True:
                 request = self._edge.ScrollRequest(
-                    offset=offset, limit=SCROLL_PAGE, filter=self._filter(where), with_payload=payload
+                    offset=offset, limit=SCROLL_PAGE, filter=edge_filter(self._edge, where), with_payload=payload
                 )
                 records, offset = shard.scroll(request)
                 yield from ((str(r.id), dict(r.payload or {})) for r in records)
@@ -585,7 +554,7 @@ class EdgeStore:
                     return
 
     def count(self, table: Table, where: Where | None = None) -> int:
-        request = self._edge.CountRequest(exact=True, filter=self._filter(where))
+        request = self._edge.CountRequest(exact=True, filter=edge_filter(self._edge, where))
         with self._reading(table) as shard:
             return int(shard.count(request))
 
@@ -612,12 +581,6 @@ class EdgeStore:
                 write_atomically(self._path / TALLY, lambda stream: stream.write(saved))
             except OSError as error:  # a full disk: the next open counts the memories again
                 log.warning("could not save the memories' counts (%s); the next open recounts them", error)
-
-
-def _laid(old: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """A payload's fields after ``update`` is set over them: a field set to null is removed
-    (:func:`~memrl_mcp.storage.store.as_set`)."""
-    return {key: value for key, value in {**old, **update}.items() if value is not None}
 
 
 @dataclass
