@@ -60,8 +60,7 @@ def main() -> None:
             service.report(recall.recall_id, 1.0 if i % 3 else -1.0, access=EVERYTHING)
         metered = service._store  # the quota layer over the embedded store
         edge = metered._inner
-        memory_id = ids[0]
-        memory = edge.get("memories", [memory_id])[memory_id]
+        memory_id, memory = max(edge.get("memories", ids).items(), key=lambda item: item[1]["visits"])
         update = {key: memory[key] for key in ("q", "visits", "last_reward", "updated_at", "history", "applied")}
         version = int(memory["version"])
 

@@ -203,7 +203,7 @@ class MeteredStore(StoreLayer):
             self._reclaim()
 
     def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> bool:
-        with self._lock:
+        with self._lock:  # the quota's count: +89 us of CPU on a Q update's 180 us write (perf/write_costs.py)
             before = self._fields(table, point_id, payload)
             applied = self._inner.set_payload_if(table, point_id, payload, where)
             if applied:
