@@ -7,11 +7,10 @@ token's first one, else one derived from the client's project root (:mod:`memrl_
 ``namespace`` setting."""
 
 import dataclasses
-import functools
 import inspect
 import re
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Self, TypeVar
+from collections.abc import Callable
+from typing import Annotated, Any, Self
 
 import anyio.to_thread
 from mcp.server import MCPServer
@@ -26,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from memrl_mcp import __version__
-from memrl_mcp.errors import MemoryRequestError, MemrlError
+from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import (
@@ -44,6 +43,7 @@ from memrl_mcp.models import (
 )
 from memrl_mcp.serving import inspector
 from memrl_mcp.serving.auth import TokenTable, caller
+from memrl_mcp.serving.calls import OnLoop, served
 from memrl_mcp.serving.observability import Metrics
 from memrl_mcp.serving.roots import roots_namespace
 from memrl_mcp.settings import TOOL_PROFILES, LearningSettings
@@ -59,8 +59,6 @@ from memrl_mcp.validation import (
     TextQuery,
     plain_error,
 )
-
-R = TypeVar("R")
 
 Namespace = Annotated[
     NamespaceName | None, Field(description="Memory namespace (one per project or agent); default: the server's.")
@@ -106,40 +104,6 @@ def paragraphs(docstring: str) -> str:
     """A docstring as a tool description: without the source's indentation and line breaks (one line per
     paragraph), as a model reads a description and a client shows it."""
     return re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(docstring))
-
-
-def _served(
-    fn: Callable[..., R], identify: Callable[[Context[Any, Any]], Awaitable[Access]], metrics: Metrics
-) -> Callable[..., Awaitable[R]]:
-    """The tool body ``fn``, which takes its caller as ``access``, as the SDK serves it: the SDK hands the call's
-    ``Context`` (``ctx``) in place of ``access``, and ``identify`` turns it into the caller's :class:`Access`.
-    Every tool is served through here, so none can forget its caller's tenant or project namespace, and none
-    reads the caller from anywhere but the request that carried the call. The body runs in a worker thread (the
-    store's calls block); each call is timed, counted and logged; a refused request reaches the client as a
-    tool error with its message (which names the field)."""
-    signature = inspect.signature(fn)
-    if "access" not in signature.parameters:
-        raise TypeError(f"the tool {fn.__name__} must take its caller's access")
-    context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context[Any, Any])
-    parameters = [*(p for p in signature.parameters.values() if p.name != "access"), context]
-
-    @functools.wraps(fn)
-    async def served(*args: Any, ctx: Context[Any, Any], **kwargs: Any) -> R:
-        with metrics.call(fn.__name__) as call:
-            try:
-                access = await identify(ctx)
-                call.client = access.client
-                return await anyio.to_thread.run_sync(functools.partial(fn, *args, access=access, **kwargs))
-            except MemrlError as error:
-                call.status = "refused"
-                raise ToolError(str(error)) from None
-
-    served.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-    served.__annotations__ = {
-        **{name: kind for name, kind in fn.__annotations__.items() if name != "access"},
-        "ctx": Context[Any, Any],
-    }
-    return served
 
 
 class MemoryTool(Tool):
@@ -209,9 +173,10 @@ def compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return compact
 
 
-def create_server(service: MemoryService, tokens: TokenTable | None = None) -> MCPServer:
-    """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one. The caller owns
-    the service and closes it. It offers the tools of the ``tool_profile`` setting."""
+def create_server(service: MemoryService, tokens: TokenTable | None = None, single_client: bool = False) -> MCPServer:
+    """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one; ``single_client``: it
+    serves one client only (stdio). The caller owns the service and closes it. It offers the tools of the
+    ``tool_profile`` setting."""
     settings, rules = service.settings, service.limits
     limits, learning, retrieval = settings.limits, settings.learning, settings.retrieval
     serving = settings.serving
@@ -481,9 +446,19 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         "memory_stats": (memory_stats, "Memory statistics", reads),
     }
     assert set(every_tool) == set(TOOL_PROFILES["full"]), "a tool is missing from the full profile"
+    # One client (stdio): its hot calls that run no model are served on the event loop (a report; a recall whose
+    # task's embedding is cached), a millisecond or two of store calls that may wait for the store's write lock (a
+    # flush, a swap): only that client's own requests wait with them. With several clients, every call runs in a
+    # worker thread, and a call waiting for the store holds back no one else.
+    on_loop: dict[str, OnLoop] = {}
+    if single_client:
+        on_loop["report_outcome"] = lambda access, arguments: True
+        on_loop["recall_experience"] = lambda access, arguments: (
+            not service.runs_model(arguments["task"], arguments.get("namespace"), access=access)
+        )
     tools = [
         MemoryTool.strict(
-            _served(fn, identify, metrics),
+            served(fn, identify, metrics, on_loop.get(name)),
             title,
             serving.tool_descriptions.get(name) or paragraphs(fn.__doc__ or ""),
             annotations,

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from memrl_mcp.storage.disk import RECALL_SHARE, DiskRoom
+from memrl_mcp.storage.edge_filter import edge_filter
 from memrl_mcp.storage.edge_index import (
     RESCORE_OVERSAMPLING,
     BuildTimes,
@@ -39,14 +40,14 @@ from memrl_mcp.storage.store import (
     LARGE_FIELDS,
     SCROLL_PAGE,
     TABLES,
-    Condition,
     Hit,
     Point,
-    Range,
     Table,
     Where,
-    Words,
+    as_set,
+    fields_of,
     is_dot,
+    matches,
     optional_vector,
     vector_size,
 )
@@ -339,8 +340,8 @@ class EdgeStore:
         with self._writing:
             return self._tally.total(namespaces)
 
-    def _fields(self, shard: Any, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        selector = self._edge.PayloadSelector.Include(list(TALLY_FIELDS))
+    def _fields(self, shard: Any, ids: Sequence[str], fields: Sequence[str]) -> dict[str, dict[str, Any]]:
+        selector = self._edge.PayloadSelector.Include(list(fields))
         return {str(r.id): dict(r.payload or {}) for r in shard.retrieve(list(ids), selector, False)} if ids else {}
 
     def _write(
@@ -350,22 +351,35 @@ class EdgeStore:
         room: float | None,
         ids: Sequence[str] | None = None,
         new: Mapping[str, Mapping[str, Any]] | None = None,
-    ) -> None:
+        update: Mapping[str, Any] | None = None,
+        where: Where | None = None,
+    ) -> bool:
         """Apply one write under the lock that orders them: check the free space it needs (``room``: the share of
-        the margin; None: a delete, always let through since it frees room), count its effect on the memories'
-        tally (on ``ids``, None: every point it may touch, read first; ``new``: their payloads, when known), log it
-        for a rebuild of its table in flight, and start an index build of the memories when one is due."""
+        the margin; None: a delete, always let through since it frees room); with ``where``, only if the point
+        ``ids[0]`` meets it (else False, nothing written: this process is the store's only writer, so the point read
+        under the lock is the one the write meets); count its effect on the memories' tally (on ``ids``, None: every
+        point it may touch, read first; after: ``new``, their payloads, or ``update`` laid over the fields read, else
+        read back); log it for a rebuild in flight, and start an index build of the memories when one is due."""
         memories = table == "memories"
         with self._writing, self._reading(table) as shard:
             if room is not None:
                 self._room.check(room)
-            if memories:
+            if memories or where is not None:
                 ids = [point_id for point_id, _ in self.scroll("memories", fields=())] if ids is None else ids
-                old = self._fields(shard, ids)
+                fields = [*(TALLY_FIELDS if memories else ()), *fields_of(where or {})]
+                old = self._fields(shard, ids, fields)
+                # exactly once: +15 us of CPU on a Q update's 165 us write (perf/write_costs.py, a full history)
+                if where is not None and (ids[0] not in old or not matches(old[ids[0]], where)):
+                    return False
             shard.update(operation)
             self._flush_when_due(table, shard)
             if memories:
-                after = new if new is not None else self._fields(shard, ids)
+                if new is not None:
+                    after = new
+                elif update is not None:
+                    after = {point_id: as_set({**read, **update}) for point_id, read in old.items()}
+                else:
+                    after = self._fields(shard, ids, TALLY_FIELDS)
                 for point_id in set(old) | set(after):
                     self._tally.apply(old.get(point_id), after.get(point_id))
                 self._writes_to_check -= 1
@@ -374,34 +388,9 @@ class EdgeStore:
         if memories and self._writes_to_check <= 0:
             self._writes_to_check = CHECK_EVERY
             self._maybe_build()
+        return True
 
     # -- the Store primitives ------------------------------------------------------------------------
-
-    def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
-        edge = self._edge
-        must: list[Any] = []
-        for key, value in (where or {}).items():
-            if isinstance(key, tuple):
-                must.append(edge.Filter(should=[self._condition(field, value) for field in key]))
-            else:
-                must.append(self._condition(key, value))
-        if point_id is not None:
-            must.append(edge.HasIdCondition({point_id}))
-        return edge.Filter(must=must) if must else None
-
-    def _condition(self, key: str, value: Condition) -> Any:
-        edge = self._edge
-        if value is None:
-            return edge.IsEmptyCondition(key)
-        if isinstance(value, Range):
-            return edge.FieldCondition(
-                key, range=edge.RangeFloat(gte=value.gte, gt=value.gt, lte=value.lte, lt=value.lt)
-            )
-        if isinstance(value, Words):
-            return edge.FieldCondition(key, match=edge.MatchText(value.text))
-        if isinstance(value, list | tuple | set | frozenset):
-            return edge.FieldCondition(key, match=edge.MatchAny(list(value)))
-        return edge.FieldCondition(key, match=edge.MatchValue(value))
 
     def _flush_when_due(self, table: Table, shard: Any) -> None:
         """Flush a table at every :data:`FLUSH_EVERY`-th write to it in this process (its only writer)."""
@@ -435,11 +424,15 @@ class EdgeStore:
         return np.asarray(records[0].vector, dtype=np.float32) if records else None
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
-        self._write(table, self._edge.UpdateOperation.set_payload([point_id], kept(payload)), 1.0, [point_id])
+        written = kept(payload)
+        self._write(table, self._edge.UpdateOperation.set_payload([point_id], written), 1.0, [point_id], update=written)
 
-    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
-        operation = self._edge.UpdateOperation.set_payload_by_filter(self._filter(where, point_id), kept(payload))
-        self._write(table, operation, 1.0, [point_id])
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> bool:
+        """Checked here (:meth:`_write`), written as a plain update: replayed on a rebuilt table, the writes that
+        applied rebuild the same state in the same order."""
+        written = kept(payload)
+        operation = self._edge.UpdateOperation.set_payload([point_id], written)
+        return self._write(table, operation, 1.0, [point_id], update=written, where=where)
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:
@@ -447,7 +440,7 @@ class EdgeStore:
 
     def delete_namespace(self, table: Table, namespace: str) -> None:
         where = {"namespace": namespace}
-        operation = self._edge.UpdateOperation.delete_points_by_filter(self._filter(where))
+        operation = self._edge.UpdateOperation.delete_points_by_filter(edge_filter(self._edge, where))
         ids = [point_id for point_id, _ in self.scroll(table, where, ())] if table == "memories" else None
         self._write(table, operation, None, ids)
 
@@ -474,7 +467,7 @@ class EdgeStore:
         request = edge.QueryRequest(
             limit=limit,
             query=edge.Query.Nearest(vector.astype(np.float32).tolist()),
-            filter=self._filter(where),
+            filter=edge_filter(self._edge, where),
             score_threshold=min_similarity,
             with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
             with_vector=with_vectors,
@@ -495,7 +488,7 @@ class EdgeStore:
                 request = self._edge.ScrollRequest(
                     offset=offset,
                     limit=SCROLL_PAGE,
-                    filter=self._filter(where),
+                    filter=edge_filter(self._edge, where),
                     with_payload=self._edge.PayloadSelector.Include(list(fields)),
                     with_vector=True,
                 )
@@ -511,7 +504,7 @@ class EdgeStore:
         request = self._edge.ScrollRequest(
             offset=offset,
             limit=limit,
-            filter=self._filter(where),
+            filter=edge_filter(self._edge, where),
             with_payload=self._edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
         )
         with self._reading(table) as shard:
@@ -524,7 +517,7 @@ class EdgeStore:
         edge = self._edge
         request = edge.ScrollRequest(
             limit=limit,
-            filter=self._filter(where),
+            filter=edge_filter(self._edge, where),
             with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
             order_by=edge.OrderBy(key, edge.Direction.Desc if descending else edge.Direction.Asc),
         )
@@ -540,7 +533,7 @@ class EdgeStore:
         with self._reading(table) as shard:
             while True:
                 request = self._edge.ScrollRequest(
-                    offset=offset, limit=SCROLL_PAGE, filter=self._filter(where), with_payload=payload
+                    offset=offset, limit=SCROLL_PAGE, filter=edge_filter(self._edge, where), with_payload=payload
                 )
                 records, offset = shard.scroll(request)
                 yield from ((str(r.id), dict(r.payload or {})) for r in records)
@@ -556,7 +549,7 @@ class EdgeStore:
             release(self._path / self._live[table].name)
 
     def count(self, table: Table, where: Where | None = None) -> int:
-        request = self._edge.CountRequest(exact=True, filter=self._filter(where))
+        request = self._edge.CountRequest(exact=True, filter=edge_filter(self._edge, where))
         with self._reading(table) as shard:
             return int(shard.count(request))
 

@@ -26,7 +26,7 @@ import numpy as np
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.storage.store import Point, Store
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA_POINT = str(uuid.uuid5(uuid.NAMESPACE_URL, "memrl-schema"))
 PROGRESS_EVERY = 1000  # records per progress line of a long migration
 MISSING = object()
@@ -70,9 +70,12 @@ STEPS: tuple[tuple[int, Callable[[Mapping[str, Any]], dict[str, Any]]], ...] = (
 """(the version a step brings the store to, the step: a memory's fields as read -> the fields it changes), oldest
 first.
 
-Version 3 converts nothing: step records gained their nearest neighbour (``nearest*``, looked up when a namespace
-at its capacity first needs them) and a claimed episode its progress point (an episode claimed before resumes from
-its own ``done``). Older code refuses those fields and points, so the version makes it refuse the store instead."""
+Versions 3 and 4 convert nothing; older code would misread what they add, so the version makes it refuse the store
+instead. 3: step records gained their nearest neighbour (``nearest*``, looked up when a namespace at its capacity
+first needs them) and a claimed episode its progress point (an episode claimed before resumes from its own ``done``).
+4: a record's applied operations are written as text (:func:`memrl_mcp.memory.records.applied_text`; a list is
+still read, and becomes text at the record's next update), and a Q history one event per line
+(:func:`memrl_mcp.memory.records.with_event`)."""
 FIELDS = ("version", "applied", "history")  # what the steps read
 
 
@@ -127,7 +130,7 @@ def migrate(store: Store, dim: int, read_only: bool = False) -> None:
     if read_only and found == 0 and store.count("memories") == 0:
         return  # a fresh store, never opened for writing: no record to migrate (every step is the memories')
     if read_only and not pending:
-        return  # only versions that convert nothing (3) stand between: the records already read as they are
+        return  # only versions that convert nothing (3, 4) stand between: the records already read as they are
     if read_only:
         needed = ", ".join(f"{step.__name__} (to version {version})" for version, step in pending)
         raise MigrationNeededError(
