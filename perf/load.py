@@ -474,10 +474,10 @@ def py_spy(pid: int | None, out: str | None, rate: int = 100) -> Iterator[None]:
 
 
 OWN_CODE = (  # a sample whose stack passes through one of these goes to it (first match; py-spy names the package)
-    ("memrl: embedding (tokenizer + onnxruntime)", r"\((memrl_mcp/)?embeddings\.py:"),
-    ("memrl: store search (qdrant-edge query)", r"search \((memrl_mcp/)?storage\.py:"),
-    ("memrl: other store calls (retrieve, upsert, set_payload)", r"\((memrl_mcp/)?storage\.py:"),
-    ("memrl: service, optimistic writes, records", r"\((memrl_mcp/)?(memory|optimistic|records|algorithm)\.py:"),
+    ("memrl: embedding (tokenizer + onnxruntime)", r"\((memrl_mcp/)?embeddings/"),
+    ("memrl: store search (qdrant-edge query)", r"search \((memrl_mcp/)?storage/"),
+    ("memrl: other store calls (retrieve, upsert, set_payload)", r"\((memrl_mcp/)?storage/"),
+    ("memrl: service, optimistic writes, records", r"\((memrl_mcp/)?memory/"),
 )
 LIBRARIES = (  # otherwise: the innermost frame of one of these libraries owns the sample
     ("MCP SDK: tool layer (arguments, results)", r"\(mcp/server/mcpserver/"),

@@ -10,17 +10,22 @@ near-copies of it.
 Phases, each printed as it ends:
 0. exact filtered search at growing sizes against the query embedding (where a store should get an index);
 1. preload (skipped when ``--store`` already holds the memories; one big store is reused across runs);
-2. an index build in the background while this process keeps searching and writing: latency percentiles of
-   searches (filtered, top-5) and conditional writes before and during the build;
+2. an index build in the background while this process keeps searching and writing (``--build-load idle``: while
+   it does nothing, for the build's own time): latency percentiles of searches (filtered, top-5) and conditional
+   writes before and during the build, the slowest writes placed in the build's steps, peak RSS of this process
+   and of the build's child;
 3. recall@5 of HNSW against exact search on the same store, per ``ef``, with latency medians and the ratio;
 4. in a fresh process, three times (the last with the store's files read into the page cache first): open time
    (store and service, model included), ``memory_stats`` time, in-process recall latency (embedding + search +
    logging the recall) against the query embedding alone, resident memory;
 5. import throughput: ``memrl-mcp import`` of ``--import-size`` memories against embedding the same tasks alone;
 6. over MCP stdio (a spawned ``memrl-mcp`` on the store): ``recall_experience`` against the query embedding plus a
-   round trip (``memory_stats``, whose own work is the counts' few ms at most), alternating query by query.
+   round trip (``memory_stats``, whose own work is the counts' few ms at most), alternating query by query;
+7. start-up over MCP stdio: from spawning ``memrl-mcp`` to the first ``recall_experience`` answer, with the page
+   cache dropped first (``--cold``, as root: ``echo 3 > /proc/sys/vm/drop_caches``) or not, and the server's peak
+   RSS (``VmHWM``) then.
 
-    .venv/bin/python perf/scale.py --size 1000000 --store /tmp/memrl-scale-1m
+    .venv/bin/python perf/scale.py --size 1000000 --store /work/scale-data/1m
     .venv/bin/python perf/scale.py --size 3000 --queries 20 --import-size 200     # a tiny run (tests)
 """
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -61,13 +67,59 @@ BATCH = 1000
 K = 5
 
 
-def rss_mb() -> dict[str, float]:
+def status_mb(pid: int | str = "self") -> dict[str, float]:
+    """A process's resident memory (MB): VmRSS, its anonymous and file-backed parts, and its peak VmHWM."""
     fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         name, _, value = line.partition(":")
         if name in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
             fields[name] = int(value.split()[0]) / 1024
     return fields
+
+
+def children() -> list[int]:
+    """The live child processes of this one."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+class PeakRss:
+    """Peak RSS of this process (its VmHWM, reset at the start) and of its children, and the peaks of their
+    anonymous parts (sampled every 0.2 s): the rest is pages of memory-mapped files, which the kernel can reclaim."""
+
+    def __enter__(self) -> PeakRss:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+        self.children = self.children_anon = self.own_anon = 0.0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            self.own_anon = max(self.own_anon, status_mb()["RssAnon"])
+            for pid in children():
+                with contextlib.suppress(OSError, KeyError):  # a child gone meanwhile
+                    memory = status_mb(pid)
+                    self.children = max(self.children, memory["VmRSS"])
+                    self.children_anon = max(self.children_anon, memory["RssAnon"])
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._sampler.join()
+        self.own = status_mb()["VmHWM"]
+
+    def __str__(self) -> str:
+        return (
+            f"peak RSS {self.own:.0f} MB (this process; anonymous {self.own_anon:.0f}), {self.children:.0f} MB "
+            f"(the build's child; anonymous {self.children_anon:.0f})"
+        )
 
 
 def summary(values: list[float]) -> str:
@@ -188,7 +240,9 @@ def during_build(args: argparse.Namespace, qs: list[tuple[str, np.ndarray]]) -> 
             version = int(store.get("memories", [point_id])[point_id].get("version", 0))
             store.set_payload_if("memories", point_id, {"version": version + 1}, {"version": version})
 
-        def measure(until: threading.Event | None, rounds: int) -> tuple[list[float], list[float]]:
+        def measure(until: threading.Event | None, rounds: int) -> tuple[list[float], list[tuple[float, float]]]:
+            """Search and write in turn until ``until`` is set (or ``rounds`` times): search times (ms), and
+            (start since the build's start in s, time in ms) of each write."""
             searches, writes = [], []
             i = 0
             while (until is not None and not until.is_set()) or (until is None and i < rounds):
@@ -198,26 +252,36 @@ def during_build(args: argparse.Namespace, qs: list[tuple[str, np.ndarray]]) -> 
                 searches.append((time.perf_counter() - start) * 1000)
                 start = time.perf_counter()
                 write(i)
-                writes.append((time.perf_counter() - start) * 1000)
+                writes.append((start - began, (time.perf_counter() - start) * 1000))
                 i += 1
                 time.sleep(args.pause)
             return searches, writes
 
+        began = time.perf_counter()
         searches, writes = measure(None, len(qs))
         points, indexed = store.index_status()
         print(f"before the build ({points} memories, {indexed} of them indexed): search {summary(searches)} ms")
-        print(f"                                               write  {summary(writes)} ms")
+        print(f"                                               write  {summary([ms for _, ms in writes])} ms")
         done = threading.Event()
-        start = time.perf_counter()
-        builder = threading.Thread(target=lambda: (store.build_index(wait=True), done.set()))
-        builder.start()
-        searches, writes = measure(done, 0)
-        builder.join()
-        build_s = time.perf_counter() - start
-        print(f"during the build ({build_s:.0f} s, {len(searches)} searches): search {summary(searches)} ms")
-        print(f"                                               write  {summary(writes)} ms")
+        with PeakRss() as peak:
+            began = time.perf_counter()
+            builder = threading.Thread(target=lambda: (store.build_index(wait=True), done.set()))
+            builder.start()
+            searches, writes = measure(done, 0) if args.build_load == "searches" else ([], [])
+            builder.join()
+            build_s = time.perf_counter() - began
+        times = store.last_build
+        print(f"during the build ({args.build_load}, {build_s:.0f} s, {len(searches)} searches): {peak}")
+        if writes and times is not None:
+            print(f"  search {summary(searches)} ms")
+            print(f"  write  {summary([ms for _, ms in writes])} ms")
+            steps = (("stream", times.stream_s), ("index", times.index_s), ("load", times.load_s), ("swap", 1e9))
+            ends = np.cumsum([seconds for _, seconds in steps])
+            slowest = sorted(writes, key=lambda write: -write[1])[:5]
+            placed = [f"{ms:.0f} ms at {at:.0f} s ({steps[int(np.searchsorted(ends, at))][0]})" for at, ms in slowest]
+            print(f"  slowest writes: {', '.join(placed)}")
         points, indexed = store.index_status()
-        print(f"after the build: {indexed} of {points} memories indexed; {store.last_build}")
+        print(f"after the build: {indexed} of {points} memories indexed; {times}")
     finally:
         store.close()
 
@@ -293,7 +357,7 @@ def serve_child(args: argparse.Namespace) -> None:
     settings = load_settings(data_dir=args.store, embedded_engine="edge")
     service = MemoryService.open(settings)
     open_s = time.perf_counter() - start
-    opened = rss_mb()
+    opened = status_mb()
     stats_ms = B.timed_ms(lambda: service.stats(access=EVERYTHING), 5)
     texts = B.real_task_texts(B.shared_data_dir()) or {"default": ["open the drawer and take the key"]}
     pairs = [(ns, t) for ns, group in texts.items() for t in group]
@@ -314,7 +378,7 @@ def serve_child(args: argparse.Namespace) -> None:
         "recall_ms": B.p50(recall_ms),
         "embed_ms": B.p50(embed_ms),
         "rss_open": opened,
-        "rss_after": rss_mb(),
+        "rss_after": status_mb(),
         "memories": service.count(),
     }
     service.close()
@@ -366,10 +430,17 @@ def import_throughput(args: argparse.Namespace, pairs: list[tuple[str, str]]) ->
 # ---------------------------------------------------------------- phase 6: over MCP stdio
 
 
+def server_env() -> dict[str, str]:
+    """A spawned server's environment: this one without MEMRL_* settings, every tool, and no namespace quota (a
+    benchmark namespace holds a quarter of the store, over the default 1 GB at 1M memories)."""
+    own = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")}
+    return own | {"MEMRL_TOOL_PROFILE": "full", "MEMRL_NAMESPACE_QUOTA_MB": "0"}
+
+
 async def over_stdio(args: argparse.Namespace, qs: list[tuple[str, str]]) -> None:
     """recall_experience through a spawned server against (query embedding in this process + a round trip)."""
     embedder = MiniLMEmbedder()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")} | {"MEMRL_TOOL_PROFILE": "full"}
+    env = server_env()
     server = StdioServerParameters(
         command=sys.executable, args=["-m", "memrl_mcp.cli", "--data-dir", args.store], env=env
     )
@@ -400,6 +471,40 @@ async def over_stdio(args: argparse.Namespace, qs: list[tuple[str, str]]) -> Non
     )
 
 
+# ---------------------------------------------------------------- phase 7: start-up to the first answer
+
+
+def drop_page_cache() -> None:
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+async def first_answer(args: argparse.Namespace, qs: list[tuple[str, str]]) -> None:
+    """Spawn ``memrl-mcp`` on the store, time its first ``recall_experience`` answer from the spawn, read its peak
+    RSS; ``--runs`` times, each with a new query."""
+    env = server_env()
+    server = StdioServerParameters(
+        command=sys.executable, args=["-m", "memrl_mcp.cli", "--data-dir", args.store], env=env
+    )
+    for run in range(args.runs):
+        namespace, task = qs[run % len(qs)]
+        if args.cold:
+            drop_page_cache()
+        start = time.perf_counter()
+        async with Client(server) as client:
+            result = await client.call_tool("recall_experience", {"task": f"{task} ", "namespace": namespace})
+            first = time.perf_counter() - start
+            if result.is_error:
+                raise RuntimeError(f"recall_experience failed: {result.content}")
+            (pid,) = [pid for pid in children() if "memrl_mcp.cli" in Path(f"/proc/{pid}/cmdline").read_text()]
+            memory = status_mb(pid)
+        print(
+            f"start-up to the first recall answer ({'page cache dropped' if args.cold else 'page cache as left'}): "
+            f"{first:.2f} s; server RSS {memory['VmRSS']:.0f} MB (anon {memory['RssAnon']:.0f}, file "
+            f"{memory['RssFile']:.0f}), peak {memory['VmHWM']:.0f} MB"
+        )
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -411,9 +516,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2, help="Passes over the queries (the first warms up).")
     parser.add_argument("--ef", type=int, nargs="+", default=[32, 64, 128, 256])
     parser.add_argument("--pause", type=float, default=0.01, help="Seconds between two searches during the build.")
+    parser.add_argument(
+        "--build-load", choices=("searches", "idle"), default="searches", help="What runs beside the build (phase 2)."
+    )
+    parser.add_argument("--cold", action="store_true", help="Drop the page cache before each start (phase 7; root).")
     parser.add_argument("--import-size", type=int, default=20_000)
     parser.add_argument("--exact-sizes", type=int, nargs="+", default=[5000, 10_000, 20_000, 50_000])
-    parser.add_argument("--phases", default="0123456", help="Which phases to run (digits).")
+    parser.add_argument("--phases", default="01234567", help="Which phases to run (digits).")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -461,6 +570,8 @@ def main() -> None:
         import_throughput(args, pairs)
     if "6" in args.phases:
         asyncio.run(over_stdio(args, [pairs[i] for i in chosen(args, pairs)]))
+    if "7" in args.phases:
+        asyncio.run(first_answer(args, [pairs[i] for i in chosen(args, pairs)]))
     if temporary is not None:
         temporary.cleanup()
 

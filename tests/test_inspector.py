@@ -117,7 +117,7 @@ def test_a_token_sees_and_changes_only_its_own_namespaces(with_tokens: Seeded) -
 
 def test_every_answer_carries_the_security_headers(with_tokens: Seeded) -> None:
     with httpx.Client(base_url=with_tokens.base, timeout=10) as http:
-        for path in ("/ui", "/ui/", "/ui/app.js", "/ui/app.css", "/ui/api/session", "/ui/api/stats"):
+        for path in ("/ui", "/ui/", "/ui/app.js", "/ui/charts.js", "/ui/app.css", "/ui/api/session", "/ui/api/stats"):
             response = http.get(path, headers=auth(ALICE))
             assert response.status_code == 200, path
             assert response.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
@@ -126,11 +126,14 @@ def test_every_answer_carries_the_security_headers(with_tokens: Seeded) -> None:
             assert response.headers["x-content-type-options"] == "nosniff"
             assert response.headers["x-frame-options"] == "DENY"
             assert "set-cookie" not in response.headers
-        assert http.get("/ui/app.js").headers["content-type"].startswith("text/javascript")
+        for script in ("app.js", "charts.js"):
+            assert http.get(f"/ui/{script}").headers["content-type"].startswith("text/javascript")
         assert http.get("/ui/../ui/secrets.txt").status_code == 404
         assert http.get("/ui/index.htm").status_code == 404
-    script = (ROOT / "memrl_mcp" / "serving" / "ui" / "app.js").read_text()
-    assert not re.search(r"\.(inner|outer)HTML\b|insertAdjacentHTML|document\.write|\beval\(", script)
+    scripts = sorted((ROOT / "memrl_mcp" / "serving" / "ui").glob("*.js"))
+    assert [script.name for script in scripts] == ["app.js", "charts.js"]
+    for script in scripts:
+        assert not re.search(r"\.(inner|outer)HTML\b|insertAdjacentHTML|document\.write|\beval\(", script.read_text())
     assert "<script>" not in (ROOT / "memrl_mcp" / "serving" / "ui" / "index.html").read_text()  # no inline script
 
 
@@ -274,7 +277,7 @@ def test_the_pages_files_ship_as_package_data() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     globs = config["tool"]["setuptools"]["package-data"]["memrl_mcp"]
     shipped = {path.relative_to(ROOT / "memrl_mcp") for pattern in globs for path in (ROOT / "memrl_mcp").glob(pattern)}
-    assert {Path(f"serving/ui/{name}") for name in ("index.html", "app.js", "app.css")} <= shipped
+    assert {Path(f"serving/ui/{name}") for name in ("index.html", "app.js", "charts.js", "app.css")} <= shipped
     dev = config["project"]["optional-dependencies"]["dev"]
     assert any(requirement.startswith("playwright") for requirement in dev)
 

@@ -17,7 +17,9 @@ import pytest
 from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.models import QEvent
+from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.models import QEvent, RecallQuery
 from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, new_id, open_store
@@ -88,7 +90,7 @@ async def test_a_version_1_store_gets_its_q_histories_as_text_and_they_go_on(
     def stored_history() -> Any:
         store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, 384)
         try:
-            assert schema_version(store) == SCHEMA_VERSION == 3
+            assert schema_version(store) == SCHEMA_VERSION == 4
             return store.get("memories", [point.id])[point.id]["history"]
         finally:
             store.close()
@@ -108,6 +110,31 @@ async def test_a_version_1_store_gets_its_q_histories_as_text_and_they_go_on(
     assert [e["q_after"] for e in history] == [0.25, pytest.approx(0.25 + 0.3 * 0.75)]
     stored = [QEvent.model_validate(event).model_dump(mode="json") for event in json.loads(stored_history())]
     assert stored == history  # the stored floats, with their times in ISO 8601 as every answer shows them
+
+
+def test_memories_two_versions_behind_get_both_steps_in_one_pass(embedder: Embedder, tmp_path: Path) -> None:
+    """A version-0 memory (no bookkeeping) holding a Q history as a list gets both steps, in the single pass over
+    the memories a migration makes; the other memories keep what they hold."""
+    data_dir = tmp_path / "data"
+    event = {"at": 1.7e9, "event": "reward", "reward": 1.0, "q_before": 0.0, "q_after": 0.25, "recall_id": None}
+    both = Point(new_id(), embedder.embed([TASKS[0]])[0], {**old_payload("team", TASKS[0]), "history": [event]})
+    current = Point(new_id(), embedder.embed([TASKS[1]])[0], memory_payload_of("team", TASKS[1]))
+    write_old_store(data_dir, "edge", [both, current])
+
+    make_service(embedder, data_dir).close()
+    store = open_store(load_settings(data_dir=data_dir).storage, 384)
+    try:
+        stored = store.get("memories", [both.id, current.id])
+        assert schema_version(store) == SCHEMA_VERSION
+    finally:
+        store.close()
+    assert stored[both.id] == {**both.payload, "version": 0, "applied": [], "history": json.dumps([event])}
+    assert stored[current.id] == current.payload
+
+
+def memory_payload_of(namespace: str, task: str) -> dict[str, Any]:
+    """A memory as this version stores it."""
+    return {**old_payload(namespace, task), "version": 4, "applied": ["report:a"]}
 
 
 def test_a_migration_killed_midway_completes_at_the_next_open(embedder: Embedder, tmp_path: Path) -> None:
@@ -213,3 +240,57 @@ def test_a_damaged_schema_marker_is_refused_clearly_and_never_misread(
         assert store.get("recalls", [SCHEMA_POINT])[SCHEMA_POINT] == marker  # refused untouched
     finally:
         store.close()
+
+
+def test_records_of_version_3_go_on_and_an_operation_they_applied_is_not_applied_again(
+    embedder: Embedder, tmp_path: Path, engine: str
+) -> None:
+    """Version 4 writes a record's applied operations as text and a Q history one event per line; a store of version
+    3 holds lists and one-line histories. A report killed after its first memory's update (the operation in that
+    memory's list) is finished at the next open without updating that memory twice, and both memories then hold the
+    new forms, their histories read whole."""
+    data_dir = tmp_path / "data"
+    service = make_service(embedder, data_dir, engine, k1=2, k2=2)
+    first, second = (service.store_experience(task, f"how to {task}", "team", access=EVERYTHING) for task in TASKS[:2])
+    recall = service.recall(RecallQuery(TASKS[0], "team", delta=-1.0), access=EVERYTHING)
+    service.close()
+    assert {m.id for m in recall.memories} == {first.id, second.id}
+
+    # What version 3 leaves when killed mid-report: the claim written, the first memory updated, not the second.
+    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, 384)
+    operation = f"q:{recall.recall_id}"
+    reset = {"at": 1.7e9, "event": "reset", "reward": None, "q_before": 0.5, "q_after": 0.0, "recall_id": None}
+    reward = {"at": 1.8e9, "event": "reward", "reward": 1.0, "q_before": 0.0, "q_after": 0.3, "recall_id": None}
+    updated = {"q": 0.3, "visits": 1, "version": 7, "applied": ["edit:x", operation]}
+    store.set_payload("memories", first.id, {**updated, "history": json.dumps([reset, reward])})
+    store.set_payload("memories", second.id, {"version": 3, "applied": ["edit:y"], "history": json.dumps([reset])})
+    report = {"claim": "c", "reward": 1.0, "reported_at": 1.7e9, "experience": None, "outcome": None, "metadata": {}}
+    store.set_payload("recalls", recall.recall_id, {"status": "applying", "report": report})
+    store.upsert("recalls", [Point(SCHEMA_POINT, np.eye(1, 384, dtype=np.float32)[0], {"schema_version": 3})])
+    store.close()
+
+    service = make_service(embedder, data_dir, engine)  # finishes the report
+    try:
+        assert service.get(first.id, access=EVERYTHING).visits == 1  # not updated twice
+        detail = service.get(second.id, access=EVERYTHING)
+        assert (detail.visits, detail.q) == (1, pytest.approx(0.3))
+        assert [event.event for event in detail.history] == ["reset", "reward"]
+        with pytest.raises(MemoryRequestError, match="already reported"):
+            service.report(recall.recall_id, 1.0, access=EVERYTHING)
+        again = service.recall(RecallQuery(TASKS[0], "team", delta=-1.0), access=EVERYTHING)
+        service.report(again.recall_id, -1.0, access=EVERYTHING)
+        for memory_id, events in ((first.id, 3), (second.id, 3)):
+            assert len(service.get(memory_id, access=EVERYTHING).history) == events
+    finally:
+        service.close()
+    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, 384)
+    try:
+        assert schema_version(store) == SCHEMA_VERSION
+        stored = store.get("memories", [first.id, second.id])
+    finally:
+        store.close()
+    assert stored[first.id]["applied"] == f"edit:x {operation} q:{again.recall_id}"
+    assert stored[second.id]["applied"] == f"edit:y {operation} q:{again.recall_id}"
+    for payload in stored.values():
+        assert payload["history"].count("\n") == 2  # one event per line
+        assert [event["event"] for event in json.loads(payload["history"])] == ["reset", "reward", "reward"]

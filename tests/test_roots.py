@@ -20,9 +20,10 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.serving.calls import served
 from memrl_mcp.serving.observability import Metrics
 from memrl_mcp.serving.roots import project_namespace
-from memrl_mcp.serving.tools import _served, create_server
+from memrl_mcp.serving.tools import create_server
 from memrl_mcp.validation import NAMESPACE_PATTERN
 from tests.support.mcp import call, make_service, refused
 from tests.support.servers import DEADLINE_S, http_server
@@ -182,4 +183,4 @@ def test_a_tool_that_does_not_take_its_callers_access_cannot_be_served(service: 
         raise AssertionError("never called")
 
     with pytest.raises(TypeError, match="the tool careless must take its caller's access"):
-        _served(careless, identify, Metrics(service))
+        served(careless, identify, Metrics(service))

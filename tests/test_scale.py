@@ -5,9 +5,11 @@ progress on stderr and imports everything."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -24,6 +26,7 @@ from memrl_mcp.models import QSummary, RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import EdgeStore, Point, open_store
 from memrl_mcp.storage.edge import CURRENT, TALLY
+from memrl_mcp.storage.edge_index import WARM, release, warm_up
 from memrl_mcp.storage.tally import FIELDS, Tally
 
 DIM = 384
@@ -301,3 +304,104 @@ def test_lists_full_text_and_edits_work_the_same_on_a_swapped_in_generation(embe
         assert [m.id for m in service.list_memories("ns1", text="corrected", access=EVERYTHING).memories] == [stored.id]
     finally:
         service.close()
+
+
+def mapped_kb(folder: Path) -> dict[str, int]:
+    """Resident KB of this process's mappings of the files under ``folder``, per file (from /proc/self/smaps)."""
+    resident: dict[str, int] = {}
+    path = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split(None, 5)
+        if "-" in fields[0] and len(fields[0]) > 8 and not fields[0].endswith(":"):  # a mapping's header
+            path = fields[5] if len(fields) == 6 else None
+        elif fields[0] == "Rss:" and path and path.startswith(f"{folder.resolve()}/"):
+            resident[path] = resident.get(path, 0) + int(fields[1])
+    return resident
+
+
+def test_an_indexed_generation_keeps_what_searches_read_resident_and_gives_back_what_a_full_read_mapped(
+    tmp_path: Path,
+) -> None:
+    """The new generation is memory-mapped whole (nothing read at its load), its int8 vectors, graph and namespace
+    index are then made resident in the engine's own mappings; a full read's pages (payloads, original vectors) are
+    given back, and giving them back loses no write, flushed or not."""
+    store, points = seeded_store(tmp_path / "edge")
+    try:
+        store.build_index(wait=True)
+        folder = tmp_path / "edge" / (tmp_path / "edge" / CURRENT).read_text()
+        assert warm_up(folder) > 0
+        warm = {path: kb for path, kb in mapped_kb(folder).items() if WARM.search(path)}
+        names = {Path(path).name for path in warm} | {Path(path).parent.name for path in warm}
+        assert "quantized.data" in names and "vector_index" in names  # qdrant-edge's files still have these names
+        assert any("-namespac-" in name for name in names)
+        int8 = next(path for path in warm if path.endswith("quantized.data"))
+        assert warm[int8] * 1024 >= os.path.getsize(int8) - 4096  # every page of the int8 copies is mapped
+
+        before = dict(store.scroll("memories"))
+        assert len(before) == len(points)
+        read = {path: kb for path, kb in mapped_kb(folder).items() if not WARM.search(path)}
+        assert sum(read.values()) > 0  # the full read mapped payload pages
+        for point in points[:30]:  # unflushed writes: dirty pages of the mapped files
+            store.set_payload_if("memories", point.id, {"q": 0.75, "version": 1}, {"version": 0})
+        assert release(folder) > 0
+        left = {path: kb for path, kb in mapped_kb(folder).items() if not WARM.search(path)}
+        assert sum(left.values()) < sum(read.values())
+        assert sum(kb for path, kb in mapped_kb(folder).items() if WARM.search(path)) == sum(warm.values())
+        expected = before | {p.id: before[p.id] | {"q": 0.75, "version": 1} for p in points[:30]}
+        assert dict(store.scroll("memories")) == expected
+    finally:
+        store.close()
+    reopened = EdgeStore(tmp_path / "edge", DIM)
+    try:
+        assert dict(reopened.scroll("memories")) == expected
+    finally:
+        reopened.close()
+
+
+SERVER_WITH_A_BUILD = """
+import os, subprocess, sys
+from memrl_mcp.storage.edge_index import ShardParams
+# The build's child, its stdin a pipe whose write end a second process keeps open, as a child busy indexing never
+# reads its stdin again: only its parent's death can stop it.
+read, write = os.pipe()
+params = ShardParams(384, False, False, True, 10_000, (("namespace", "keyword"),)).to_json()
+child = subprocess.Popen([sys.executable, "-m", "memrl_mcp.storage.edge_index", sys.argv[1], params], stdin=read)
+keeper = subprocess.Popen(["sleep", "600"], pass_fds=(write,), start_new_session=True)
+print(child.pid, keeper.pid, flush=True)
+child.wait()
+"""
+
+
+def test_a_build_child_dies_with_its_server(tmp_path: Path) -> None:
+    """A server killed (SIGKILL) during a build takes its child with it: left alive, the child went on writing
+    into the folder that the restarted server removes as a stray, and the restart failed ("Directory not empty")."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER_WITH_A_BUILD, str(tmp_path / "memories-1")], stdout=subprocess.PIPE, env=env
+    )
+    assert server.stdout is not None
+    child, keeper = (int(pid) for pid in server.stdout.readline().split())
+    try:
+        for _ in range(600):  # until the child waits for its first page: it has started, as a build's child has
+            if "pipe" in Path(f"/proc/{child}/wchan").read_text():
+                break
+            threading.Event().wait(0.1)
+        server.kill()
+        server.wait()
+        for _ in range(600):  # the kernel's signal, delivered at once; 60 s of patience before failing
+            if not alive(child):
+                break
+            threading.Event().wait(0.1)
+        assert not alive(child)
+    finally:
+        for pid in (child, keeper):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from tests.support.mcp import call, refused
-from tests.support.servers import DEADLINE_S, TOOLS, child_env, http_server, run_cli, stdio_server
+from tests.support.servers import CLI, DEADLINE_S, EVERY_TOOL, TOOLS, child_env, http_server, run_cli, stdio_server
 
 TASK = "Sort a CSV file by its second column and write the result to a new file"
 EXPERIENCE = "1. Read with csv.reader. 2. sorted(rows, key=lambda r: r[1]). 3. Write with csv.writer."
@@ -190,3 +191,57 @@ def test_unknown_yaml_key_is_refused(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "retrieval.bogus_knob: no such setting in retrieval" in result.stderr
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.anyio
+async def test_stdio_serves_large_and_concurrent_requests_on_its_own_pipes(tmp_path: Path) -> None:
+    """The stdio server reads and writes its pipes on the event loop (memrl_mcp/serving/stdio.py): a request line of
+    several times asyncio's default 64 KiB line limit is read whole; answers to many requests in flight at once all
+    arrive, each to its request, while the client reads them as fast as it likes."""
+    steps = [
+        {"observation": f"room {i}: " + "a dusty shelf, " * 500, "action": f"take {i}", "reward": 0.0}
+        for i in range(40)
+    ]
+    steps[-1]["reward"] = 1.0
+    assert len(json.dumps(steps)) > 4 * 65536
+    with anyio.fail_after(DEADLINE_S):
+        async with Client(stdio_server(tmp_path / "data")) as client:
+            result = await call(client, "report_trajectory", task=TASK, steps=steps, episode_id="long")
+            assert (result["steps"], result["created"]) == (40, 40)
+
+            answers: dict[int, dict] = {}
+
+            async def store(i: int) -> None:
+                answers[i] = await call(client, "store_experience", task=f"{TASK} number {i}", experience=f"way {i}")
+
+            async with anyio.create_task_group() as group:
+                for i in range(30):
+                    group.start_soon(store, i)
+            assert sorted(answers) == list(range(30))
+            assert all(answers[i]["memory"]["experience"] == f"way {i}" for i in answers)
+            assert (await call(client, "memory_stats"))["memories"] == 30
+
+
+def test_stdio_reads_requests_from_a_file_too(tmp_path: Path) -> None:
+    """stdin may be a file (not a pipe, which the event loop cannot watch): the SDK's threaded transport serves it,
+    answering every request on the file, then the server exits at its end."""
+    messages = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "file", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}},
+    ]  # fmt: skip
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps(message) + "\n" for message in messages))
+    with requests.open("rb") as stdin:
+        done = subprocess.run(
+            [*CLI, "--data-dir", str(tmp_path / "data")],
+            stdin=stdin,
+            capture_output=True,
+            env=child_env(**EVERY_TOOL),
+            timeout=60,
+        )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    answers = {answer["id"]: answer for answer in map(json.loads, done.stdout.decode().splitlines())}
+    assert answers[1]["result"]["serverInfo"]["name"] == "memrl-mcp"
+    assert {tool["name"] for tool in answers[2]["result"]["tools"]} == TOOLS

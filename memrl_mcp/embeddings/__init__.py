@@ -11,7 +11,7 @@ from memrl_mcp.embeddings.base import (
     SimilarityProfile,
     UncalibratedModelError,
 )
-from memrl_mcp.embeddings.cache import CachedEmbedder, canonical_task, embed_scoped, embed_tasks
+from memrl_mcp.embeddings.cache import CachedEmbedder, cached, canonical_task, embed_scoped, embed_tasks
 from memrl_mcp.embeddings.minilm import MiniLMEmbedder
 from memrl_mcp.embeddings.providers import (
     FASTEMBED_DEFAULT_MODEL,
@@ -31,6 +31,7 @@ __all__ = [
     "OpenAIEmbedder",
     "SimilarityProfile",
     "UncalibratedModelError",
+    "cached",
     "canonical_task",
     "create_embedder",
     "embed_scoped",

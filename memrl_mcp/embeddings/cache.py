@@ -33,6 +33,11 @@ class CachedEmbedder:
         self.hits: dict[str, int] = {}
         self.misses: dict[str, int] = {}
 
+    def holds(self, text: str, scope: str = "") -> bool:
+        """Whether ``text`` of ``scope`` is cached (no count: asking is not embedding)."""
+        with self._lock:
+            return (scope, text) in self._vectors
+
     def embed(self, texts: Sequence[str], scope: str = "") -> np.ndarray:
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
         missing: dict[str, list[int]] = {}
@@ -56,6 +61,11 @@ class CachedEmbedder:
                 while len(self._vectors) > self._size:
                     self._vectors.popitem(last=False)
         return vectors
+
+
+def cached(embedder: Embedder, task: str, scope: str) -> bool:
+    """Whether embedding ``task`` in ``scope`` (:func:`embed_tasks`) runs no model: a cache holds its vector."""
+    return isinstance(embedder, CachedEmbedder) and embedder.holds(canonical_task(task), scope)
 
 
 def canonical_task(task: str) -> str:

@@ -3,13 +3,14 @@
 There is no lock around the learned state (replicas of the server may share one Qdrant server). Instead:
 
 1. **A versioned write applied once** (:meth:`Ledger.update_once`). Each memory carries a ``version`` and the
-   last :data:`APPLIED_KEPT` operation ids folded into it (``applied``). A write is conditional on the version it
-   read (``Store.set_payload_if``), then read back: if the operation is in ``applied`` it landed (or had landed
-   before: a retried or redone operation is never applied twice); otherwise another writer won, and it reads
-   again and retries. A memory that is gone is reported as such, never re-created.
+   last :data:`~memrl_mcp.memory.records.APPLIED_KEPT` operation ids folded into it (``applied``). A write is
+   conditional on the version it read (``Store.set_payload_if``, which says whether it applied); if the operation
+   is in ``applied`` already it landed before (a retried or redone operation is never applied twice); if another
+   writer won, it reads again and retries. A memory that is gone is reported as such, never re-created.
 2. **The claim** (:meth:`Ledger.claim`). A report writes ``pending -> applying`` conditionally, with a fresh claim
-   id and everything the report needs (:class:`~memrl_mcp.memory.records.ClaimedReport`); the record read back tells
-   who won. Of two reports of one recall (two threads, two replicas) exactly one proceeds.
+   id and everything the report needs (:class:`~memrl_mcp.memory.records.ClaimedReport`); the write that applied
+   (or, where the store cannot tell, the claim id read back) tells who won. Of two reports of one recall (two
+   threads, two replicas) exactly one proceeds.
 3. **The redo** (:meth:`Ledger.redo`). A claimed recall is its report's redo log. Its steps are each idempotent:
    update each recalled memory once (operation ``q:<recall>``), merge the experience into the twin once
    (``merge:<recall>``) or add it under an id derived from the recall (a redo finds it), then
@@ -36,6 +37,8 @@ from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.records import (
     ClaimedReport,
     RecallRecord,
+    applied_ids,
+    applied_text,
     memory_payload,
     memory_view,
     merged_metadata,
@@ -45,7 +48,6 @@ from memrl_mcp.models import ExperienceSource, MemoryView, QChange, QEvent, Repo
 from memrl_mcp.settings import LearningSettings
 from memrl_mcp.storage import Point, Store, Table
 
-APPLIED_KEPT = 64  # operations a memory remembers having applied: more than any retry can race past
 WRITE_ATTEMPTS = 200  # optimistic write retries before giving up on a memory (contention, not an error)
 
 
@@ -99,32 +101,32 @@ class Ledger:
     ) -> Written | None:
         """Apply ``change`` to a memory (or a step record) once, however many writers race; None when it is gone.
         ``change`` runs once per attempt, just before that attempt's write (the step memory checkpoints there)."""
+        tried: Written | None = None  # this call's last write, when the store could not confirm it
         for attempt in range(WRITE_ATTEMPTS):
             before = self._store.get(table, [memory_id]).get(memory_id)
             if before is None:
                 return None
-            applied = list(before.get("applied", []))
+            applied = applied_ids(before)
             if operation in applied:
-                return Written(before, None)
+                return tried or Written(before, None)
             version = int(before.get("version", 0))
-            update = {**change(before), "version": version + 1, "applied": [*applied, operation][-APPLIED_KEPT:]}
-            self._store.set_payload_if(table, memory_id, update, {"version": version})
-            after = self._store.get(table, [memory_id]).get(memory_id)
-            if after is None:
-                return None
-            if operation in after.get("applied", []):
+            update = {**change(before), "version": version + 1, "applied": applied_text([*applied, operation])}
+            if self._store.set_payload_if(table, memory_id, update, {"version": version}):
                 return Written(before, update)
+            tried = Written(before, update)
             self.conflicts += 1
             time.sleep(random.uniform(0, 0.0005 * min(attempt + 1, 20)))  # jitter; not the service's seeded rng
         raise WriteContention(
             f"memory {memory_id}: {WRITE_ATTEMPTS} concurrent writers in a row won the race; retry the call"
         )
 
-    def claim(self, recall_id: str, report: ClaimedReport) -> RecallRecord:
-        """``pending -> applying`` with ``report``; the claimed record, or a refusal naming why it was not ours."""
-        self._store.set_payload_if(
-            "recalls", recall_id, {"status": "applying", "report": report.model_dump()}, {"status": "pending"}
-        )
+    def claim(self, recall_id: str, report: ClaimedReport, pending: RecallRecord | None = None) -> RecallRecord:
+        """``pending -> applying`` with ``report``; the claimed record, or a refusal naming why it was not ours.
+        ``pending``: the record as read just before, which the claim then need not read back."""
+        claimed = {"status": "applying", "report": report.model_dump()}
+        won = self._store.set_payload_if("recalls", recall_id, claimed, {"status": "pending"})
+        if won and pending is not None:
+            return pending.model_copy(update={"status": "applying", "report": report})
         payload = self._store.get("recalls", [recall_id]).get(recall_id)
         if payload is None:
             raise RecallGone(recall_id)
@@ -165,11 +167,10 @@ class Ledger:
         self._store.upsert("memories", [Point(memory.id, vector, memory_payload(memory))])
         return StoreResult(id=memory.id, merged=False, memory=memory)
 
-    def report(self, recall_id: str, report: ClaimedReport) -> ReportResult:
+    def report(self, recall_id: str, report: ClaimedReport, pending: RecallRecord | None = None) -> ReportResult:
         """Claim the recall with ``report`` and apply it: ``report_outcome``, and a trajectory's report of its
         recall (whose claim id derives from the episode, so that its redo is recognised as its own)."""
-        recall = self.claim(recall_id, report)
-        applied = self.redo(recall_id, recall)
+        applied = self.redo(recall_id, self.claim(recall_id, report, pending))
         return ReportResult(
             recall_id=recall_id,
             reward=report.reward,

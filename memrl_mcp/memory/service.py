@@ -26,7 +26,7 @@ from typing import Any, Self
 import numpy as np
 from pydantic import BaseModel
 
-from memrl_mcp.embeddings import Embedder, create_embedder, embed_tasks
+from memrl_mcp.embeddings import Embedder, cached, create_embedder, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.admission import RESTORE_BATCH, report_bytes, restore_bytes, trajectory_bytes
@@ -221,6 +221,15 @@ class MemoryService:
                 self.housekeeping(stale_after=STALE_REPORT_SECONDS)
             return self.episodes.recall(resolved)
 
+    def runs_model(self, task: str, namespace: str | None, *, access: Access) -> bool:
+        """Whether a recall of ``task`` by ``access`` in ``namespace`` would run the embedding model (its vector is
+        not cached); a namespace refused runs nothing."""
+        try:
+            scope = self._namespace(namespace, access)
+        except MemoryRequestError:
+            return False
+        return not cached(self.embedder, task, scope)
+
     def pool(self, query: RecallQuery, *, access: Access) -> RecallPool:
         """Phase A's whole pool with every number Phase B chose by, and the choice without exploration: what a
         recall of ``query`` would choose, shown and explained (read-only: no recall, no Q moves)."""
@@ -277,7 +286,7 @@ class MemoryService:
                 note=provenance.note,
             )
             with self.quotas.admit(recall.namespace, report_bytes(recall, experience, meta, self.embedder.dim)):
-                return self._ledger.report(recall_id, report)
+                return self._ledger.report(recall_id, report, recall)
 
     def reportable(self, recall_id: str, *, access: Access) -> PendingRecall:
         """The caller's recall ``recall_id`` if it can be reported now, with the memories it gave, else a refusal

@@ -73,6 +73,7 @@ from memrl_mcp.memory.records import (
     ReportedStep,
     StepOutcome,
     StepPayload,
+    applied_ids,
     canonical_text,
     episode_key,
     progress_key,
@@ -452,7 +453,7 @@ class StepMemory:
             self._store.delete("episodes", [progress_key(record.claim)])
             raise EpisodeGone(record.episode_id)
         stored = self._store.get("steps", [record_id]).get(record_id)
-        if stored is None or operation not in stored["applied"]:
+        if stored is None or operation not in applied_ids(stored):
             return None
         self._recheck_nearest(record.namespace, record_id, vector, nearest)
         change = StepChange(

@@ -10,6 +10,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Literal
 
+import anyio
+from mcp.server import MCPServer
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
@@ -19,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.auth import TokenTable, is_loopback
+from memrl_mcp.serving.stdio import stdio_streams
 from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import ServingSettings, SettingsError, load_grants
 
@@ -58,9 +61,9 @@ def transport_security(host: str, allowed_hosts: list[str]) -> TransportSecurity
 
 def serve(service: MemoryService, transport: Transport, host: str, port: int, tokens: TokenTable | None) -> None:
     """Run until interrupted; the caller closes the service."""
-    server = create_server(service, tokens)
+    server = create_server(service, tokens, single_client=transport == "stdio")
     if transport == "stdio":
-        server.run()
+        anyio.run(serve_stdio, server)
         return
     import uvicorn
 
@@ -94,6 +97,13 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
     uvicorn.run(
         HostCheck(app, security), host=host, port=port, log_config=None, access_log=False, reset_contextvars=True
     )
+
+
+async def serve_stdio(server: MCPServer) -> None:
+    """What ``server.run()`` does over stdio (the SDK's ``run_stdio_async``), on :func:`stdio_streams`."""
+    lowlevel = server._lowlevel_server  # the server run_stdio_async runs (mcp 2.x)
+    async with stdio_streams() as (read_stream, write_stream):
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
 
 
 class HostCheck:

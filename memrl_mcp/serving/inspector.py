@@ -52,6 +52,7 @@ from memrl_mcp.validation import MAX_METADATA_DEPTH, Outcome, SortKey, plain_err
 PREFIX = "/ui"
 ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
+    "charts.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }

@@ -7,25 +7,22 @@ token's first one, else one derived from the client's project root (:mod:`memrl_
 ``namespace`` setting."""
 
 import dataclasses
-import functools
 import inspect
 import re
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.mcpserver.exceptions import ResourceError
 from mcp.types import ToolAnnotations
-from mcp_types import InputRequiredResult
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from memrl_mcp import __version__
-from memrl_mcp.errors import MemoryRequestError, MemrlError
+from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import (
@@ -42,8 +39,9 @@ from memrl_mcp.models import (
     TrajectoryResult,
 )
 from memrl_mcp.serving import inspector
-from memrl_mcp.serving.asking import Asking, InputRequired
+from memrl_mcp.serving.asking import Asking
 from memrl_mcp.serving.auth import TokenTable, caller
+from memrl_mcp.serving.calls import OnLoop, served
 from memrl_mcp.serving.feedback import Feedback
 from memrl_mcp.serving.observability import Metrics
 from memrl_mcp.serving.roots import roots_namespace
@@ -68,8 +66,6 @@ Namespace = Annotated[
     NamespaceName | None, Field(description="Memory namespace (one per project or agent); default: the server's.")
 ]
 TOKEN_REQUIRED = "authorization: a valid bearer token is required"
-HIDDEN = ("access", "client")
-"""A tool body's parameters that no client sets: its caller, and its way back to the client (:func:`_served`)."""
 
 
 def instructions(profile: str, learning: LearningSettings) -> str:
@@ -109,52 +105,10 @@ def paragraphs(docstring: str) -> str:
     return re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(docstring))
 
 
-def _served(
-    fn: Callable[..., R | Awaitable[R]], identify: Callable[[Context[Any, Any]], Awaitable[Access]], metrics: Metrics
-) -> Callable[..., Awaitable[R | InputRequiredResult]]:
-    """The tool body ``fn``, which takes its caller as ``access``, as the SDK serves it: the SDK hands the call's
-    ``Context`` (``ctx``) in place of ``access``, and ``identify`` turns it into the caller's :class:`Access`.
-    Every tool is served through here, so none can forget its caller's tenant or project namespace, and none
-    reads the caller from anywhere but the request that carried the call. A plain body runs in a worker thread (the
-    store's calls block); a coroutine body, one that may ask the client (:mod:`~memrl_mcp.serving.asking`), takes
-    ``client`` too and runs on the event loop, which it must not block. Each call is timed, counted and logged; a
-    refused request reaches the client as a tool error with its message (which names the field)."""
-    signature = inspect.signature(fn)
-    if "access" not in signature.parameters:
-        raise TypeError(f"the tool {fn.__name__} must take its caller's access")
-    asks = inspect.iscoroutinefunction(fn)
-    if asks != ("client" in signature.parameters):
-        raise TypeError(f"the tool {fn.__name__} must be a coroutine exactly when it takes client")
-    context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context[Any, Any])
-    parameters = [*(p for p in signature.parameters.values() if p.name not in HIDDEN), context]
-
-    @functools.wraps(fn)
-    async def served(*args: Any, ctx: Context[Any, Any], **kwargs: Any) -> R | InputRequiredResult:
-        with metrics.call(fn.__name__) as call:
-            try:
-                access = await identify(ctx)
-                call.client = access.client
-                if asks:
-                    return await fn(*args, access=access, client=Asking(ctx), **kwargs)  # type: ignore[misc]
-                return await anyio.to_thread.run_sync(functools.partial(fn, *args, access=access, **kwargs))  # type: ignore[return-value]
-            except InputRequired as needed:  # 2026-07-28: the client asks, then calls again
-                call.status = "asking"
-                return needed.result
-            except MemrlError as error:
-                call.status = "refused"
-                raise ToolError(str(error)) from None
-
-    served.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-    served.__annotations__ = {
-        **{name: kind for name, kind in fn.__annotations__.items() if name not in HIDDEN},
-        "ctx": Context[Any, Any],
-    }
-    return served
-
-
-def create_server(service: MemoryService, tokens: TokenTable | None = None) -> MCPServer:
-    """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one. The caller owns
-    the service and closes it. It offers the tools of the ``tool_profile`` setting."""
+def create_server(service: MemoryService, tokens: TokenTable | None = None, single_client: bool = False) -> MCPServer:
+    """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one; ``single_client``: it
+    serves one client only (stdio). The caller owns the service and closes it. It offers the tools of the
+    ``tool_profile`` setting."""
     settings, rules = service.settings, service.limits
     limits, learning, retrieval = settings.limits, settings.learning, settings.retrieval
     serving = settings.serving
@@ -442,9 +396,19 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None) -> M
         "memory_stats": (memory_stats, "Memory statistics", reads),
     }
     assert set(every_tool) == set(TOOL_PROFILES["full"]), "a tool is missing from the full profile"
+    # One client (stdio): a recall whose task's embedding is cached runs no model and is served on the event loop,
+    # a millisecond or two of store calls that may wait for the store's write lock (a flush, a swap): only that
+    # client's own requests wait with it. With several clients, every call runs in a worker thread, and a call
+    # waiting for the store holds back no one else. (The reports ask the client and run on the loop already; their
+    # store calls go to worker threads: serving/feedback.py.)
+    on_loop: dict[str, OnLoop] = {}
+    if single_client:
+        on_loop["recall_experience"] = lambda access, arguments: (
+            not service.runs_model(arguments["task"], arguments.get("namespace"), access=access)
+        )
     tools = [
         MemoryTool.strict(
-            _served(fn, identify, metrics),
+            served(fn, identify, metrics, on_loop.get(name)),
             title,
             serving.tool_descriptions.get(name) or paragraphs(fn.__doc__ or ""),
             annotations,

@@ -15,19 +15,22 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from memrl_mcp.storage.disk import RECALL_SHARE, DiskFullError, DiskRoom
+from memrl_mcp.storage.disk import RECALL_SHARE, DiskRoom
+from memrl_mcp.storage.edge_filter import edge_filter
 from memrl_mcp.storage.edge_index import (
     RESCORE_OVERSAMPLING,
     BuildTimes,
     Rebuild,
     ShardParams,
-    payload_schema,
-    shard_config,
+    open_shard,
+    release,
+    warm_up,
 )
 from memrl_mcp.storage.files import sync_folder, write_atomically
 from memrl_mcp.storage.numbers import kept
@@ -37,15 +40,14 @@ from memrl_mcp.storage.store import (
     LARGE_FIELDS,
     SCROLL_PAGE,
     TABLES,
-    Condition,
     Hit,
     Point,
-    Range,
-    StoreLockedError,
     Table,
     Where,
-    Words,
+    as_set,
+    fields_of,
     is_dot,
+    matches,
     optional_vector,
     vector_size,
 )
@@ -64,7 +66,9 @@ FULL_SCAN_KB = 10_000  # Qdrant's default: a filter matching fewer vectors than 
 # vectors: ~15 ms to read), and the stream gets the GIL between two searches: at 1M unindexed memories, where an
 # exact search holds it for 90-270 ms, a stream in pages of 256 crawled (the child had grown by 113 MB after 8 min).
 BUILD_PAGE = 1024
+RECORD = attrgetter("id", "vector", "payload")  # a scrolled record as the child takes it, read in C
 FINAL_REPLAY = 64  # logged writes few enough to replay with writers held back
+RELEASE_EVERY = 32_768  # records a full read returns between two releases of the pages it mapped (~70 MB at 1M)
 CHECK_EVERY = 1000  # memories writes between two checks of whether a build is due
 # Writes to a table between two flushes. qdrant-edge writes a changed point's whole payload anew, and frees the old
 # copy and truncates its write-ahead log only at a flush, which it never runs by itself: a server running for days
@@ -117,14 +121,18 @@ class EdgeStore:
         self._closing = False
         self._writes_to_check = 0
         self._unflushed: dict[Table, int] = dict.fromkeys(TABLES, 0)
+        self._unreleased: dict[Table, int] = dict.fromkeys(TABLES, 0)
         self.last_build: BuildTimes | None = None
         names = {table: self._current_generation(table) for table in TABLES}
         self._room.check_open([path / name for name in names.values() if (path / name / "edge_config.json").exists()])
         self._live = {table: _Live(self._open(path / name, dim, table), name) for table, name in names.items()}
+        self._warm_up(self._live["memories"])
         for table, name in names.items():
-            for stray in path.glob(f"{table}*"):  # a rebuild or a retired generation a crash left behind
+            # A rebuild or a retired generation a crash left behind. The child of a server just killed may still be
+            # writing in its folder for a moment (it is killed with its parent): what it adds goes at the next open.
+            for stray in path.glob(f"{table}*"):
                 if stray.is_dir() and stray.name != name:
-                    shutil.rmtree(stray)
+                    shutil.rmtree(stray, ignore_errors=True)
         self._tally = self._read_tally()
         self._maybe_build()
 
@@ -140,41 +148,7 @@ class EdgeStore:
         return ShardParams(size, is_dot(table), table == "recalls", hnsw, FULL_SCAN_KB, indexes, self._room.min_free)
 
     def _open(self, path: Path, dim: int, table: Table) -> Any:
-        edge = self._edge
-        config_file = path / "edge_config.json"
-        stored = json.loads(config_file.read_text()) if config_file.exists() else None
-        if stored is not None:
-            stored_dim = int(next(iter(stored["vectors"].values()))["size"])
-            if stored_dim != vector_size(table, dim):
-                raise ValueError(
-                    f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones "
-                    f"({vector_size(table, dim)}-d in this table)"
-                )
-        config = shard_config(edge, self._params(table, hnsw=False))
-        try:
-            if stored is None:
-                shard = edge.EdgeShard.create(str(path), config)
-            elif table == "recalls" and stored.get("payload_memory") != "cold":
-                # A store made before recalls were memory-mapped: loading with a config rewrites it (that needs
-                # a little room, so it is done only when something changes).
-                shard = edge.EdgeShard.load(str(path), config)
-            else:
-                shard = edge.EdgeShard.load(str(path))
-        except Exception as error:
-            if "WouldBlock" in str(error):
-                raise StoreLockedError(path, "its write-ahead log is locked") from None
-            if "No space left on device" in str(error):  # the engine writes a little at every open
-                raise DiskFullError(
-                    f"cannot open the memory store at {path}: its disk is full. Free some space; meanwhile a "
-                    "read-only server (MEMRL_TOOL_PROFILE=read_only) serves it and `memrl-mcp export` backs it up: "
-                    "both open a copy of it in TMPDIR"
-                ) from None
-            raise
-        indexed = set(shard.info().payload_schema)
-        for key, kind in INDEXES[table].items():
-            if key not in indexed:
-                shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind)))
-        return shard
+        return open_shard(self._edge, path, self._params(table, hnsw=False), dim)
 
     @contextmanager
     def _reading(self, table: Table) -> Iterator[Any]:
@@ -188,6 +162,12 @@ class EdgeStore:
             with self._generations:
                 live.readers -= 1
                 self._generations.notify_all()
+
+    def _warm_up(self, live: _Live) -> None:
+        """Make an indexed shard's search files resident, in the background (:func:`warm_up`)."""
+        if live.shard.info().indexed_vectors_count:
+            folder = self._path / live.name
+            threading.Thread(target=warm_up, args=(folder,), name="memrl-warm-up", daemon=True).start()
 
     def index_status(self) -> tuple[int, int]:
         """(memories, of which in an HNSW index)."""
@@ -282,8 +262,11 @@ class EdgeStore:
                         offset=offset, limit=BUILD_PAGE, with_payload=True, with_vector=True
                     )
                     records, offset = shard.scroll(request)
-                    pickle.dump([(str(r.id), r.vector, r.payload) for r in records], child.stdin)
+                    # The page is made in one hold of the GIL and sent in one write, which releases it until
+                    # the child has read the page (see BUILD_PAGE).
+                    child.stdin.write(pickle.dumps(list(map(RECORD, records))))
                     times.points += len(records)
+                    self._read_through(job.table, len(records))
                     if offset is None:
                         pickle.dump(None, child.stdin)
                         break
@@ -301,6 +284,7 @@ class EdgeStore:
         self._room.check_open([target])
         new = _Live(self._edge.EdgeShard.load(str(target)), target.name)
         times.load_s = time.perf_counter() - start
+        self._warm_up(new)
         return new
 
     def _swap(self, table: Table, new: _Live, times: BuildTimes) -> bool:
@@ -331,8 +315,10 @@ class EdgeStore:
                 new.shard.update(operation)
         with self._generations:
             self._generations.wait_for(lambda: old.readers == 0)
+        start = time.perf_counter()
         old.shard.close()
         shutil.rmtree(self._path / old.name, ignore_errors=True)
+        times.retire_s = time.perf_counter() - start
         return True
 
     # -- the counts of memory_stats ----------------------------------------------------------------
@@ -354,8 +340,8 @@ class EdgeStore:
         with self._writing:
             return self._tally.total(namespaces)
 
-    def _fields(self, shard: Any, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        selector = self._edge.PayloadSelector.Include(list(TALLY_FIELDS))
+    def _fields(self, shard: Any, ids: Sequence[str], fields: Sequence[str]) -> dict[str, dict[str, Any]]:
+        selector = self._edge.PayloadSelector.Include(list(fields))
         return {str(r.id): dict(r.payload or {}) for r in shard.retrieve(list(ids), selector, False)} if ids else {}
 
     def _write(
@@ -365,22 +351,35 @@ class EdgeStore:
         room: float | None,
         ids: Sequence[str] | None = None,
         new: Mapping[str, Mapping[str, Any]] | None = None,
-    ) -> None:
+        update: Mapping[str, Any] | None = None,
+        where: Where | None = None,
+    ) -> bool:
         """Apply one write under the lock that orders them: check the free space it needs (``room``: the share of
-        the margin; None: a delete, always let through since it frees room), count its effect on the memories'
-        tally (on ``ids``, None: every point it may touch, read first; ``new``: their payloads, when known), log it
-        for a rebuild of its table in flight, and start an index build of the memories when one is due."""
+        the margin; None: a delete, always let through since it frees room); with ``where``, only if the point
+        ``ids[0]`` meets it (else False, nothing written: this process is the store's only writer, so the point read
+        under the lock is the one the write meets); count its effect on the memories' tally (on ``ids``, None: every
+        point it may touch, read first; after: ``new``, their payloads, or ``update`` laid over the fields read, else
+        read back); log it for a rebuild in flight, and start an index build of the memories when one is due."""
         memories = table == "memories"
         with self._writing, self._reading(table) as shard:
             if room is not None:
                 self._room.check(room)
-            if memories:
+            if memories or where is not None:
                 ids = [point_id for point_id, _ in self.scroll("memories", fields=())] if ids is None else ids
-                old = self._fields(shard, ids)
+                fields = [*(TALLY_FIELDS if memories else ()), *fields_of(where or {})]
+                old = self._fields(shard, ids, fields)
+                # exactly once: +15 us of CPU on a Q update's 165 us write (perf/write_costs.py, a full history)
+                if where is not None and (ids[0] not in old or not matches(old[ids[0]], where)):
+                    return False
             shard.update(operation)
             self._flush_when_due(table, shard)
             if memories:
-                after = new if new is not None else self._fields(shard, ids)
+                if new is not None:
+                    after = new
+                elif update is not None:
+                    after = {point_id: as_set({**read, **update}) for point_id, read in old.items()}
+                else:
+                    after = self._fields(shard, ids, TALLY_FIELDS)
                 for point_id in set(old) | set(after):
                     self._tally.apply(old.get(point_id), after.get(point_id))
                 self._writes_to_check -= 1
@@ -389,34 +388,9 @@ class EdgeStore:
         if memories and self._writes_to_check <= 0:
             self._writes_to_check = CHECK_EVERY
             self._maybe_build()
+        return True
 
     # -- the Store primitives ------------------------------------------------------------------------
-
-    def _filter(self, where: Where | None, point_id: str | None = None) -> Any:
-        edge = self._edge
-        must: list[Any] = []
-        for key, value in (where or {}).items():
-            if isinstance(key, tuple):
-                must.append(edge.Filter(should=[self._condition(field, value) for field in key]))
-            else:
-                must.append(self._condition(key, value))
-        if point_id is not None:
-            must.append(edge.HasIdCondition({point_id}))
-        return edge.Filter(must=must) if must else None
-
-    def _condition(self, key: str, value: Condition) -> Any:
-        edge = self._edge
-        if value is None:
-            return edge.IsEmptyCondition(key)
-        if isinstance(value, Range):
-            return edge.FieldCondition(
-                key, range=edge.RangeFloat(gte=value.gte, gt=value.gt, lte=value.lte, lt=value.lt)
-            )
-        if isinstance(value, Words):
-            return edge.FieldCondition(key, match=edge.MatchText(value.text))
-        if isinstance(value, list | tuple | set | frozenset):
-            return edge.FieldCondition(key, match=edge.MatchAny(list(value)))
-        return edge.FieldCondition(key, match=edge.MatchValue(value))
 
     def _flush_when_due(self, table: Table, shard: Any) -> None:
         """Flush a table at every :data:`FLUSH_EVERY`-th write to it in this process (its only writer)."""
@@ -450,11 +424,15 @@ class EdgeStore:
         return np.asarray(records[0].vector, dtype=np.float32) if records else None
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
-        self._write(table, self._edge.UpdateOperation.set_payload([point_id], kept(payload)), 1.0, [point_id])
+        written = kept(payload)
+        self._write(table, self._edge.UpdateOperation.set_payload([point_id], written), 1.0, [point_id], update=written)
 
-    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
-        operation = self._edge.UpdateOperation.set_payload_by_filter(self._filter(where, point_id), kept(payload))
-        self._write(table, operation, 1.0, [point_id])
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> bool:
+        """Checked here (:meth:`_write`), written as a plain update: replayed on a rebuilt table, the writes that
+        applied rebuild the same state in the same order."""
+        written = kept(payload)
+        operation = self._edge.UpdateOperation.set_payload([point_id], written)
+        return self._write(table, operation, 1.0, [point_id], update=written, where=where)
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:
@@ -462,7 +440,7 @@ class EdgeStore:
 
     def delete_namespace(self, table: Table, namespace: str) -> None:
         where = {"namespace": namespace}
-        operation = self._edge.UpdateOperation.delete_points_by_filter(self._filter(where))
+        operation = self._edge.UpdateOperation.delete_points_by_filter(edge_filter(self._edge, where))
         ids = [point_id for point_id, _ in self.scroll(table, where, ())] if table == "memories" else None
         self._write(table, operation, None, ids)
 
@@ -489,7 +467,7 @@ class EdgeStore:
         request = edge.QueryRequest(
             limit=limit,
             query=edge.Query.Nearest(vector.astype(np.float32).tolist()),
-            filter=self._filter(where),
+            filter=edge_filter(self._edge, where),
             score_threshold=min_similarity,
             with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
             with_vector=with_vectors,
@@ -510,12 +488,13 @@ class EdgeStore:
                 request = self._edge.ScrollRequest(
                     offset=offset,
                     limit=SCROLL_PAGE,
-                    filter=self._filter(where),
+                    filter=edge_filter(self._edge, where),
                     with_payload=self._edge.PayloadSelector.Include(list(fields)),
                     with_vector=True,
                 )
                 records, offset = shard.scroll(request)
                 yield from ((str(r.id), np.asarray(r.vector, dtype=np.float32), dict(r.payload or {})) for r in records)
+                self._read_through(table, len(records))
                 if offset is None:
                     return
 
@@ -525,7 +504,7 @@ class EdgeStore:
         request = self._edge.ScrollRequest(
             offset=offset,
             limit=limit,
-            filter=self._filter(where),
+            filter=edge_filter(self._edge, where),
             with_payload=self._edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
         )
         with self._reading(table) as shard:
@@ -538,7 +517,7 @@ class EdgeStore:
         edge = self._edge
         request = edge.ScrollRequest(
             limit=limit,
-            filter=self._filter(where),
+            filter=edge_filter(self._edge, where),
             with_payload=edge.PayloadSelector.Exclude(list(LARGE_FIELDS)),
             order_by=edge.OrderBy(key, edge.Direction.Desc if descending else edge.Direction.Asc),
         )
@@ -554,15 +533,23 @@ class EdgeStore:
         with self._reading(table) as shard:
             while True:
                 request = self._edge.ScrollRequest(
-                    offset=offset, limit=SCROLL_PAGE, filter=self._filter(where), with_payload=payload
+                    offset=offset, limit=SCROLL_PAGE, filter=edge_filter(self._edge, where), with_payload=payload
                 )
                 records, offset = shard.scroll(request)
                 yield from ((str(r.id), dict(r.payload or {})) for r in records)
+                self._read_through(table, len(records))
                 if offset is None:
                     return
 
+    def _read_through(self, table: Table, records: int) -> None:
+        """Count the records a long read returned; every :data:`RELEASE_EVERY`, give back the pages it mapped."""
+        self._unreleased[table] += records
+        if self._unreleased[table] >= RELEASE_EVERY:
+            self._unreleased[table] = 0
+            release(self._path / self._live[table].name)
+
     def count(self, table: Table, where: Where | None = None) -> int:
-        request = self._edge.CountRequest(exact=True, filter=self._filter(where))
+        request = self._edge.CountRequest(exact=True, filter=edge_filter(self._edge, where))
         with self._reading(table) as shard:
             return int(shard.count(request))
 

@@ -13,12 +13,12 @@ point (deleting 90% of a 135 MB shard freed nothing, measured), and its ``optimi
 holds the GIL for the whole rewrite (1.4 s for 250 MB, without indexing). A new shard holds only the live points,
 and the old folder, write-ahead log included, is removed.
 
-Shard configurations are defined here, once (:func:`shard_config`): the server creates its tables with them too.
+Shard configurations are defined here, once (:func:`shard_config`): the server creates and opens its tables with
+them too (:func:`open_shard`).
 
-A built shard keeps its vectors and payloads in memory-mapped files that are read on demand (``Memory.Cold``), and
-in RAM only the graph, the namespace index and int8 copies of the vectors (:func:`indexed_config`): at a million
-memories the server held 0.9 GB resident, not the 1.5 GB of vectors and more of payloads (README, "A million
-memories").
+A built shard is memory-mapped whole and read on demand (``Memory.Cold``, :func:`indexed_config`); :func:`warm_up`
+keeps resident only what every search reads: the graph, the namespace index and int8 copies of the vectors, not the
+1.5 GB of vectors of a million memories and more of payloads (docs/storage.md, "A million memories").
 
 Run as ``python -m memrl_mcp.storage.edge_index FOLDER PARAMS_JSON`` with pickled batches of ``(id, vector, payload)``
 on stdin (from the parent only: pickle is trusted here because nobody else writes that pipe), ended by ``None``.
@@ -26,19 +26,31 @@ on stdin (from the parent only: pickle is trusted here because nobody else write
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pickle
+import re
+import signal
 import sys
 import threading
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+from memrl_mcp.storage.disk import DiskFullError
+from memrl_mcp.storage.store import StoreLockedError
 
 HNSW_M = 16  # links per node: Qdrant's default; recall@5 against exact 1.00 at 1M, ef 32-256 (perf/scale.py)
 HNSW_EF_CONSTRUCT = 100  # Qdrant's default
 BUILD_NICENESS = 10
+PR_SET_PDEATHSIG = 1  # Linux prctl: the signal this process gets when its parent dies
 INT8_QUANTILE = 0.99  # Qdrant's usual choice: the int8 range covers 99% of the components, outliers are clipped
 RESCORE_OVERSAMPLING = 4.0  # candidates per result found on the int8 copies and rescored: recall@5 0.997 at 1M
+# A shard without an index searches and counts on the calling thread: qdrant-edge's default search pool (a thread per
+# CPU, woken for each call) cost 70 us of CPU per filtered top-5 over 20 points against 8 us, 214 against 125 over
+# 1,980, and a count 14 us against 1.6 (one segment each). An indexed shard keeps the pool.
+EXACT_SEARCH_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -70,12 +82,13 @@ fields (outcome, the sort keys, the full text) get none: each value of a keyword
 its memories (``outcome``: the whole store again), and a search filtering on them is filtered by namespace first."""
 
 
-def payload_schema(edge: Any, field: str, kind: str) -> Any:
-    """qdrant-edge's index parameters for a payload index of ``storage.INDEXES``. The graph's fields are held in
-    RAM (every filtered search reads them); the others are memory-mapped and read on demand: held in RAM, the sort
-    keys of a million memories took 3 s of CPU to load at every open."""
+def payload_schema(edge: Any, field: str, kind: str, mapped: bool = False) -> Any:
+    """qdrant-edge's index parameters for a payload index of ``storage.INDEXES``. In a plain shard the graph's
+    fields are held in RAM (every filtered search reads them); the others, and every index of an indexed shard
+    (``mapped``: loaded at a swap, warmed up by :func:`warm_up`), are memory-mapped and read on demand: held in RAM,
+    the sort keys of a million memories took 3 s of CPU to load at every open, and the namespace 0.15 s."""
     graph = field in GRAPH_FIELDS
-    memory = edge.Memory.Pinned if graph else edge.Memory.Cold
+    memory = edge.Memory.Pinned if graph and not mapped else edge.Memory.Cold
     if kind == "keyword":
         return edge.KeywordIndexParams(enable_hnsw=graph, memory=memory)
     if kind == "float":
@@ -94,16 +107,57 @@ def shard_config(edge: Any, params: ShardParams) -> Any:
     if params.hnsw:
         return indexed_config(edge, params)
     if not params.cold:
-        return edge.EdgeConfig(vectors=edge.EdgeVectorParams(size=params.size, distance=distance))
+        vectors = edge.EdgeVectorParams(size=params.size, distance=distance)
+        return edge.EdgeConfig(vectors=vectors, max_search_threads=EXACT_SEARCH_THREADS)
     vectors = edge.EdgeVectorParams(size=params.size, distance=distance, memory=edge.Memory.Cold)
-    return edge.EdgeConfig(vectors=vectors, payload_memory=edge.Memory.Cold)
+    return edge.EdgeConfig(vectors=vectors, payload_memory=edge.Memory.Cold, max_search_threads=EXACT_SEARCH_THREADS)
+
+
+def open_shard(edge: Any, path: Path, params: ShardParams, dim: int) -> Any:
+    """The server's shard at ``path``, created or loaded, with the payload indexes it lacks; a store of vectors
+    other than ``dim``'s (the embedder's), the engine's lock and a full disk are told as such."""
+    config_file = path / "edge_config.json"
+    stored = json.loads(config_file.read_text()) if config_file.exists() else None
+    if stored is not None:
+        stored_dim = int(next(iter(stored["vectors"].values()))["size"])
+        if stored_dim != params.size:
+            raise ValueError(
+                f"the store at {path} holds {stored_dim}-d vectors; the embedder makes {dim}-d ones "
+                f"({params.size}-d in this table)"
+            )
+    try:
+        if stored is None:
+            shard = edge.EdgeShard.create(str(path), shard_config(edge, params))
+        elif params.cold and stored.get("payload_memory") != "cold":
+            # A store made before recalls were memory-mapped: loading with a config rewrites it (that needs
+            # a little room, so it is done only when something changes).
+            shard = edge.EdgeShard.load(str(path), shard_config(edge, params))
+        else:
+            shard = edge.EdgeShard.load(str(path))
+    except Exception as error:
+        if "WouldBlock" in str(error):
+            raise StoreLockedError(path, "its write-ahead log is locked") from None
+        if "No space left on device" in str(error):  # the engine writes a little at every open
+            raise DiskFullError(
+                f"cannot open the memory store at {path}: its disk is full. Free some space; meanwhile a "
+                "read-only server (MEMRL_TOOL_PROFILE=read_only) serves it and `memrl-mcp export` backs it up: "
+                "both open a copy of it in TMPDIR"
+            ) from None
+        raise
+    indexed = set(shard.info().payload_schema)
+    for key, kind in params.payload_indexes:
+        if key not in indexed:
+            shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind)))
+    return shard
 
 
 def indexed_config(edge: Any, params: ShardParams) -> Any:
-    """An indexed shard (cosine): vectors and payloads memory-mapped, read on demand; the HNSW graph and int8 copies
-    of the vectors in RAM (a quarter of the vectors' size), which the graph search reads; only the few best
-    candidates are then rescored with their original vectors (:data:`RESCORE_OVERSAMPLING`), read from disk."""
-    int8 = edge.ScalarQuantizationConfig(type=edge.ScalarType.Int8, quantile=INT8_QUANTILE, memory=edge.Memory.Pinned)
+    """An indexed shard (cosine): every part of it memory-mapped, read on demand. A search walks the HNSW graph on
+    int8 copies of the vectors (a quarter of their size) and rescores only the few best candidates with their
+    original vectors (:data:`RESCORE_OVERSAMPLING`); :func:`warm_up` keeps the graph, the int8 copies and the
+    namespace index resident. None of it is read at load: the server loads a new generation holding the GIL, which
+    stops every request (at 1M, with the int8 copies in RAM: 3.3 s from disk, 0.8 s from the page cache)."""
+    int8 = edge.ScalarQuantizationConfig(type=edge.ScalarType.Int8, quantile=INT8_QUANTILE, memory=edge.Memory.Cold)
     vectors = edge.EdgeVectorParams(
         size=params.size, distance=edge.Distance.Cosine, memory=edge.Memory.Cold, quantization_config=int8
     )
@@ -113,6 +167,74 @@ def indexed_config(edge: Any, params: ShardParams) -> Any:
     # indexing_threshold (KB): any segment larger than one vector is indexed when the child optimizes.
     optimizers = edge.EdgeOptimizersConfig(indexing_threshold=1)
     return edge.EdgeConfig(vectors=vectors, payload_memory=edge.Memory.Cold, hnsw_config=hnsw, optimizers=optimizers)
+
+
+WARM = re.compile(
+    r"/segments/[^/]+/(vector_storage/quantized\.data|vector_index/.+|payload_index/[^/]+-("
+    + "|".join(re.escape(name[:8]) for name in GRAPH_FIELDS)
+    + r")-[^/]+/.+)$"
+)
+"""The files of an indexed shard that every search reads: the int8 vectors, the graph and the namespace index
+(qdrant-edge's names; tests/test_scale.py fails if they no longer match)."""
+MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim a range's pages as memory pressure would (a dirty page is kept)
+MADV_POPULATE_READ = 22  # Linux >= 5.14: map a range's pages as a read of each would, without reading them here
+
+
+def warm_up(folder: Path) -> int:
+    """Make the files :data:`WARM` names of the shard at ``folder`` resident, then map their pages in the engine's
+    own mappings of them; returns the bytes of those mappings.
+
+    Done in a thread while the server serves: it holds the GIL only between reads (measured at 1M, 430 MB from a
+    cold page cache: 0.27 s, no gap over 8 ms). Reading the files in order takes 0.26 s where the engine's own
+    faults, one 4 KB page at a time, took 9.4 s. Mapped pages stay resident: this VM's DAMON reclaim pages out
+    file pages no process maps once unused for a minute, and an unmapped int8 copy made the next searches read it
+    from disk (50-100 ms each instead of 1-3 ms). On a system without /proc or MADV_POPULATE_READ the files are
+    only read into the page cache."""
+    mappings = [mapping for mapping in _mappings(folder) if WARM.search(mapping[2])]
+    chunk = bytearray(1 << 22)
+    for path in sorted({path for _, _, path in mappings}):
+        try:
+            with open(path, "rb", buffering=0) as stream:
+                while stream.readinto(chunk):
+                    pass
+        except OSError:  # a retired generation, removed meanwhile
+            return 0
+    return _advise(mappings, MADV_POPULATE_READ)
+
+
+def release(folder: Path) -> int:
+    """Give back the pages this process maps of the shard at ``folder`` that no search keeps resident (all but
+    :data:`WARM`'s: the payloads, the original vectors, the other indexes, the write-ahead log), as memory pressure
+    would; returns the bytes of those mappings. A full read of a table maps every page it reads, and they count
+    in the process's RSS until unmapped: the first open of a million memories (a recount and a schema check, each
+    reading every payload) took it from 0.8 to 1.5 GB, a rebuild's stream reads the vectors too."""
+    return _advise([mapping for mapping in _mappings(folder) if not WARM.search(mapping[2])], MADV_PAGEOUT)
+
+
+def _mappings(folder: Path) -> list[tuple[int, int, str]]:
+    """This process's mappings of the files under ``folder``: (start, length, path); none without /proc."""
+    prefix = f"{folder.resolve()}/"
+    found = []
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith(prefix):
+            start, end = (int(address, 16) for address in fields[0].split("-"))
+            found.append((start, end - start, fields[5]))
+    return found
+
+
+def _advise(mappings: list[tuple[int, int, str]], advice: int) -> int:
+    """madvise each mapping (without the GIL); a range unmapped meanwhile, or an advice the kernel lacks, fails
+    harmlessly: both advices only ever change which pages are resident, never what they hold."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    for start, length, _ in mappings:
+        libc.madvise(start, length, advice)
+    return sum(length for _, length, _ in mappings)
 
 
 def build(folder: str, params: ShardParams, stream: Any) -> int:
@@ -126,7 +248,7 @@ def build(folder: str, params: ShardParams, stream: Any) -> int:
     first = [(key, kind) for key, kind in params.payload_indexes if key in GRAPH_FIELDS or not params.hnsw]
     others = [(key, kind) for key, kind in params.payload_indexes if (key, kind) not in first]
     for key, kind in first:
-        shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind)))
+        shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind, params.hnsw)))
     written = 0
     while (batch := pickle.load(stream)) is not None:
         _leave_room(folder, params.min_free)
@@ -136,7 +258,7 @@ def build(folder: str, params: ShardParams, stream: Any) -> int:
     if params.hnsw:
         shard.optimize()
     for key, kind in others:
-        shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind)))
+        shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind, params.hnsw)))
     shard.flush()
     shard.close()
     return written
@@ -154,8 +276,8 @@ def _leave_room(folder: str, min_free: int) -> None:
 @dataclass
 class BuildTimes:
     """Where a rebuild's time went: streaming the table's points to the child (the server's share, interleaved
-    with its requests), the child's writing and indexing after that, opening the new shard (holds the GIL), and
-    the last replay round with writers held back."""
+    with its requests), the child's writing and indexing after that, opening the new shard (holds the GIL), the
+    last replay round with writers held back, and closing and removing the old shard (its close holds the GIL)."""
 
     points: int = 0
     stream_s: float = 0.0
@@ -163,6 +285,7 @@ class BuildTimes:
     load_s: float = 0.0
     replayed: int = 0
     held_s: float = 0.0
+    retire_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +300,9 @@ class Rebuild:
 def main(argv: list[str]) -> int:
     folder, params = argv[0], ShardParams.from_json(argv[1])
     os.nice(BUILD_NICENESS)
+    # Die with the server: killed (SIGKILL), it could not stop this child, which went on writing into the folder
+    # that the restarted server removes as a stray (its removal failed: "Directory not empty").
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     written = build(folder, params, sys.stdin.buffer)
     print(written)
     return 0

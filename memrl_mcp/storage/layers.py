@@ -35,8 +35,8 @@ class StoreLayer:
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
         self._inner.set_payload(table, point_id, payload)
 
-    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
-        self._inner.set_payload_if(table, point_id, payload, where)
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> bool:
+        return self._inner.set_payload_if(table, point_id, payload, where)
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         self._inner.delete(table, ids)

@@ -18,14 +18,15 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.storage.store import Point, Store
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA_POINT = str(uuid.uuid5(uuid.NAMESPACE_URL, "memrl-schema"))
 PROGRESS_EVERY = 1000  # records per progress line of a long migration
 MISSING = object()
@@ -45,43 +46,54 @@ class MigrationNeededError(MemrlError):
     """A read-only server was given a store that needs a migration, which is a write."""
 
 
-def bookkeeping(store: Store) -> int:
+def bookkeeping(memory: Mapping[str, Any]) -> dict[str, Any]:
     """Every memory carries the bookkeeping of optimistic writes (``version``, ``applied``).
 
     A memory stored without them (by early versions, or a hand-made preload) could never be updated: every write
     of a memory is conditional on the version it read, and no version matches an absent field."""
-    old = {"version": None}
-    done = 0
-    for memory_id, payload in store.scroll("memories", old, ("applied",)):
-        store.set_payload_if("memories", memory_id, {"version": 0, "applied": list(payload.get("applied") or [])}, old)
-        done += 1
-        if done % PROGRESS_EVERY == 0:
-            log.info("schema migration: %d memories given their bookkeeping", done)
-    return done
+    if memory.get("version") is not None:
+        return {}
+    return {"version": 0, "applied": list(memory.get("applied") or [])}
 
 
-def history_as_text(store: Store) -> int:
+def history_as_text(memory: Mapping[str, Any]) -> dict[str, Any]:
     """Every memory's Q history becomes JSON text (:func:`memrl_mcp.memory.records.history_of` says why); the
-    version this step records makes older code, which reads a list, refuse the store instead of misreading it. Each
-    write is conditional on the memory's version: a report that changed the memory meanwhile wrote its history as
-    text."""
+    version this step records makes older code, which reads a list, refuse the store instead of misreading it."""
+    history = memory.get("history")
+    return {"history": json.dumps(history)} if isinstance(history, list) else {}
+
+
+STEPS: tuple[tuple[int, Callable[[Mapping[str, Any]], dict[str, Any]]], ...] = (
+    (1, bookkeeping),
+    (2, history_as_text),
+)
+"""(the version a step brings the store to, the step: a memory's fields as read -> the fields it changes), oldest
+first.
+
+Versions 3 and 4 convert nothing; older code would misread what they add, so the version makes it refuse the store
+instead. 3: step records gained their nearest neighbour (``nearest*``, looked up when a namespace at its capacity
+first needs them) and a claimed episode its progress point (an episode claimed before resumes from its own ``done``).
+4: a record's applied operations are written as text (:func:`memrl_mcp.memory.records.applied_text`; a list is
+still read, and becomes text at the record's next update), and a Q history one event per line
+(:func:`memrl_mcp.memory.records.with_event`)."""
+FIELDS = ("version", "applied", "history")  # what the steps read
+
+
+def convert(store: Store, steps: Sequence[Callable[[Mapping[str, Any]], dict[str, Any]]]) -> int:
+    """Run ``steps`` on every memory in one pass (a full read of the memories, not one per step), each memory
+    written once, conditional on the ``version`` it was read with: a report that changed it meanwhile wrote it in
+    the new shape. Returns the memories changed."""
     done = 0
-    for memory_id, payload in store.scroll("memories", None, ("history", "version")):
-        if isinstance(payload.get("history"), list):
-            text = json.dumps(payload["history"])
-            store.set_payload_if("memories", memory_id, {"history": text}, {"version": payload.get("version")})
+    for memory_id, payload in store.scroll("memories", None, FIELDS):
+        changes: dict[str, Any] = {}
+        for step in steps:
+            changes |= step(payload | changes)
+        if changes:
+            store.set_payload_if("memories", memory_id, changes, {"version": payload.get("version")})
             done += 1
             if done % PROGRESS_EVERY == 0:
-                log.info("schema migration: %d Q histories written as text", done)
+                log.info("schema migration: %d memories converted", done)
     return done
-
-
-STEPS: tuple[tuple[int, Callable[[Store], int]], ...] = ((1, bookkeeping), (2, history_as_text))
-"""(the version a step brings the store to, the step: returns how many records it changed), oldest first.
-
-Version 3 converts nothing: step records gained their nearest neighbour (``nearest*``, looked up when a namespace
-at its capacity first needs them) and a claimed episode its progress point (an episode claimed before resumes from
-its own ``done``). Older code refuses those fields and points, so the version makes it refuse the store instead."""
 
 
 def schema_version(store: Store) -> int:
@@ -118,7 +130,7 @@ def migrate(store: Store, dim: int, read_only: bool = False) -> None:
     if read_only and found == 0 and store.count("memories") == 0:
         return  # a fresh store, never opened for writing: no record to migrate (every step is the memories')
     if read_only and not pending:
-        return  # only versions that convert nothing (3) stand between: the records already read as they are
+        return  # only versions that convert nothing (3, 4) stand between: the records already read as they are
     if read_only:
         needed = ", ".join(f"{step.__name__} (to version {version})" for version, step in pending)
         raise MigrationNeededError(
@@ -127,10 +139,10 @@ def migrate(store: Store, dim: int, read_only: bool = False) -> None:
             "without read_only (a writable memrl-mcp migrates it at start-up), then serve it read-only (nothing "
             "was changed)"
         )
-    for version, step in pending:
-        changed = step(store)
-        if changed:
-            log.info("schema migration to version %d: %d records changed (%s)", version, changed, step.__name__)
+    if pending:
+        changed = convert(store, [step for _, step in pending])
+        names = ", ".join(step.__name__ for _, step in pending)
+        log.info("schema migration to version %d: %d memories changed (%s)", SCHEMA_VERSION, changed, names)
     marker = np.zeros(dim, dtype=np.float32)
     marker[0] = 1.0  # the recalls table is cosine: any unit vector; nothing searches it
     store.upsert("recalls", [Point(SCHEMA_POINT, marker, {"schema_version": SCHEMA_VERSION})])

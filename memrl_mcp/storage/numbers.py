@@ -56,7 +56,8 @@ def kept_float(x: float) -> float:
 
 
 def kept(value: Any) -> Any:
-    """A JSON value with each float replaced by :func:`kept_float` (a payload, before it is written)."""
+    """A JSON value with each float replaced by :func:`kept_float` (a payload, before it is written): 1.9 us of CPU
+    for a Q update's fields (perf/write_costs.py)."""
     if type(value) is float:
         return kept_float(value)
     if isinstance(value, dict):

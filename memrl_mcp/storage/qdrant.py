@@ -28,6 +28,7 @@ from memrl_mcp.storage.store import (
     Table,
     Where,
     Words,
+    as_set,
     is_dot,
     optional_vector,
     vector_size,
@@ -179,11 +180,16 @@ class QdrantClientStore:
         with self._atomic:
             self._client.set_payload(self._names[table], payload=kept(payload), points=[point_id], **self._write)
 
-    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> bool:
+        """Qdrant does not say whether the write applied: the fields are read back and compared with the ones
+        written (a replica's write may replace them at once: then False, though this one applied first)."""
         selector = self._models.FilterSelector(filter=self._filter(where, point_id))
         self._check_room()
         with self._atomic:
             self._client.set_payload(self._names[table], payload=kept(payload), points=selector, **self._write)
+        written = as_set(payload)
+        now = self.get(table, [point_id], list(payload)).get(point_id)
+        return now is not None and {key: now[key] for key in written if key in now} == written
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         if ids:

@@ -7,12 +7,13 @@ aside. Sizes add up per field, so an update's change of size is the change of th
 has to read a whole record to be counted, only the fields it touches.
 
 **How it is kept.** :class:`MeteredStore`, a layer over an embedded store (every write of this process goes
-through it, the store being locked to one process), reads the touched fields before and after each write under one
-lock, and moves each namespace's count by the difference; so the counts always equal a full recount, whatever the
-order of concurrent writes. They are saved at a clean close and read back at open; the saved file is deleted as it
-is read, so a store not closed cleanly is counted again (a full read: 2.8 s per 100,000 memories with 1.9 KB
-payloads, measured). A namespace forgotten whole drops its counts without reading anything. On a Qdrant server several
-replicas write and no process sees every write: no usage is measured there, and quotas are not enforced.
+through it, the store being locked to one process), reads the touched fields before each write and knows the ones
+it writes, under one lock, and moves each namespace's count by the difference; so the counts always equal a full
+recount, whatever the order of concurrent writes. They are saved at a clean close and read back at open; the saved
+file is deleted as it is read, so a store not closed cleanly is counted again (a full read: 2.8 s per 100,000
+memories with 1.9 KB payloads, measured). A namespace forgotten whole drops its counts without reading anything. On
+a Qdrant server several replicas write and no process sees every write: no usage is measured there, and quotas are
+not enforced.
 
 **Who is refused.** :class:`Quotas` admits a call that grows a namespace only if the namespace's usage, plus what
 the calls in flight for it may still add, plus what this call may add, fits in its quota; what a call may add is
@@ -36,12 +37,14 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
+
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.settings import ALL_NAMESPACES, TokenGrant
 from memrl_mcp.storage.disk import MB
 from memrl_mcp.storage.files import sync_folder, write_atomically
 from memrl_mcp.storage.layers import StoreLayer
-from memrl_mcp.storage.store import EXPIRY, TABLES, Point, Range, Store, Table, Where, vector_size
+from memrl_mcp.storage.store import EXPIRY, TABLES, Point, Range, Store, Table, Where, as_set, vector_size
 
 SAVED = "usage.json"  # the counts, saved at a clean close
 RECORD_BYTES = 600
@@ -62,12 +65,12 @@ class QuotaExceededError(MemoryRequestError):
     """A call would take a namespace past its storage quota; nothing was written."""
 
 
-_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
 def json_bytes(value: Any) -> int:
-    """``value`` as compact JSON, in UTF-8 bytes."""
-    return len(_COMPACT.encode(value).encode())
+    """``value`` as compact JSON in UTF-8 bytes, as serde_json writes it (the engines' own JSON library; Python's
+    json module gave the same lengths but for a float's exponent: ``2.5e-07`` against ``2.5e-7``). A Q update counts
+    a memory's fields twice, a full Q history and ``applied`` included: 12.5 us per payload against 37 us with
+    Python's encoder (docs/performance.md)."""
+    return len(pydantic_core.to_json(value))
 
 
 def payload_bytes(payload: Mapping[str, Any]) -> int:
@@ -196,15 +199,17 @@ class MeteredStore(StoreLayer):
         with self._lock:
             before = self._fields(table, point_id, payload)
             self._inner.set_payload(table, point_id, payload)
-            self._updated(table, point_id, payload, before)
+            self._updated(table, payload, before)
             self._reclaim()
 
-    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
-        with self._lock:
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> bool:
+        with self._lock:  # the quota's count: +89 us of CPU on a Q update's 180 us write (perf/write_costs.py)
             before = self._fields(table, point_id, payload)
-            self._inner.set_payload_if(table, point_id, payload, where)
-            self._updated(table, point_id, payload, before)
+            applied = self._inner.set_payload_if(table, point_id, payload, where)
+            if applied:
+                self._updated(table, payload, before)
             self._reclaim()
+            return applied
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
         with self._lock:
@@ -235,14 +240,14 @@ class MeteredStore(StoreLayer):
         """The fields an update of ``payload`` touches, and the namespace; None: no such point."""
         return self._inner.get(table, [point_id], [*payload, "namespace"]).get(point_id)
 
-    def _updated(
-        self, table: Table, point_id: str, payload: Mapping[str, Any], before: Mapping[str, Any] | None
-    ) -> None:
+    def _updated(self, table: Table, payload: Mapping[str, Any], before: Mapping[str, Any] | None) -> None:
+        """Count a payload update from the fields it touched before and the fields it wrote, as the engine keeps
+        them (:func:`~memrl_mcp.storage.store.as_set`): reading them back cost a store read per write, three per
+        report."""
         if before is None:
             return
-        after = self._inner.get(table, [point_id], list(payload)).get(point_id, {})
         old = {key: before[key] for key in payload if key in before}
-        self._usage.add(before.get("namespace"), table, payload_bytes(after) - payload_bytes(old))
+        self._usage.add(before.get("namespace"), table, payload_bytes(as_set(payload)) - payload_bytes(old))
 
     def _replaced(self, table: Table, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
         """A point written whole (its payload as stored: a :class:`Point`'s floats are the kept ones)."""

@@ -18,9 +18,11 @@ without embedding the task again. Every open creates the payload indexes a table
 first open of a fresh store (between creating a table and indexing it) would otherwise leave it unindexed for good.
 
 :meth:`Store.set_payload_if` is the one primitive for writers that share a store (threads, or replicas on one
-Qdrant server): a write applied only while the point still matches a condition. Qdrant applies the update
-operations of a shard one after another, so the condition and the write cannot be split by another writer;
-qdrant-client's local mode is plain Python, so its adapter makes each of its calls atomic with a lock.
+Qdrant server): a write applied only while the point still matches a condition, which says whether it was. Qdrant
+applies the update operations of a shard one after another, so the condition and the write cannot be split by
+another writer, but it does not say whether a write applied: the adapter of a Qdrant server reads the fields back.
+An embedded engine is its process's alone and orders its writes with a lock: under it, the point read is the one
+the write meets, so it checks the condition itself (:func:`matches`) and knows.
 
 Layers over a store (:class:`~memrl_mcp.storage.layers.StoreLayer`): :class:`~memrl_mcp.storage.quota.MeteredStore`
 counts each namespace's bytes for its storage quota and has tables whose deleted points hold too much disk compacted;
@@ -178,6 +180,38 @@ class Hit:
     vector: np.ndarray | None = None
 
 
+def as_set(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields a ``set_payload`` of ``payload`` leaves, as the engine keeps them: floats kept
+    (:func:`~memrl_mcp.storage.numbers.kept`), and a field set to null removed (both engines, measured: qdrant-edge
+    0.9, qdrant-client's local mode), while an upsert keeps a null."""
+    return {key: value for key, value in kept(payload).items() if value is not None}
+
+
+def matches(payload: Mapping[str, Any], where: Where) -> bool:
+    """Whether a payload meets ``where`` as the engines read it: an exact value (of the same type), one of a list of
+    values, or None (the field absent, null or an empty list). A tuple key: any of its fields."""
+    for key, condition in where.items():
+        fields = key if isinstance(key, tuple) else (key,)
+        if not any(_holds(payload.get(field), condition) for field in fields):
+            return False
+    return True
+
+
+def fields_of(where: Where) -> list[str]:
+    """The payload fields ``where`` reads."""
+    return [field for key in where for field in (key if isinstance(key, tuple) else (key,))]
+
+
+def _holds(value: Any, condition: Condition) -> bool:
+    if condition is None:
+        return value is None or value == []
+    if isinstance(condition, Range | Words):
+        raise TypeError(f"a conditional write takes exact values, not {type(condition).__name__}")
+    if isinstance(condition, str | int):
+        return type(value) is type(condition) and value == condition
+    return any(type(value) is type(accepted) and value == accepted for accepted in condition)
+
+
 def optional_vector(vector: Any) -> np.ndarray | None:
     return None if vector is None else np.asarray(vector, dtype=np.float32)
 
@@ -200,9 +234,9 @@ class Store(Protocol):
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None: ...
 
-    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> None:
-        """Set ``payload`` only if the point still matches ``where``, atomically; read the point back to learn
-        whether it did (Qdrant does not say)."""
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> bool:
+        """Set ``payload`` only if the point still matches ``where``, atomically; whether it did. An engine that
+        cannot know it reads the fields back: False may then also mean that another writer replaced them at once."""
         ...
 
     def delete(self, table: Table, ids: Sequence[str]) -> None: ...

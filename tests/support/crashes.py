@@ -90,9 +90,9 @@ class CountingStore:
         self.written[table].add(point.id)
         self._store.insert(table, point)
 
-    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Any) -> None:
+    def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Any) -> bool:
         self.written[table].add(point_id)
-        self._store.set_payload_if(table, point_id, payload, where)
+        return self._store.set_payload_if(table, point_id, payload, where)
 
     def reset(self) -> None:
         self.records_read.clear()
