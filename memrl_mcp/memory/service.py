@@ -225,7 +225,7 @@ class MemoryService:
         """Whether a recall of ``task`` by ``access`` in ``namespace`` would run the embedding model (its vector is
         not cached); a namespace refused runs nothing."""
         try:
-            scope = self._namespace(namespace, access)
+            scope = self.namespace_of(namespace, access)
         except MemoryRequestError:
             return False
         return not cached(self.embedder, task, scope)
@@ -289,8 +289,7 @@ class MemoryService:
                 return self._ledger.report(recall_id, report, recall)
 
     def reportable(self, recall_id: str, *, access: Access) -> PendingRecall:
-        """The caller's recall ``recall_id`` if it can be reported now, with the memories it gave, else a refusal
-        that says why: what to check before asking anyone (the user, the client's model) for what its report needs."""
+        """The caller's recall if it can be reported now, and its memories: checked before anyone is asked."""
         with self._call():
             return self.episodes.pending(recall_id, access)
 
@@ -367,8 +366,7 @@ class MemoryService:
         access: Access,
         source: ExperienceSource = "agent",
     ) -> StoreResult:
-        """Add a memory directly (seeding, imports); a near-duplicate task with the same outcome merges. ``source``:
-        who wrote the experience."""
+        """Add a memory directly (seeding, imports), written by ``source``; a near twin of one outcome merges."""
         task = self.limits.task.check("task", task)
         experience = self.limits.experience.check("experience", experience)
         namespace = self.namespace_of(namespace, access)
@@ -436,15 +434,9 @@ class MemoryService:
 
     def effective_settings(self) -> EffectiveSettings:
         """The constants recall and report use, the embedder's defaults applied (no secret, no tenant data)."""
-        scale = self.scale
-        resolved = {
-            "embedder": self.embedder.name,
-            "delta": scale.delta,
-            "merge_threshold": scale.merge_threshold,
-            "sim_mean": scale.z_similarity.mean,
-            "sim_std": scale.z_similarity.std,
-            "step_delta": scale.step_delta,
-        }
+        scale, z = self.scale, self.scale.z_similarity
+        resolved = {"embedder": self.embedder.name, "delta": scale.delta, "merge_threshold": scale.merge_threshold}
+        resolved |= {"sim_mean": z.mean, "sim_std": z.std, "step_delta": scale.step_delta}
         configured = {name: self.settings.value(name) for name in EffectiveSettings.model_fields if name in GROUP_OF}
         return EffectiveSettings.model_validate(configured | resolved)
 
@@ -505,12 +497,11 @@ class MemoryService:
         access: Access,
         source: ExperienceSource = "agent",
     ) -> MemoryDetail:
-        """Correct a memory: replace its experience and/or its metadata (the rules of store_experience). Q and
-        visits are learned, not edited: ``reset_q`` sets them back to Q_init and 0, recorded in the history.
+        """Correct a memory: its experience (written by ``source``) and/or metadata, by store_experience's rules. Q
+        and visits are learned, not edited: ``reset_q`` sets them back to Q_init and 0, recorded in the history.
 
         The edit is one conditional write (:meth:`Ledger.update_once`): a report folding a reward into the same
-        memory at the same moment keeps its reward, and the edit keeps its text. ``source``: who corrected the
-        experience (the agent, or an operator in the inspector)."""
+        memory at the same moment keeps its reward, and the edit keeps its text."""
         if experience is not None:
             experience = self.limits.experience.check("experience", experience)
         meta = None if metadata is None else self._metadata(metadata)
