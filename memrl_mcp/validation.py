@@ -24,15 +24,12 @@ import reprlib
 import unicodedata
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, Self, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import ErrorDetails
 
 from memrl_mcp.errors import MemoryRequestError
-
-if TYPE_CHECKING:
-    from memrl_mcp.settings import Settings
 
 T = TypeVar("T")
 
@@ -322,16 +319,3 @@ class Limits:
         self.action = text_rule(max_action_chars)
         self.steps = trajectory_rule(max_steps, max_observation_chars, max_action_chars, self.reward)
         self.page = Rule[int](Annotated[int, Field(ge=1, le=max_page)])
-
-    @classmethod
-    def of(cls, settings: Settings) -> Self:
-        """The limits the settings give."""
-        limits, learning = settings.limits, settings.learning
-        return cls(
-            limits.max_task_chars,
-            limits.max_experience_chars,
-            limits.max_metadata_chars,
-            (learning.reward_min, learning.reward_max),
-            (limits.max_trajectory_steps, limits.max_observation_chars, limits.max_action_chars),
-            limits.max_list_page,
-        )

@@ -82,7 +82,6 @@ from memrl_mcp.validation import (
     SORT,
     TEXT_QUERY,
     K,
-    Limits,
     SortKey,
     check_outcome,
     check_step_rewards,
@@ -112,7 +111,7 @@ class MemoryService:
         ``tokens``; :meth:`open` also reads ``tokens_file``)."""
         self.settings = settings
         self.embedder = embedder
-        self.limits = Limits.of(settings)
+        self.limits = settings.input_limits()
         self._store = store
         self.quotas = Quotas(
             store, settings.storage.namespace_quota_mb, settings.serving.tokens if grants is None else grants

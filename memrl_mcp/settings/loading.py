@@ -37,6 +37,7 @@ from memrl_mcp.settings.groups import (
     unknown_name,
 )
 from memrl_mcp.settings.serving import ServingSettings
+from memrl_mcp.validation import Limits
 
 ECOSYSTEM_VARIABLES = {"qdrant_url": "QDRANT_URL", "qdrant_api_key": "QDRANT_API_KEY", "collection": "COLLECTION_NAME"}
 """The Qdrant ecosystem's names for three settings (the official Qdrant MCP server reads them); ``MEMRL_*`` wins."""
@@ -100,6 +101,18 @@ class Settings(BaseModel):
     def is_set(self, name: str) -> bool:
         """True when ``name`` was given by some source (not left at its default)."""
         return name in self._origins
+
+    def input_limits(self) -> Limits:
+        """The input rules whose bounds these settings give (text lengths, reward range, trajectories, pages)."""
+        limits, learning = self.limits, self.learning
+        return Limits(
+            limits.max_task_chars,
+            limits.max_experience_chars,
+            limits.max_metadata_chars,
+            (learning.reward_min, learning.reward_max),
+            (limits.max_trajectory_steps, limits.max_observation_chars, limits.max_action_chars),
+            limits.max_list_page,
+        )
 
 
 def load_settings(
