@@ -24,6 +24,7 @@ is reported (the user's answer too is dropped: the recall stays reportable, and 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -126,8 +127,9 @@ class Budget:
 class Feedback:
     """The reports that ask the client (module docstring), over one service."""
 
-    def __init__(self, service: MemoryService) -> None:
+    def __init__(self, service: MemoryService, reports_on_loop: bool = False) -> None:
         self._service = service
+        self._reports_on_loop = reports_on_loop
         settings = service.settings
         self._learning = settings.learning
         self._trajectory = text_rule(settings.limits.max_trajectory_chars)
@@ -162,6 +164,9 @@ class Feedback:
         """``report_outcome``: the reward, else the user's; the experience, else one a model writes from the
         trajectory; then the report."""
         self._one_of(experience, trajectory)
+        if reward is not None and trajectory is None:  # nobody to ask: the agent's report, the hot path of the loop
+            report = functools.partial(self._service.report, recall_id, reward, experience, outcome, metadata)
+            return report(access=access) if self._reports_on_loop else await self._run(report, access=access)
         trajectory = self._checked_trajectory(client, trajectory)
         if reward is None:
             self._can_ask_user(client)

@@ -113,7 +113,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None, sing
     limits, learning, retrieval = settings.limits, settings.learning, settings.retrieval
     serving = settings.serving
     metrics = Metrics(service)
-    feedback = Feedback(service)
+    feedback = Feedback(service, reports_on_loop=single_client)
     low, high = learning.reward_min, learning.reward_max
     Task = Annotated[
         rules.task.type,
@@ -396,11 +396,11 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None, sing
         "memory_stats": (memory_stats, "Memory statistics", reads),
     }
     assert set(every_tool) == set(TOOL_PROFILES["full"]), "a tool is missing from the full profile"
-    # One client (stdio): a recall whose task's embedding is cached runs no model and is served on the event loop,
-    # a millisecond or two of store calls that may wait for the store's write lock (a flush, a swap): only that
-    # client's own requests wait with it. With several clients, every call runs in a worker thread, and a call
-    # waiting for the store holds back no one else. (The reports ask the client and run on the loop already; their
-    # store calls go to worker threads: serving/feedback.py.)
+    # One client (stdio): its hot calls that run no model are served on the event loop (a recall whose task's
+    # embedding is cached; a report that asks nobody: Feedback's reports_on_loop), a millisecond or two of store calls
+    # that may wait for the store's write lock (a flush, a swap): only that client's own requests wait with them.
+    # With several clients, every call runs in a worker thread, and a call waiting for the store holds back no one
+    # else. (A report that asks the client awaits it on the loop; its store calls go to worker threads.)
     on_loop: dict[str, OnLoop] = {}
     if single_client:
         on_loop["recall_experience"] = lambda access, arguments: (
