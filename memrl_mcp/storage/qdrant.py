@@ -237,21 +237,8 @@ class QdrantClientStore:
     def vectors(
         self, table: Table, where: Where, fields: Sequence[str]
     ) -> Iterator[tuple[str, np.ndarray, dict[str, Any]]]:
-        offset = None
-        while True:
-            with self._atomic:
-                records, offset = self._client.scroll(
-                    self._names[table],
-                    scroll_filter=self._filter(where),
-                    limit=SCROLL_PAGE,
-                    offset=offset,
-                    with_payload=list(fields),
-                    with_vectors=True,
-                    **self._read,
-                )
-            yield from ((str(r.id), np.asarray(r.vector, dtype=np.float32), dict(r.payload or {})) for r in records)
-            if offset is None:
-                return
+        for r in self._records(table, where, list(fields), with_vectors=True):
+            yield str(r.id), np.asarray(r.vector, dtype=np.float32), dict(r.payload or {})
 
     def scroll_from(
         self, table: Table, where: Where, offset: str | None, limit: int
@@ -286,7 +273,13 @@ class QdrantClientStore:
     def scroll(
         self, table: Table, where: Where | None = None, fields: Sequence[str] | None = None
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        payload = True if fields is None else list(fields)
+        for r in self._records(table, where, True if fields is None else list(fields), with_vectors=False):
+            yield str(r.id), dict(r.payload or {})
+
+    def _records(
+        self, table: Table, where: Where | None, payload: bool | list[str], with_vectors: bool
+    ) -> Iterator[Any]:
+        """Every record of ``table`` matching ``where``, a page at a time (each page read in one atomic step)."""
         offset = None
         while True:
             with self._atomic:
@@ -296,9 +289,10 @@ class QdrantClientStore:
                     limit=SCROLL_PAGE,
                     offset=offset,
                     with_payload=payload,
+                    with_vectors=with_vectors,
                     **self._read,
                 )
-            yield from ((str(r.id), dict(r.payload or {})) for r in records)
+            yield from records
             if offset is None:
                 return
 
