@@ -28,7 +28,7 @@ from tests.support.servers import http_server
 CLIENTS = 4
 KILL_AFTER_ACKS = 48  # acknowledged writes (stores and reports) of all clients together before the kill
 ALPHA = 0.3  # the default learning rate
-DEADLINE_S = 45  # one engine's whole test; a hung server fails it instead of hanging CI
+DEADLINE_S = 120  # one engine's whole test; a hung server fails it instead of hanging CI (a loaded machine: 20-40 s)
 VOCABULARY = (
     "sort parse merge resize upload rename compress encrypt index plot fetch clean heat cool slice rinse "
     "csv json image table column drawer fridge mug apple lamp shelf cabinet socket cron user group archive "
@@ -205,15 +205,19 @@ async def test_acknowledged_writes_survive_sigkill(tmp_path: Path, engine: str) 
                 await progress.enough.wait()
                 while not any(ledger.in_flight for ledger in ledgers):  # a write is in flight when it dies
                     await anyio.sleep(0.001)
+                at_kill = [ledger.in_flight for ledger in ledgers]
                 progress.killed = True
                 server.proc.kill()  # SIGKILL: no shutdown handler runs, nothing is flushed on the way out
                 server.proc.wait()
-                await anyio.sleep(0.5)  # the calls in flight fail
+                # The calls in flight fail, but an answer the server sent before it died may still be read: that
+                # write was acknowledged after all, and its ledger records it (its in_flight moves on).
+                await anyio.sleep(0.5)
                 group.cancel_scope.cancel()
         assert server.proc.returncode == -9
         assert progress.acks >= KILL_AFTER_ACKS
-        assert any(ledger.in_flight for ledger in ledgers)
-        print("in flight at the kill:", [ledger.in_flight and ledger.in_flight.kind for ledger in ledgers])
+        assert any(at_kill)
+        print("in flight at the kill:", [flight and flight.kind for flight in at_kill])
+        print("in flight, unanswered:", [ledger.in_flight and ledger.in_flight.kind for ledger in ledgers])
 
         with http_server(data_dir, tmp_path, MEMRL_EMBEDDED_ENGINE=engine) as server:
             async with Client(server.url) as client:
