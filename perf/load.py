@@ -24,10 +24,14 @@ or lost update.
 Clients: ``--client lean`` (default) speaks MCP streamable HTTP (JSON-RPC over POST, JSON or SSE answers,
 Mcp-Session-Id) with httpx, so that the clients' own CPU stays small on a shared machine; ``--client sdk``
 uses the MCP SDK's ``mcp.Client``. ``--py-spy FILE`` (``pip install py-spy``) samples the own server during
-the timed runs and prints where its busy time goes; ``--server-env KEY=VALUE`` configures the own server.
+the timed runs and prints where its CPU goes, layer by layer; ``--server-env KEY=VALUE`` configures the own server.
+``--against KEY=VALUE`` starts a second own server, the same with that setting added; the two take turns run by run
+(each with its own clients and memories), and the ratios per pair of runs are printed, so that the comparison
+survives a machine whose load changes (e.g. ``--against MEMRL_EMBEDDING_CACHE=0``).
 
     .venv/bin/python perf/load.py                       # 8 clients, 30 s, own server
     .venv/bin/python perf/load.py --clients 8 --seconds 30 --runs 3 --py-spy /tmp/server.txt
+    .venv/bin/python perf/load.py --task-set 500 --runs 5 --against MEMRL_EMBEDDING_CACHE=0
     .venv/bin/python perf/load.py --url http://127.0.0.1:8765/mcp --token SECRET
 """
 
@@ -49,7 +53,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from contextlib import AsyncExitStack, contextmanager
+from contextlib import AsyncExitStack, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -457,14 +461,16 @@ def own_server(data_dir: Path, log_path: Path, extra_env: dict[str, str]) -> Ite
 
 @contextmanager
 def py_spy(pid: int | None, out: str | None, rate: int = 100) -> Iterator[None]:
-    """``py-spy record`` of the server while the block runs (raw collapsed stacks, for summarize_profile)."""
+    """``py-spy record`` of the server while the block runs (raw collapsed stacks, for summarize_profile). Only the
+    thread holding the GIL is sampled (``--gil``): where the server's CPU goes. Without it, a thread waiting for the
+    GIL or a lock counts as busy, and the store's lock showed as 17% of the samples."""
     if not out or pid is None:
         yield
         return
     exe = Path(sys.executable).with_name("py-spy")
     exe = exe if exe.is_file() else Path(shutil.which("py-spy") or exe)  # beside this Python, else on the PATH
-    cmd = [str(exe), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--output", out, "--threads"]
-    spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cmd = [str(exe), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--output", out]
+    spy = subprocess.Popen([*cmd, "--threads", "--gil"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)  # attached before the load starts
     try:
         yield
@@ -473,44 +479,41 @@ def py_spy(pid: int | None, out: str | None, rate: int = 100) -> Iterator[None]:
         spy.wait(timeout=60)
 
 
-OWN_CODE = (  # a sample whose stack passes through one of these goes to it (first match; py-spy names the package)
-    ("memrl: embedding (tokenizer + onnxruntime)", r"\((memrl_mcp/)?embeddings/"),
-    ("memrl: store search (qdrant-edge query)", r"search \((memrl_mcp/)?storage/"),
-    ("memrl: other store calls (retrieve, upsert, set_payload)", r"\((memrl_mcp/)?storage/"),
-    ("memrl: service, optimistic writes, records", r"\((memrl_mcp/)?memory/"),
+LAYERS = (  # a loop sample belongs to the innermost frame of one of these (stdlib, anyio, pydantic: their caller's)
+    ("memrl: tool wrapper (calls.py: hand-off to a thread, metrics, log, result dump)", r"serving/calls\.py"),
+    ("memrl: identify, reports (feedback.py: hand-off to a thread)", r"memrl_mcp/serving/(tools|feedback|roots)"),
+    ("MCP SDK: tool layer (Tool.run, argument model)", r"mcp/server/mcpserver/"),
+    (
+        "MCP SDK: runner (request validation, OpenTelemetry span, serialization)",
+        r"mcp/(server/runner|server/_otel|shared/_otel)",
+    ),
+    ("MCP SDK: JSON-RPC dispatcher (a task per request, streams)", r"mcp/shared/"),
+    ("MCP SDK: streamable-HTTP transport, session manager, auth", r"mcp/server/"),
+    ("starlette: routing, middleware, request and response", r"starlette/"),
+    ("memrl: session quota (http.py)", r"memrl_mcp/serving/http\.py"),
+    ("uvicorn + h11: HTTP parsing, socket writes", r"(uvicorn|h11)/"),
 )
-LIBRARIES = (  # otherwise: the innermost frame of one of these libraries owns the sample
-    ("MCP SDK: tool layer (arguments, results)", r"\(mcp/server/mcpserver/"),
-    ("MCP SDK: JSON-RPC dispatch, sessions, streamable-HTTP transport", r"\(mcp/"),
-    ("pydantic", r"\(pydantic"),
-    ("HTTP: uvicorn, starlette, sse-starlette", r"\((uvicorn|starlette|sse_starlette|h11)/"),
-)
-IDLE = re.compile(r"^(Condition\.wait|EpollSelector\.select|Event\.wait) ")
 
 
 def summarize_profile(paths: list[str], top: int = 12) -> str:
-    """Where the server's busy samples go (own code inclusive, libraries by innermost frame), and top self frames."""
-    buckets: Counter[str] = Counter()
+    """Where the server's CPU goes, layer by layer (:data:`LAYERS`; the worker threads run the memory's own work),
+    and the top self frames, from py-spy's raw samples of the thread holding the GIL."""
+    layers: Counter[str] = Counter()
     selfs: Counter[str] = Counter()
-    threads: Counter[str] = Counter()
     lines = [line for path in paths if Path(path).is_file() for line in Path(path).read_text().splitlines()]
     for line in lines:
         stack, _, text = line.rpartition(" ")
         frames, count = stack.split(";"), int(text)
-        if IDLE.match(frames[-1]):
-            continue  # an idle worker thread or the loop waiting for I/O
-        label = next((name for name, pattern in OWN_CODE if any(re.search(pattern, f) for f in frames)), None)
+        label = "worker threads: the memory (store, service)" if "MainThread" not in frames[0] else None
         for frame in reversed(frames):
             if label:
                 break
-            label = next((name for name, pattern in LIBRARIES if re.search(pattern, frame)), None)
-        buckets[label or "event loop, threads, other stdlib"] += count
+            label = next((name for name, pattern in LAYERS if re.search(pattern, frame)), None)
+        layers[label or "event loop, other"] += count
         selfs[frames[-1]] += count
-        threads["event-loop thread" if "MainThread" in frames[0] else "tool worker threads"] += count
-    whole = sum(buckets.values()) or 1
-    out = [f"  {100 * n / whole:5.1f}%  {label}" for label, n in buckets.most_common()]
-    out.append("  by thread: " + ", ".join(f"{name} {100 * n / whole:.1f}%" for name, n in threads.most_common()))
-    out.append(f"  top self-time frames ({whole} busy samples):")
+    whole = sum(layers.values()) or 1
+    out = [f"  {100 * n / whole:5.1f}%  {label}" for label, n in layers.most_common()]
+    out.append(f"  top self-time frames ({whole} samples holding the GIL):")
     out += [f"  {100 * n / whole:5.1f}%  {frame}" for frame, n in selfs.most_common(top)]
     return "\n".join(out)
 
@@ -522,55 +525,53 @@ def percentiles(values: list[float]) -> str:
     return f"p50 {B.p50(values):.1f} ms, p99 {B.pct(values, 99):.1f} ms" if values else "-"
 
 
-async def main_async(args: argparse.Namespace, url: str, server_pid: int | None) -> int:
-    pool, source = task_pool(args.seed)
-    print(f"load: {B.machine()}; {args.clients} {args.client} clients x {args.seconds:g} s x {args.runs} run(s)")
-    print(f"  tasks: {len(pool)} distinct {source}; server {url}")
-    ledger = Ledger()
-    failed = 0
-    async with AsyncExitStack() as stack:
-        clients = await open_clients(stack, args.client, args.clients, url, args.token)
-        if args.seed_memories:
-            took = await seed(clients, pool, min(args.seed_memories, len(pool)), ledger, args.seed)
-            print(f"  seeded {min(args.seed_memories, len(pool))} memories in {took:.1f} s (store_experience)")
-        order = pool[args.seed_memories // 2 :] + pool[: args.seed_memories // 2]
-        tasks = TaskSource(order[: args.task_set] if args.task_set else order, epochs=bool(args.task_set))
-        print(f"  cycles: {f'a fixed set of {args.task_set} tasks, repeated' if args.task_set else 'distinct texts'}")
-        stats_before = await clients[0].call_tool("memory_stats", {})
-        results = []
-        profiles = [f"{args.py_spy}.{run + 1}" for run in range(args.runs)] if args.py_spy else []
-        for run in range(args.runs):
-            profile = profiles[run] if profiles else None
-            r = await run_once(clients, tasks, ledger, args.seconds, args.seed + run, server_pid, profile)
-            results.append(r)
-            print(
-                f"  run {run + 1}: {r['cps']:.0f} cycles/s ({r['cycles']} in {r['wall']:.1f} s); "
-                f"recall {percentiles(r['recall'])}; report {percentiles(r['report'])}; "
-                f"cycle {percentiles(r['cycle'])}; errors {len(r['errors'])}; LOST UPDATES {len(r['lost'])} "
-                f"({r['checked']} memories, {r['updates']} Q updates checked); CPU: server {r['server_cores']:.2f} "
-                f"cores = {r['server_ms']:.1f} ms/cycle, clients {r['client_cores']:.2f} = "
-                f"{r['client_ms']:.1f} ms/cycle",
-                flush=True,
-            )
-            for message in r["errors"][:3] + r["lost"][:5]:
-                print(f"    {message[:300]}")
-        stats = await clients[0].call_tool("memory_stats", {})
-    acked = sum(r["updates"] for r in results)
-    visits_ok = stats["visits"] - stats_before["visits"] == acked
-    reported = stats["recalls_reported"] - stats_before["recalls_reported"]
+@dataclass
+class Server:
+    """A server under load: its clients, its ledger, and its runs' results."""
+
+    label: str
+    url: str
+    pid: int | None
+    clients: list[McpClient] = field(default_factory=list)
+    ledger: Ledger = field(default_factory=Ledger)
+    tasks: TaskSource | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    stats_before: dict[str, Any] = field(default_factory=dict)
+
+
+async def prepare(server: Server, stack: AsyncExitStack, args: argparse.Namespace, pool: list[tuple[str, str]]) -> None:
+    """Clients opened, memories seeded, the cycles' tasks chosen."""
+    server.clients = await open_clients(stack, args.client, args.clients, server.url, args.token)
+    if args.seed_memories:
+        took = await seed(server.clients, pool, min(args.seed_memories, len(pool)), server.ledger, args.seed)
+        print(f"  {server.label}: seeded {min(args.seed_memories, len(pool))} memories in {took:.1f} s")
+    order = pool[args.seed_memories // 2 :] + pool[: args.seed_memories // 2]
+    server.tasks = TaskSource(order[: args.task_set] if args.task_set else order, epochs=bool(args.task_set))
+    server.stats_before = await server.clients[0].call_tool("memory_stats", {})
+
+
+async def finish(server: Server) -> bool:
+    """The server's own count of Q updates against the acknowledged ones; True when they differ."""
+    stats = await server.clients[0].call_tool("memory_stats", {})
+    before = server.stats_before
+    acked = sum(r["updates"] for r in server.results)
+    visits_ok = stats["visits"] - before["visits"] == acked
+    reported = stats["recalls_reported"] - before["recalls_reported"]
     print(
-        f"  memory_stats: {stats['memories']} memories; visits +{stats['visits'] - stats_before['visits']} "
+        f"  {server.label}: memory_stats: {stats['memories']} memories; visits +{stats['visits'] - before['visits']} "
         f"(acknowledged Q updates {acked}: {'equal' if visits_ok else 'DIFFERENT'}); recalls reported +{reported}, "
         f"pending {stats['recalls_pending']}"
     )
-    failed += not visits_ok and not any(r["errors"] for r in results)
+    return not visits_ok and not any(r["errors"] for r in server.results)
 
+
+def summary(results: list[dict[str, Any]]) -> str:
     def med(key: str, pick: Any = None) -> float:
         return statistics.median(pick(r[key]) if pick else r[key] for r in results)
 
     errors = sum(len(r["errors"]) for r in results)
     lost = sum(len(r["lost"]) for r in results)
-    print(
+    return (
         f"median of {len(results)} run(s): {med('cps'):.0f} cycles/s; "
         f"recall p50 {med('recall', B.p50):.1f} / p99 {med('recall', lambda v: B.pct(v, 99)):.1f} ms; "
         f"report p50 {med('report', B.p50):.1f} / p99 {med('report', lambda v: B.pct(v, 99)):.1f} ms; "
@@ -578,10 +579,64 @@ async def main_async(args: argparse.Namespace, url: str, server_pid: int | None)
         f"errors {errors}; LOST UPDATES {lost}; CPU: server {med('server_cores'):.2f} cores = "
         f"{med('server_ms'):.1f} ms/cycle, clients {med('client_cores'):.2f} = {med('client_ms'):.1f} ms/cycle"
     )
-    if args.py_spy and server_pid:
-        print(f"server profile (py-spy {args.py_spy}.*, all runs), share of the samples of busy server threads:")
-        print(summarize_profile(profiles))
-    return 1 if errors or lost or failed else 0
+
+
+def paired(first: Server, second: Server) -> str:
+    """The second server against the first, run by run (they alternate): medians, min-max."""
+
+    def ratios(key: str) -> str:
+        values = [b[key] / a[key] for a, b in zip(first.results, second.results, strict=True) if a[key]]
+        return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})" if values else "-"
+
+    return (
+        f"{second.label} / {first.label}, per pair of runs (median, min-max): cycles/s {ratios('cps')}; "
+        f"server CPU per cycle {ratios('server_ms')}"
+    )
+
+
+async def main_async(args: argparse.Namespace, servers: list[Server]) -> int:
+    pool, source = task_pool(args.seed)
+    print(f"load: {B.machine()}; {args.clients} {args.client} clients x {args.seconds:g} s x {args.runs} run(s)")
+    print(f"  tasks: {len(pool)} distinct {source}; " + "; ".join(f"{s.label} {s.url}" for s in servers))
+    cycles = f"a fixed set of {args.task_set} tasks, repeated" if args.task_set else "distinct texts"
+    failed = False
+    async with AsyncExitStack() as stack:
+        for server in servers:
+            await prepare(server, stack, args, pool)
+        print(f"  cycles: {cycles}" + (" (the servers take turns, run by run)" if len(servers) > 1 else ""))
+        profiles: dict[str, list[str]] = defaultdict(list)
+        for run in range(args.runs):
+            for server in servers:
+                profile = f"{args.py_spy}.{server.label}.{run + 1}" if args.py_spy else None
+                assert server.tasks is not None
+                r = await run_once(
+                    server.clients, server.tasks, server.ledger, args.seconds, args.seed + run, server.pid, profile
+                )
+                server.results.append(r)
+                profiles[server.label] += [profile] if profile else []
+                print(
+                    f"  {server.label} run {run + 1}: {r['cps']:.0f} cycles/s ({r['cycles']} in {r['wall']:.1f} s); "
+                    f"recall {percentiles(r['recall'])}; report {percentiles(r['report'])}; "
+                    f"cycle {percentiles(r['cycle'])}; errors {len(r['errors'])}; LOST UPDATES {len(r['lost'])} "
+                    f"({r['checked']} memories, {r['updates']} Q updates checked); CPU: server "
+                    f"{r['server_cores']:.2f} cores = {r['server_ms']:.1f} ms/cycle, clients {r['client_cores']:.2f} "
+                    f"= {r['client_ms']:.1f} ms/cycle",
+                    flush=True,
+                )
+                for message in r["errors"][:3] + r["lost"][:5]:
+                    print(f"    {message[:300]}")
+        for server in servers:
+            failed |= await finish(server)
+    for server in servers:
+        print(f"{server.label}: {summary(server.results)}")
+    if len(servers) == 2:
+        print(paired(*servers))
+    for server in servers:
+        if profiles[server.label]:
+            print(f"{server.label}: server profile (py-spy --gil {args.py_spy}.{server.label}.*, all runs):")
+            print(summarize_profile(profiles[server.label]))
+    errors = sum(len(r["errors"]) + len(r["lost"]) for server in servers for r in server.results)
+    return 1 if errors or failed else 0
 
 
 def main() -> int:
@@ -594,6 +649,13 @@ def main() -> int:
     parser.add_argument("--token", help="bearer token, sent as 'Authorization: Bearer TOKEN'")
     parser.add_argument("--seed-memories", type=int, default=2000, help="memories stored before the load")
     parser.add_argument("--server-env", action="append", default=[], help="KEY=VALUE for the own server")
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="also start a second own server with these settings too; the two take turns, run by run",
+    )
     parser.add_argument("--py-spy", metavar="FILE", help="sample the own server with py-spy into FILE")
     parser.add_argument(
         "--task-set",
@@ -605,13 +667,19 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.url:
-        return asyncio.run(main_async(args, args.url, None))
-    extra_env = dict(item.split("=", 1) for item in args.server_env)
-    with (
-        tempfile.TemporaryDirectory(prefix="memrl-load-") as tmp,
-        own_server(Path(tmp) / "data", Path(tmp) / "server.log", extra_env) as (url, pid),
-    ):
-        return asyncio.run(main_async(args, url, pid))
+        return asyncio.run(main_async(args, [Server("server", args.url, None)]))
+    base = dict(item.split("=", 1) for item in args.server_env)
+    variants = (
+        {"server": base} if not args.against else {"A": base, "B": base | dict(a.split("=", 1) for a in args.against)}
+    )
+    with tempfile.TemporaryDirectory(prefix="memrl-load-") as tmp, ExitStack() as stack:
+        servers = []
+        for label, env in variants.items():
+            url, pid = stack.enter_context(own_server(Path(tmp) / label, Path(tmp) / f"{label}.log", env))
+            servers.append(Server(label, url, pid))
+        if args.against:
+            print(f"A: {' '.join(args.server_env) or 'the settings as they are'}; B: A + {' '.join(args.against)}")
+        return asyncio.run(main_async(args, servers))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ pytestmark = pytest.mark.slow
         ("latency.py", ("--sizes", "300", "--queries", "15"), "MCP stdio"),
         ("backends.py", ("--sizes", "300", "--queries", "10", "--budget", "5"), "qdrant-edge"),
         ("load.py", ("--clients", "2", "--seconds", "3", "--seed-memories", "50"), "LOST UPDATES 0"),
+        (
+            "load.py",
+            ("--clients", "2", "--seconds", "2", "--seed-memories", "30", "--against", "MEMRL_EMBEDDING_CACHE=0"),
+            "B / A, per pair of runs",
+        ),
         ("embedders.py", ("--rounds", "1", "--queries", "5", "--texts", "40"), "fp32 (FastEmbed's all-MiniLM-L6-v2)"),
         ("history_cost.py", ("--events", "5", "--rounds", "2", "--cycles", "20"), "as JSON text"),
         ("cycle_cost.py", ("--rounds", "2", "--passes", "1", "--tasks", "5", "--age", "3"), "this / baseline"),
