@@ -28,12 +28,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.memory import algorithm
+from memrl_mcp.memory.history import QHistory
 from memrl_mcp.memory.records import (
     ClaimedReport,
     RecallRecord,
@@ -42,7 +44,6 @@ from memrl_mcp.memory.records import (
     memory_payload,
     memory_view,
     merged_metadata,
-    with_event,
 )
 from memrl_mcp.models import ExperienceSource, MemoryView, QChange, QEvent, ReportResult, StoreResult
 from memrl_mcp.settings import LearningSettings
@@ -90,6 +91,7 @@ class Ledger:
         self._store = store
         self._learning = learning
         self._max_metadata_chars = max_metadata_chars
+        self.history = QHistory(store, learning.q_history_size)
         self.conflicts = 0
 
     def update_once(
@@ -186,8 +188,8 @@ class Ledger:
         assert report is not None, "only a claimed recall is redone"
         reward, now, learning = report.reward, report.reported_at, self._learning
 
-        def fold(m: Mapping[str, Any]) -> dict[str, Any]:
-            """Q <- Q + alpha (R - Q), with its record in the history: one write."""
+        def fold(memory_id: str, m: Mapping[str, Any]) -> dict[str, Any]:
+            """Q <- Q + alpha (R - Q), with its event in the history: one write (after a copy of a full tail)."""
             q_before = float(m["q"])
             q_after = algorithm.update_q(q_before, reward, learning.alpha)
             event = QEvent(
@@ -205,13 +207,14 @@ class Ledger:
                 "visits": int(m["visits"]) + 1,
                 "last_reward": reward,
                 "updated_at": now,
-                "history": with_event(m, event, learning.q_history_size),
+                **self.history.append(memory_id, m, event),
             }
 
         changes, missing = [], []
         for memory_id in recall.memory_ids:
-            written = self.update_once(memory_id, f"q:{recall_id}", fold)
+            written = self.update_once(memory_id, f"q:{recall_id}", partial(fold, memory_id))
             if written is None:
+                self.history.forget([memory_id])  # an attempt may have copied its tail before it was deleted
                 missing.append(memory_id)
             elif written.update is not None:
                 changes.append(

@@ -23,7 +23,6 @@ from memrl_mcp.models import (
     MemoryDetail,
     MemoryView,
     Outcome,
-    QEvent,
     RewardSource,
     StepRecordView,
 )
@@ -102,7 +101,7 @@ def applied_text(operations: list[str]) -> str:
     return " ".join(operations[-APPLIED_KEPT:])
 
 
-OPTIONAL_FIELDS: dict[str, Any] = {"merges": 0, "metadata": {}, "history": [], "last_reward": None}
+OPTIONAL_FIELDS: dict[str, Any] = {"merges": 0, "metadata": {}, "last_reward": None}
 """Fields a stored memory may lack: written by later versions, or a null the engine does not keep."""
 
 
@@ -110,36 +109,9 @@ def memory_view(memory_id: str, payload: Mapping[str, Any]) -> MemoryView:
     return MemoryView.model_validate({**OPTIONAL_FIELDS, **payload, "id": memory_id})
 
 
-def memory_detail(memory_id: str, payload: Mapping[str, Any]) -> MemoryDetail:
-    return MemoryDetail.model_validate({**OPTIONAL_FIELDS, **payload, "history": history_of(payload), "id": memory_id})
-
-
-def history_of(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A memory's Q history, oldest first. It is stored as JSON text (schema version 2): qdrant-edge's Python binding
-    converts a nested payload value by value, and a Q update's write with a history of 50 events took 2.0 ms as a
-    list, 0.19 ms as text with its encoding (perf/history_cost.py). Stores older than version 2 held a list,
-    which is still read."""
-    history = payload.get("history") or []
-    return json.loads(history) if isinstance(history, str) else list(history)
-
-
-def with_event(payload: Mapping[str, Any], event: QEvent, capacity: int) -> str:
-    """The memory's Q history with ``event`` appended, the oldest dropped beyond ``capacity`` events, as stored. It
-    is written in the same conditional write as the Q it records, so neither exists without the other.
-
-    The text is a JSON array with one event per line (JSON escapes the line breaks of a string), so that an event is
-    appended, and the oldest dropped, without decoding the others: 17 us of CPU for a full history of 50 events,
-    against 143 us decoded and encoded again (docs/performance.md). A history written in one line (before schema
-    version 4) is decoded once."""
-    if not capacity:
-        return "[]"
-    history = payload.get("history") or "[]"
-    if isinstance(history, str) and ("\n" in history or history == "[]"):
-        events = [] if history == "[]" else history[1:-1].split(",\n")
-    else:  # a list (before version 2), or text in one line
-        events = [json.dumps(old) for old in history_of(payload)]
-    events.append(json.dumps(event.model_dump()))
-    return "[" + ",\n".join(events[-capacity:]) + "]"
+def memory_detail(memory_id: str, payload: Mapping[str, Any], history: list[dict[str, Any]]) -> MemoryDetail:
+    """A memory with its Q history (:meth:`memrl_mcp.memory.history.QHistory.events`)."""
+    return MemoryDetail.model_validate({**OPTIONAL_FIELDS, **payload, "history": history, "id": memory_id})
 
 
 def merged_metadata(old: Mapping[str, Any], new: Mapping[str, Any], max_chars: int) -> dict[str, Any]:
