@@ -175,9 +175,9 @@ def is_chain(history: list[dict[str, Any]]) -> bool:
 async def test_a_history_longer_than_the_tail_lives_on_in_the_history_table(
     embedder: Embedder, tmp_path: Path, engine: str
 ) -> None:
-    """Events beyond the memory's tail move to the history table, a ring of q_history_size slots: 30 reports
-    with a history of 12 go round it twice, and the memory shows its last 12 changes, in order; deleting the
-    memory deletes them, and its namespace's forgetting the others'."""
+    """Events beyond the memory's tail move to the history table in chunks, a ring of 2 for a history of 12: 30
+    reports make 3 chunks (round the ring once) and a tail of 6, and the memory shows its last 12 changes, in order;
+    deleting the memory deletes its chunks, and its namespace's forgetting the others'."""
     service = make_service(embedder, tmp_path / "data", engine, q_history_size=12)
     try:
         async with Client(create_server(service)) as client:
@@ -193,7 +193,7 @@ async def test_a_history_longer_than_the_tail_lives_on_in_the_history_table(
             assert [e["recall_id"] for e in memory["history"]] == recalls[18:30]
             assert [e["reward"] for e in memory["history"]] == rewards[18:]
             assert memory["history"][-1]["q_after"] == pytest.approx(memory["q"]) and is_chain(memory["history"])
-            assert 0 < service._store.count("history", {"memory": stored["id"]}) <= 12  # the ring
+            assert service._store.count("history", {"memory": stored["id"]}) == 2  # a ring of 12 / 8 chunks, rounded up
 
             await call(client, "forget_experience", memory_id=stored["id"])
             assert service._store.count("history", {"memory": stored["id"]}) == 0

@@ -1,27 +1,28 @@
 """A memory's Q history: its newest events in the memory's payload (the tail), the older ones in the history table.
 
 Why not all of it in the memory: qdrant-edge reads and rewrites a point's whole payload at every write, so with the
-history in the memory each Q update cost more as the history filled (a write of five fields: 43 us of CPU on a
-memory of 200 bytes, 108 us on one holding a full history and ``applied``, 11 KB; docs/performance.md). The payload
-keeps at most :data:`HISTORY_TAIL` events (``history``: JSON text, one event per line), and ``history_moved`` counts
-the events that left it. When the tail is full, the next Q update first copies the tail's events into the history
-table (one upsert), then writes the memory with its new event alone in the tail: conditionally, as every Q update
+history in the memory each Q update cost more as the history filled (a write of two fields: 64 us of CPU on a fresh
+memory, 108 us on one holding a full history and ``applied``, 11 KB; docs/performance.md). The payload keeps at most
+:data:`HISTORY_TAIL` events (``history``: JSON text, one event per line), and ``history_chunks`` counts the tails
+that left it. When the tail is full, the next Q update first copies the tail into the history table, as one point
+(a chunk), then writes the memory with its new event alone in the tail: conditionally, as every Q update
 (:meth:`~memrl_mcp.memory.ledger.Ledger.update_once`).
 
 What a reader sees is still the history of the memory's Q (a Q and its event exist together):
 
-- an event reaches the history table only from a memory as read, that is from a write that applied: an event of an
-  attempt that lost its race, or of a report cut off by a crash before its redo, was never in a tail, so it is
-  never copied;
-- a reader takes from the table only the events below ``history_moved``, which the memory's own write advances. A
+- a chunk is copied from a memory as read, that is from a write that applied: an event of an attempt that lost its
+  race, or of a report cut off by a crash before its redo, was never in a tail, so it is never copied; and the
+  tail copied as chunk ``j`` is the one the memory held with ``history_chunks = j``, whoever copies it;
+- a reader takes from the table only the chunks below ``history_chunks``, which the memory's own write advances. A
   crash (or a lost race) between the copy and the memory's write leaves the events in the tail and, unread, in the
-  table; the next update, or the redo, copies them again onto the same points.
+  table; the next update, or the redo, copies them again onto the same point.
 
-Event number ``n`` of a memory (counted from its first) is the point ``uuid5(memory, n mod q_history_size)``: the
-table keeps at most ``q_history_size`` events per memory (a ring), and a repeated copy writes the same points. Each
-point records its ``n``, so a slot holding another event (written with another ``q_history_size``, or before the
-memory was replaced by an import) is not shown. Deleting a memory deletes its events (by ``memory``, whatever ring
-they were written in); forgetting a namespace deletes the namespace's.
+Chunk ``j`` of a memory is the point ``uuid5(memory, j mod R)``, ``R = ceil(q_history_size / HISTORY_TAIL)``: the
+table keeps at most ``R`` chunks per memory (a ring), enough for the history beside a full tail (``R - 1`` chunks of
+at least ``HISTORY_TAIL`` events each), so the copy of chunk ``j`` overwrites one that no reader of either state
+needs. Each point records its ``j``, so a slot holding another chunk (written with another ``q_history_size``, or
+before the memory was replaced by an import) is not shown. Deleting a memory deletes its chunks (by ``memory``,
+whatever ring they were written in); forgetting a namespace deletes the namespace's.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ from memrl_mcp.models import QEvent
 from memrl_mcp.storage import PLACEHOLDER, Point, Store
 
 HISTORY_TAIL = 8
-"""Events the memory's payload keeps before they move to the history table: the copy (an upsert of this many points)
-is paid once per this many updates, and the payload stays under ~1.5 KB of history."""
+"""Events the memory's payload keeps before they move to the history table. A copy is one point of up to this many
+events, paid once per this many updates: 40-80 us of CPU, the price of a point whatever its size (an upsert of 8
+points one event each cost 250-340 us); the payload keeps under ~1.5 KB of history."""
 
 
-def event_id(memory_id: str, number: int, capacity: int) -> str:
-    """The point of a memory's event number ``number`` in its ring of ``capacity`` slots."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-q-event:{memory_id}:{number % capacity}"))
+def chunk_id(memory_id: str, number: int, ring: int) -> str:
+    """The point of a memory's chunk ``number`` in its ring of ``ring`` slots."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-q-history:{memory_id}:{number % ring}"))
 
 
 def tail_texts(payload: Mapping[str, Any]) -> list[str]:
@@ -55,6 +57,11 @@ def tail_texts(payload: Mapping[str, Any]) -> list[str]:
     return [json.dumps(event) for event in events]
 
 
+def joined(texts: Sequence[str]) -> str:
+    """Events as stored: a JSON array, one event per line (JSON escapes the line breaks of a string)."""
+    return "[" + ",\n".join(texts) + "]"
+
+
 @dataclass(frozen=True)
 class QHistory:
     """The Q histories of a store's memories, each keeping its last ``capacity`` events (``q_history_size``)."""
@@ -62,48 +69,42 @@ class QHistory:
     store: Store
     capacity: int
 
+    @property
+    def ring(self) -> int:
+        return -(-self.capacity // HISTORY_TAIL)
+
     def append(self, memory_id: str, memory: Mapping[str, Any], event: QEvent) -> dict[str, Any]:
         """The history fields of the update that records ``event`` in ``memory`` (as read). A full tail is first
         copied into the history table (module docstring): call it just before the memory's write, once per attempt.
 
         Appending one event to the text, without decoding the others: 17 us of CPU for 50 events, against 143 us
         decoded and encoded again (docs/performance.md)."""
-        tail, moved = tail_texts(memory), int(memory.get("history_moved", 0))
+        tail, chunks = tail_texts(memory), int(memory.get("history_chunks", 0))
         if self.capacity > HISTORY_TAIL and len(tail) >= HISTORY_TAIL:
-            kept = tail[-self.capacity :]  # a tail written before the history table may hold up to capacity
-            first = moved + len(tail) - len(kept)
-            points = [
-                Point(
-                    event_id(memory_id, first + i, self.capacity),
-                    PLACEHOLDER,
-                    {"namespace": memory["namespace"], "memory": memory_id, "number": first + i, "event": text},
-                )
-                for i, text in enumerate(kept)
-            ]
-            self.store.upsert("history", points)
-            moved, tail = moved + len(tail), []
+            chunk = {"namespace": memory["namespace"], "memory": memory_id, "number": chunks, "events": joined(tail)}
+            self.store.upsert("history", [Point(chunk_id(memory_id, chunks, self.ring), PLACEHOLDER, chunk)])
+            chunks, tail = chunks + 1, []
         tail.append(json.dumps(event.model_dump()))
-        dropped = max(0, len(tail) - self.capacity)  # only when the ring is no larger than the tail
-        return {"history": "[" + ",\n".join(tail[dropped:]) + "]", "history_moved": moved + dropped}
+        return {"history": joined(tail[-self.capacity :] if self.capacity else []), "history_chunks": chunks}
 
     def events(self, memory_id: str, memory: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The memory's last ``capacity`` events, oldest first: the table's below ``history_moved``, then the tail."""
+        """The memory's last ``capacity`` events, oldest first: its chunks below ``history_chunks``, then the tail."""
         if not self.capacity:
             return []
-        tail = [json.loads(text) for text in tail_texts(memory)]
-        moved = int(memory.get("history_moved", 0))
-        numbers = range(max(0, moved - (self.capacity - len(tail))), moved)
-        ids = [event_id(memory_id, number, self.capacity) for number in numbers]
+        chunks = int(memory.get("history_chunks", 0))
+        numbers = range(max(0, chunks - self.ring), chunks)
+        ids = [chunk_id(memory_id, number, self.ring) for number in numbers]
         found = self.store.get("history", ids) if ids else {}
-        older = [
-            json.loads(point["event"])
+        texts = [
+            text
             for point_id, number in zip(ids, numbers, strict=True)
-            if (point := found.get(point_id)) is not None and point.get("number") == number
+            if (chunk := found.get(point_id)) is not None and chunk.get("number") == number
+            for text in tail_texts({"history": chunk["events"]})
         ]
-        return [*older, *tail][-self.capacity :]
+        return [json.loads(text) for text in [*texts, *tail_texts(memory)][-self.capacity :]]
 
     def forget(self, memory_ids: Sequence[str]) -> None:
-        """Delete the events of these memories (deleted, or gone while an update copied their tail)."""
+        """Delete the chunks of these memories (deleted, or gone while an update copied their tail)."""
         if memory_ids:
-            events = [point_id for point_id, _ in self.store.scroll("history", {"memory": list(memory_ids)}, ())]
-            self.store.delete("history", events)
+            chunks = [point_id for point_id, _ in self.store.scroll("history", {"memory": list(memory_ids)}, ())]
+            self.store.delete("history", chunks)
