@@ -19,6 +19,7 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.records import operation_token
 from memrl_mcp.models import QEvent, RecallQuery
 from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import load_settings
@@ -327,8 +328,9 @@ def test_records_of_version_3_go_on_and_an_operation_they_applied_is_not_applied
         stored = store.get("memories", [first.id, second.id])
     finally:
         store.close()
-    assert stored[first.id]["applied"] == f"edit:x {operation} q:{again.recall_id}"
-    assert stored[second.id]["applied"] == f"edit:y {operation} q:{again.recall_id}"
+    new = operation_token(f"q:{again.recall_id}")  # version 5 keeps tokens; an id kept before still counts
+    assert stored[first.id]["applied"] == f"edit:x {operation} {new}"
+    assert stored[second.id]["applied"] == f"edit:y {operation_token(operation)} {new}"
     for payload in stored.values():
         assert payload["history"].count("\n") == 2  # one event per line
         assert [event["event"] for event in json.loads(payload["history"])] == ["reset", "reward", "reward"]

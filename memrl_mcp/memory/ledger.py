@@ -44,6 +44,7 @@ from memrl_mcp.memory.records import (
     memory_payload,
     memory_view,
     merged_metadata,
+    was_applied,
 )
 from memrl_mcp.models import ExperienceSource, MemoryView, QChange, QEvent, ReportResult, StoreResult
 from memrl_mcp.settings import LearningSettings
@@ -109,10 +110,10 @@ class Ledger:
             if before is None:
                 return None
             applied = applied_ids(before)
-            if operation in applied:
+            if was_applied(applied, operation):
                 return tried or Written(before, None)
             version = int(before.get("version", 0))
-            update = {**change(before), "version": version + 1, "applied": applied_text([*applied, operation])}
+            update = {**change(before), "version": version + 1, "applied": applied_text(applied, operation)}
             if self._store.set_payload_if(table, memory_id, update, {"version": version}):
                 return Written(before, update)
             tried = Written(before, update)
