@@ -3,7 +3,8 @@
 There is no lock around the learned state (replicas of the server may share one Qdrant server). Instead:
 
 1. **A versioned write applied once** (:meth:`Ledger.update_once`). Each memory carries a ``version`` and the
-   last :data:`~memrl_mcp.memory.records.APPLIED_KEPT` operation ids folded into it (``applied``). A write is
+   last :data:`~memrl_mcp.memory.records.APPLIED_KEPT` operations folded into it (``applied``, as tokens:
+   :func:`~memrl_mcp.memory.records.operation_token`). A write is
    conditional on the version it read (``Store.set_payload_if``, which says whether it applied); if the operation
    is in ``applied`` already it landed before (a retried or redone operation is never applied twice); if another
    writer won, it reads again and retries. A memory that is gone is reported as such, never re-created.

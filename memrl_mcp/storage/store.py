@@ -1,4 +1,4 @@
-"""The store port: four tables of points with a vector and a JSON payload, and the few primitives the memory needs.
+"""The store port: five tables of points with a vector and a JSON payload, and the few primitives the memory needs.
 
 - ``memories`` and ``recalls``: the episode memory (MemRL), cosine over task embeddings;
 - ``steps``: the step memory (Rememberer), one record per (namespace, task, observation), whose vector is the
