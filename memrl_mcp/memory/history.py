@@ -1,8 +1,8 @@
 """A memory's Q history: its newest events in the memory's payload (the tail), the older ones in the history table.
 
-Why not all of it in the memory: qdrant-edge reads and rewrites a point's whole payload at every write, so with the
-history in the memory each Q update cost more as the history filled (a write of two fields: 64 us of CPU on a fresh
-memory, 108 us on one holding a full history and ``applied``, 11 KB; docs/performance.md). The payload keeps at most
+Why not all of it in the memory: qdrant-edge reads and rewrites a point's whole payload at every write, even of two
+fields, so with the history in the memory each Q update cost more as the history filled (docs/performance.md, the
+flat cycle of issue 25). The payload keeps at most
 :data:`HISTORY_TAIL` events (``history``: JSON text, one event per line), and ``history_chunks`` counts the tails
 that left it. When the tail is full, the next Q update first copies the tail into the history table, as one point
 (a chunk), then writes the memory with its new event alone in the tail: conditionally, as every Q update
@@ -36,10 +36,10 @@ from typing import Any
 from memrl_mcp.models import QEvent
 from memrl_mcp.storage import PLACEHOLDER, Point, Store
 
+# Events the memory's payload keeps before they move to the history table, as one point: a copy is paid once per
+# this many updates, 40-80 us of CPU (qdrant-edge's price is per point: 8 points of one event cost 250-340 us), and
+# the payload keeps under ~1.5 KB of history.
 HISTORY_TAIL = 8
-"""Events the memory's payload keeps before they move to the history table. A copy is one point of up to this many
-events, paid once per this many updates: 40-80 us of CPU, the price of a point whatever its size (an upsert of 8
-points one event each cost 250-340 us); the payload keeps under ~1.5 KB of history."""
 
 
 def chunk_id(memory_id: str, number: int, ring: int) -> str:
@@ -77,8 +77,7 @@ class QHistory:
         """The history fields of the update that records ``event`` in ``memory`` (as read). A full tail is first
         copied into the history table (module docstring): call it just before the memory's write, once per attempt.
 
-        Appending one event to the text, without decoding the others: 17 us of CPU for 50 events, against 143 us
-        decoded and encoded again (docs/performance.md)."""
+        The event is appended to the text without decoding the others (docs/performance.md)."""
         tail, chunks = tail_texts(memory), int(memory.get("history_chunks", 0))
         if self.capacity > HISTORY_TAIL and len(tail) >= HISTORY_TAIL:
             chunk = {"namespace": memory["namespace"], "memory": memory_id, "number": chunks, "events": joined(tail)}

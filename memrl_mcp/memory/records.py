@@ -104,6 +104,7 @@ def applied_ids(payload: Mapping[str, Any]) -> list[str]:
 
 
 def was_applied(applied: list[str], operation: str) -> bool:
+    """Whether ``applied`` (:func:`applied_ids`) holds ``operation``, as a token or as an id kept before."""
     return operation_token(operation) in applied or operation in applied
 
 
