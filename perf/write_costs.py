@@ -1,14 +1,17 @@
 """What each guarantee costs a Q update's write (a benchmark; the figures in the comments where the code pays them).
 
 The service in process on the default embedded store (shipped embedder), ``--tasks`` memories recalled and reported
-until each holds a full Q history and a full list of applied operations; then the write a report makes three times,
-``set_payload`` of a Q update (the ledger's fold: q, visits, last reward, time, history, version, applied), timed
-layer by layer in alternating rounds, median microseconds of CPU per write over ``--rounds`` rounds:
+until each has been updated ``--age`` times (its list of applied operations full; its Q history's older events
+copied to the history table, the last few in its tail); then the write a report makes three times, ``set_payload``
+of a Q update (the ledger's fold: q, visits, last reward, time, the history's tail and chunk count, version,
+applied), timed layer by layer in alternating rounds, median microseconds of CPU per write over ``--rounds`` rounds:
 
 - **plain**: qdrant-edge's ``set_payload`` under the store's lock, with the memories' tally (the engine's floor here);
 - **conditional**: ``set_payload_if`` on the version read (exactly once: the read of the fields under the lock and
   the check of the condition);
 - **metered**: the same through the quota layer (each namespace's bytes counted write by write);
+- **copy of a full tail**: the upsert of one chunk of 8 events into the history table through the quota layer, which
+  one Q update in 8 pays before its write (:mod:`memrl_mcp.memory.history`);
 - and, alone, what the write pays for the other guarantees: the float round-trip (``kept`` of the update) and the
   free-space guard (``statvfs``).
 
@@ -30,9 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.history import HISTORY_TAIL, chunk_id, joined
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
+from memrl_mcp.storage import PLACEHOLDER, Point
 from memrl_mcp.storage.files import free_bytes
 from memrl_mcp.storage.numbers import kept
 
@@ -61,8 +66,17 @@ def main() -> None:
         metered = service._store  # the quota layer over the embedded store
         edge = metered._inner
         memory_id, memory = max(edge.get("memories", ids).items(), key=lambda item: item[1]["visits"])
-        update = {key: memory[key] for key in ("q", "visits", "last_reward", "updated_at", "history", "applied")}
-        version = int(memory["version"])
+        fields = ("q", "visits", "last_reward", "updated_at", "history", "history_chunks", "applied")
+        update = {key: memory.get(key, 0) for key in fields}
+        version, copies = int(memory["version"]), 0
+        event = '{"at": 1.7e9, "event": "reward", "reward": 1.0, "q_before": 0.1, "q_after": 0.37, "recall_id": null}'
+        chunk = {"namespace": memory["namespace"], "memory": memory_id, "events": joined([event] * HISTORY_TAIL)}
+
+        def copy() -> None:
+            nonlocal copies
+            point = Point(chunk_id(memory_id, copies, 7), PLACEHOLDER, {**chunk, "number": copies})
+            metered.upsert("history", [point])
+            copies += 1
 
         def write(store: object, conditional: bool) -> Callable[[], object]:
             def once() -> None:
@@ -77,6 +91,7 @@ def main() -> None:
             return once
 
         layers = {"plain": write(edge, False), "conditional": write(edge, True), "metered": write(metered, True)}
+        layers["copy"] = copy
         alone = {
             "kept(update)": lambda: kept({**update, "version": version}),
             "statvfs": lambda: free_bytes(Path(folder)),
@@ -88,12 +103,13 @@ def main() -> None:
         service.close()
     median = {name: statistics.median(values) for name, values in spent.items()}
     history, applied = len(update["history"]), len(update["applied"])
-    print(f"a Q update's write (history {history} characters, applied {applied}), median us of CPU over "
+    print(f"a Q update's write (history's tail {history} characters, applied {applied}), median us of CPU over "
           f"{args.rounds} rounds of {args.writes}:")  # fmt: skip
     plain, conditional, metered_us = median["plain"], median["conditional"], median["metered"]
     print(f"  plain set_payload {plain:.0f} us (the free-space guard and the memories' tally included)")
     print(f"  conditional (exactly once) {conditional:.0f} us: {conditional - plain:+.0f}")
     print(f"  metered (quota) {metered_us:.0f} us: {metered_us - conditional:+.0f}")
+    print(f"  copy of a full tail to the history table (one update in {HISTORY_TAIL}) {median['copy']:.0f} us")
     print(f"  float round-trip (kept) {median['kept(update)']:.1f} us")
     print(f"  free-space guard (statvfs) {median['statvfs']:.1f} us")
 

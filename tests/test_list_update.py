@@ -3,6 +3,7 @@ tenants over the real HTTP server with tokens."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -164,6 +165,57 @@ async def test_the_history_keeps_the_last_changes(embedder: Embedder, tmp_path: 
     assert memory["history"][-1]["q_after"] == pytest.approx(memory["q"])
     chain = [(a["q_after"], b["q_before"]) for a, b in zip(memory["history"], memory["history"][1:], strict=False)]
     assert all(after == pytest.approx(before) for after, before in chain)
+
+
+def is_chain(history: list[dict[str, Any]]) -> bool:
+    """Each event starts from the Q the one before it ended with."""
+    return all(b["q_before"] == pytest.approx(a["q_after"]) for a, b in itertools.pairwise(history))
+
+
+async def test_a_history_longer_than_the_tail_lives_on_in_the_history_table(
+    embedder: Embedder, tmp_path: Path, engine: str
+) -> None:
+    """Events beyond the memory's tail move to the history table in chunks, a ring of 2 for a history of 12: 30
+    reports make 3 chunks (round the ring once) and a tail of 6, and the memory shows its last 12 changes, in order;
+    deleting the memory deletes its chunks, and its namespace's forgetting the others'."""
+    service = make_service(embedder, tmp_path / "data", engine, q_history_size=12)
+    try:
+        async with Client(create_server(service)) as client:
+            stored = await call(client, "store_experience", task=MUG, experience="x", namespace="team")
+            other = await call(client, "store_experience", task=MUG, experience="x", namespace="other")
+            recalls, rewards = [], [round(0.1 * (i % 7) - 0.3, 1) for i in range(30)]
+            for namespace in ("team", "other"):
+                for reward in rewards:
+                    recall = await call(client, "recall_experience", task=MUG, namespace=namespace)
+                    await call(client, "report_outcome", recall_id=recall["recall_id"], reward=reward)
+                    recalls.append(recall["recall_id"])
+            memory = await read_memory(client, stored["id"])
+            assert [e["recall_id"] for e in memory["history"]] == recalls[18:30]
+            assert [e["reward"] for e in memory["history"]] == rewards[18:]
+            assert memory["history"][-1]["q_after"] == pytest.approx(memory["q"]) and is_chain(memory["history"])
+            assert service._store.count("history", {"memory": stored["id"]}) == 2  # a ring of 12 / 8 chunks, rounded up
+
+            await call(client, "forget_experience", memory_id=stored["id"])
+            assert service._store.count("history", {"memory": stored["id"]}) == 0
+            assert service._store.count("history", {"memory": other["id"]}) > 0
+            await call(client, "forget_experience", namespace="other")
+            assert service._store.count("history") == 0
+    finally:
+        service.close()
+
+
+async def test_concurrent_reports_across_the_tail_show_each_change_once(client: Client) -> None:
+    """Reports of one memory at once, while its tail moves to the history table (tools run in worker threads,
+    optimistic writes lose races): the history holds each reward once, in a chain that ends at the memory's Q."""
+    stored = await call(client, "store_experience", task=MUG, experience="original")
+    recalls = [(await call(client, "recall_experience", task=MUG))["recall_id"] for _ in range(30)]
+    async with anyio.create_task_group() as group:
+        for recall_id in recalls:
+            group.start_soon(lambda r=recall_id: call(client, "report_outcome", recall_id=r, reward=1.0))
+    memory = await read_memory(client, stored["id"])
+    assert memory["visits"] == len(recalls)
+    assert sorted(e["recall_id"] for e in memory["history"]) == sorted(recalls)
+    assert memory["history"][-1]["q_after"] == pytest.approx(memory["q"]) and is_chain(memory["history"])
 
 
 async def test_concurrent_edits_and_reports_lose_nothing(client: Client, service: MemoryService) -> None:

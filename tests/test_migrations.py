@@ -19,6 +19,7 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.records import operation_token
 from memrl_mcp.models import QEvent, RecallQuery
 from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import load_settings
@@ -90,7 +91,7 @@ async def test_a_version_1_store_gets_its_q_histories_as_text_and_they_go_on(
     def stored_history() -> Any:
         store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, 384)
         try:
-            assert schema_version(store) == SCHEMA_VERSION == 4
+            assert schema_version(store) == SCHEMA_VERSION == 5
             return store.get("memories", [point.id])[point.id]["history"]
         finally:
             store.close()
@@ -110,6 +111,44 @@ async def test_a_version_1_store_gets_its_q_histories_as_text_and_they_go_on(
     assert [e["q_after"] for e in history] == [0.25, pytest.approx(0.25 + 0.3 * 0.75)]
     stored = [QEvent.model_validate(event).model_dump(mode="json") for event in json.loads(stored_history())]
     assert stored == history  # the stored floats, with their times in ISO 8601 as every answer shows them
+
+
+@pytest.mark.anyio
+async def test_a_version_4_store_opens_with_every_q_history_whole(
+    embedder: Embedder, tmp_path: Path, engine: str
+) -> None:
+    """A version-4 memory holds its whole history (50 events, one per line) in its payload: read as the tail of
+    version 5, it shows whole, and its next update moves it to the history table without losing an event."""
+    data_dir = tmp_path / "data"
+    events = [
+        {"at": 1.7e9 + i, "event": "reward", "reward": 0.5, "q_before": i / 100, "q_after": (i + 1) / 100,
+         "recall_id": f"r{i}", "source": "agent", "note": None}
+        for i in range(50)
+    ]  # fmt: skip
+    history = "[" + ",\n".join(json.dumps(event) for event in events) + "]"
+    payload = {**old_payload("team", TASKS[0], q=0.5), "version": 60, "applied": "q:r58 q:r59", "history": history}
+    point = Point(new_id(), embedder.embed([TASKS[0]])[0], payload)
+    write_old_store(data_dir, engine, [point])
+    store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, 384)
+    store.upsert("recalls", [Point(SCHEMA_POINT, np.eye(1, 384, dtype=np.float32)[0], {"schema_version": 4})])
+    store.close()
+    shown = [QEvent.model_validate(event).model_dump(mode="json") for event in events]
+
+    service = make_service(embedder, data_dir, engine)
+    try:
+        async with Client(create_server(service)) as client:
+            read = await client.read_resource(f"memrl://memories/{point.id}")
+            assert json.loads(read.contents[0].text)["history"] == shown
+            recalled = await call(client, "recall_experience", task=TASKS[0], namespace="team")
+            await call(client, "report_outcome", recall_id=recalled["recall_id"], reward=1.0)
+            read = await client.read_resource(f"memrl://memories/{point.id}")
+            after = json.loads(read.contents[0].text)["history"]
+            assert after[:-1] == shown[1:] and after[-1]["recall_id"] == recalled["recall_id"]
+            assert after[-1]["q_before"] == 0.5
+        assert schema_version(service._store) == SCHEMA_VERSION == 5
+        assert service._store.count("history", {"memory": point.id}) == 1  # the old history, one chunk
+    finally:
+        service.close()
 
 
 def test_memories_two_versions_behind_get_both_steps_in_one_pass(embedder: Embedder, tmp_path: Path) -> None:
@@ -289,8 +328,9 @@ def test_records_of_version_3_go_on_and_an_operation_they_applied_is_not_applied
         stored = store.get("memories", [first.id, second.id])
     finally:
         store.close()
-    assert stored[first.id]["applied"] == f"edit:x {operation} q:{again.recall_id}"
-    assert stored[second.id]["applied"] == f"edit:y {operation} q:{again.recall_id}"
+    new = operation_token(f"q:{again.recall_id}")  # version 5 keeps tokens; an id kept before still counts
+    assert stored[first.id]["applied"] == f"edit:x {operation} {new}"
+    assert stored[second.id]["applied"] == f"edit:y {operation_token(operation)} {new}"
     for payload in stored.values():
         assert payload["history"].count("\n") == 2  # one event per line
         assert [event["event"] for event in json.loads(payload["history"])] == ["reset", "reward", "reward"]

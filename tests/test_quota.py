@@ -24,6 +24,7 @@ import yaml
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import SettingsError, load_settings
 from memrl_mcp.storage import EdgeStore, Point, Store, Table
 from memrl_mcp.storage.quota import MeteredStore
@@ -175,6 +176,7 @@ def recount(store: Store, namespace: str) -> int:
 KILLED_WRITER = """
 import os, signal, sys
 from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.models import RecallQuery
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
@@ -332,3 +334,29 @@ def test_a_small_forget_is_given_back_at_the_next_check(tmp_path: Path) -> None:
         assert store.usage("alice") == recount(store, "alice")
     finally:
         store.close()
+
+
+def test_the_q_histories_chunks_are_counted_and_given_back(embedder: Embedder, tmp_path: Path, engine: str) -> None:
+    """A memory's older Q events live in the history table: the usage kept write by write counts each chunk
+    copied there (equal to a full recount), and forgetting the memory, then the namespace, gives them back."""
+    service = make_service(embedder, tmp_path / "data", engine)
+    store = service._store
+    try:
+        assert isinstance(store, MeteredStore)
+        mug = service.store_experience("put a clean mug in the coffee machine", "rinse", "ns", access=EVERYTHING)
+        cup = service.store_experience("wash the cup and dry it", "soap, then towel", "ns", access=EVERYTHING)
+        for task in ["put a clean mug in the coffee machine", "wash the cup and dry it"] * 20:
+            recall = service.recall(RecallQuery(task, "ns", k1=1, k2=1), access=EVERYTHING)
+            service.report(recall.recall_id, 1.0, access=EVERYTHING)
+        chunks = store.count("history", {"namespace": "ns"})
+        assert chunks == 4  # 20 updates of each memory: two tails of 8 copied
+        assert store.usage("ns") == recount(store, "ns")
+        with_chunks = store.usage("ns")
+        service.forget(memory_id=mug.id, access=EVERYTHING)
+        assert store.count("history", {"namespace": "ns"}) == 2
+        assert store.usage("ns") == recount(store, "ns") < with_chunks
+        assert service.get(cup.id, access=EVERYTHING).visits == 20
+        service.forget(namespace="ns", access=EVERYTHING)
+        assert store.count("history") == 0 and store.usage("ns") == recount(store, "ns") == 0
+    finally:
+        service.close()

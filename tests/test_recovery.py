@@ -7,6 +7,7 @@ import pytest
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.history import HISTORY_TAIL
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
@@ -76,3 +77,52 @@ def test_on_a_qdrant_server_a_replica_finishes_only_reports_left_for_a_minute(
     assert store.get("memories", [stored.id])[stored.id]["visits"] == 1
     assert store.get("recalls", [recall.recall_id])[recall.recall_id]["status"] == "reported"
     store.close()
+
+
+# A report of one memory whose tail is full writes 4 times: the claim, the copy of the tail to the history table, the
+# memory's conditional write (Q and its event), then "reported". Crash before each of them.
+TAIL_REPORT_WRITES = 4
+
+
+@pytest.mark.parametrize("crash_at", range(TAIL_REPORT_WRITES))
+def test_a_crash_around_the_copy_of_a_full_tail_shows_no_event_without_its_q(
+    embedder: Embedder, tmp_path: Path, engine: str, crash_at: int
+) -> None:
+    """Killed between the copy of the tail and the Q's write (or anywhere else in the report), the memory shows
+    exactly its applied changes before the redo (no event of the unapplied one), and after it the change once."""
+    settings = load_settings(data_dir=tmp_path, embedded_engine=engine, k1=1, k2=1)
+    store = open_store(settings.storage, embedder.dim)
+    service = MemoryService.open(settings, embedder, store)
+    task = "put a clean mug in the coffee machine"
+    mug = service.store_experience(task, "rinse, then place", access=EVERYTHING)
+    for _ in range(HISTORY_TAIL):
+        done = service.recall(RecallQuery(task), access=EVERYTHING)
+        service.report(done.recall_id, 1.0, access=EVERYTHING)
+    before = service.get(mug.id, access=EVERYTHING)
+    recall = service.recall(RecallQuery(task), access=EVERYTHING)
+
+    dying = MemoryService(settings, embedder, DiesAtWrite(store, crash_at))  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        dying.report(recall.recall_id, -1.0, access=EVERYTHING)
+    shown = service.get(mug.id, access=EVERYTHING)  # before the redo: the tail may be copied, never shown twice
+    assert shown.history == before.history + shown.history[len(before.history) :]
+    assert len(shown.history) == len(before.history) + shown.visits - before.visits  # an event only with its Q
+    assert shown.history[-1].q_after == shown.q
+    store.close()
+
+    reopened = MemoryService.open(settings, embedder)  # finishes the interrupted report
+    try:
+        if crash_at == 0:  # died before claiming: the recall is still pending and can be reported
+            reopened.report(recall.recall_id, -1.0, access=EVERYTHING)
+        after = reopened.get(mug.id, access=EVERYTHING)
+        assert after.history[:-1] == before.history and len(after.history) == HISTORY_TAIL + 1
+        event = after.history[-1]
+        assert (event.recall_id, event.reward, event.q_before, event.q_after) == (
+            recall.recall_id,
+            -1.0,
+            before.q,
+            after.q,
+        )
+        assert after.visits == before.visits + 1
+    finally:
+        reopened.close()

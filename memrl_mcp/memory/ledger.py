@@ -3,7 +3,8 @@
 There is no lock around the learned state (replicas of the server may share one Qdrant server). Instead:
 
 1. **A versioned write applied once** (:meth:`Ledger.update_once`). Each memory carries a ``version`` and the
-   last :data:`~memrl_mcp.memory.records.APPLIED_KEPT` operation ids folded into it (``applied``). A write is
+   last :data:`~memrl_mcp.memory.records.APPLIED_KEPT` operations folded into it (``applied``, as tokens:
+   :func:`~memrl_mcp.memory.records.operation_token`). A write is
    conditional on the version it read (``Store.set_payload_if``, which says whether it applied); if the operation
    is in ``applied`` already it landed before (a retried or redone operation is never applied twice); if another
    writer won, it reads again and retries. A memory that is gone is reported as such, never re-created.
@@ -28,12 +29,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.memory import algorithm
+from memrl_mcp.memory.history import QHistory
 from memrl_mcp.memory.records import (
     ClaimedReport,
     RecallRecord,
@@ -42,7 +45,7 @@ from memrl_mcp.memory.records import (
     memory_payload,
     memory_view,
     merged_metadata,
-    with_event,
+    was_applied,
 )
 from memrl_mcp.models import ExperienceSource, MemoryView, QChange, QEvent, ReportResult, StoreResult
 from memrl_mcp.settings import LearningSettings
@@ -90,6 +93,7 @@ class Ledger:
         self._store = store
         self._learning = learning
         self._max_metadata_chars = max_metadata_chars
+        self.history = QHistory(store, learning.q_history_size)
         self.conflicts = 0
 
     def update_once(
@@ -107,10 +111,10 @@ class Ledger:
             if before is None:
                 return None
             applied = applied_ids(before)
-            if operation in applied:
+            if was_applied(applied, operation):
                 return tried or Written(before, None)
             version = int(before.get("version", 0))
-            update = {**change(before), "version": version + 1, "applied": applied_text([*applied, operation])}
+            update = {**change(before), "version": version + 1, "applied": applied_text(applied, operation)}
             if self._store.set_payload_if(table, memory_id, update, {"version": version}):
                 return Written(before, update)
             tried = Written(before, update)
@@ -186,8 +190,8 @@ class Ledger:
         assert report is not None, "only a claimed recall is redone"
         reward, now, learning = report.reward, report.reported_at, self._learning
 
-        def fold(m: Mapping[str, Any]) -> dict[str, Any]:
-            """Q <- Q + alpha (R - Q), with its record in the history: one write."""
+        def fold(memory_id: str, m: Mapping[str, Any]) -> dict[str, Any]:
+            """Q <- Q + alpha (R - Q), with its event in the history: one write (after a copy of a full tail)."""
             q_before = float(m["q"])
             q_after = algorithm.update_q(q_before, reward, learning.alpha)
             event = QEvent(
@@ -205,13 +209,14 @@ class Ledger:
                 "visits": int(m["visits"]) + 1,
                 "last_reward": reward,
                 "updated_at": now,
-                "history": with_event(m, event, learning.q_history_size),
+                **self.history.append(memory_id, m, event),
             }
 
         changes, missing = [], []
         for memory_id in recall.memory_ids:
-            written = self.update_once(memory_id, f"q:{recall_id}", fold)
+            written = self.update_once(memory_id, f"q:{recall_id}", partial(fold, memory_id))
             if written is None:
+                self.history.forget([memory_id])  # an attempt may have copied its tail before it was deleted
                 missing.append(memory_id)
             elif written.update is not None:
                 changes.append(

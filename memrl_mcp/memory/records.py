@@ -7,6 +7,7 @@ A recall record is written by ``recall``, claimed by ``report`` and finished by 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import uuid
 import zlib
@@ -23,7 +24,6 @@ from memrl_mcp.models import (
     MemoryDetail,
     MemoryView,
     Outcome,
-    QEvent,
     RewardSource,
     StepRecordView,
 )
@@ -89,20 +89,34 @@ def memory_payload(memory: MemoryView) -> dict[str, Any]:
 APPLIED_KEPT = 64  # operations a record remembers having applied: more than any retry can race past
 
 
+def operation_token(operation: str) -> str:
+    """An operation as ``applied`` keeps it: 12 characters of its SHA-256 (72 bits), against 38-46 for the id
+    itself, so that a memory's 64 take 832 bytes instead of 2.5 KB, read and rewritten at every update (schema
+    version 5). Mistaking a new operation for one of the 64 kept has a chance of 64 / 2^72 (1e-20) per update."""
+    return base64.urlsafe_b64encode(hashlib.sha256(operation.encode()).digest()[:9]).decode()
+
+
 def applied_ids(payload: Mapping[str, Any]) -> list[str]:
-    """The operations last applied to a memory or a step record (:mod:`memrl_mcp.memory.ledger`), oldest first."""
+    """The operations last applied to a memory or a step record (:mod:`memrl_mcp.memory.ledger`), oldest first:
+    their tokens (:func:`operation_token`), or their ids as records written before version 5 keep them."""
     applied = payload.get("applied") or []
     return applied.split() if isinstance(applied, str) else list(applied)
 
 
-def applied_text(operations: list[str]) -> str:
-    """The last :data:`APPLIED_KEPT` operations as stored: their ids in one text, space-separated (schema version 4).
-    The engine's binding converts a list item by item: a write of 64 ids was built in 175 us of CPU as a list, 6 us
-    as text (docs/performance.md). A record written before version 4 holds a list, which is still read."""
-    return " ".join(operations[-APPLIED_KEPT:])
+def was_applied(applied: list[str], operation: str) -> bool:
+    """Whether ``applied`` (:func:`applied_ids`) holds ``operation``, as a token or as an id kept before."""
+    return operation_token(operation) in applied or operation in applied
 
 
-OPTIONAL_FIELDS: dict[str, Any] = {"merges": 0, "metadata": {}, "history": [], "last_reward": None}
+def applied_text(applied: list[str], operation: str) -> str:
+    """The last :data:`APPLIED_KEPT` operations with ``operation`` as stored: in one text, space-separated (schema
+    version 4). The engine's binding converts a list item by item: a write of 64 ids was built in 175 us of CPU as
+    a list, 6 us as text (docs/performance.md). A record written before version 4 holds a list, which is still
+    read."""
+    return " ".join([*applied, operation_token(operation)][-APPLIED_KEPT:])
+
+
+OPTIONAL_FIELDS: dict[str, Any] = {"merges": 0, "metadata": {}, "last_reward": None}
 """Fields a stored memory may lack: written by later versions, or a null the engine does not keep."""
 
 
@@ -110,36 +124,9 @@ def memory_view(memory_id: str, payload: Mapping[str, Any]) -> MemoryView:
     return MemoryView.model_validate({**OPTIONAL_FIELDS, **payload, "id": memory_id})
 
 
-def memory_detail(memory_id: str, payload: Mapping[str, Any]) -> MemoryDetail:
-    return MemoryDetail.model_validate({**OPTIONAL_FIELDS, **payload, "history": history_of(payload), "id": memory_id})
-
-
-def history_of(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A memory's Q history, oldest first. It is stored as JSON text (schema version 2): qdrant-edge's Python binding
-    converts a nested payload value by value, and a Q update's write with a history of 50 events took 2.0 ms as a
-    list, 0.19 ms as text with its encoding (perf/history_cost.py). Stores older than version 2 held a list,
-    which is still read."""
-    history = payload.get("history") or []
-    return json.loads(history) if isinstance(history, str) else list(history)
-
-
-def with_event(payload: Mapping[str, Any], event: QEvent, capacity: int) -> str:
-    """The memory's Q history with ``event`` appended, the oldest dropped beyond ``capacity`` events, as stored. It
-    is written in the same conditional write as the Q it records, so neither exists without the other.
-
-    The text is a JSON array with one event per line (JSON escapes the line breaks of a string), so that an event is
-    appended, and the oldest dropped, without decoding the others: 17 us of CPU for a full history of 50 events,
-    against 143 us decoded and encoded again (docs/performance.md). A history written in one line (before schema
-    version 4) is decoded once."""
-    if not capacity:
-        return "[]"
-    history = payload.get("history") or "[]"
-    if isinstance(history, str) and ("\n" in history or history == "[]"):
-        events = [] if history == "[]" else history[1:-1].split(",\n")
-    else:  # a list (before version 2), or text in one line
-        events = [json.dumps(old) for old in history_of(payload)]
-    events.append(json.dumps(event.model_dump()))
-    return "[" + ",\n".join(events[-capacity:]) + "]"
+def memory_detail(memory_id: str, payload: Mapping[str, Any], history: list[dict[str, Any]]) -> MemoryDetail:
+    """A memory with its Q history (:meth:`memrl_mcp.memory.history.QHistory.events`)."""
+    return MemoryDetail.model_validate({**OPTIONAL_FIELDS, **payload, "history": history, "id": memory_id})
 
 
 def merged_metadata(old: Mapping[str, Any], new: Mapping[str, Any], max_chars: int) -> dict[str, Any]:

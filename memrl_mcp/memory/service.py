@@ -43,7 +43,6 @@ from memrl_mcp.memory.records import (
     memory_detail,
     memory_payload,
     memory_view,
-    with_event,
 )
 from memrl_mcp.memory.steps import StepMemory
 from memrl_mcp.models import (
@@ -390,6 +389,7 @@ class MemoryService:
             if memory_id is not None:
                 self.get(memory_id, access=access)
                 self._store.delete("memories", [memory_id])
+                self._ledger.history.forget([memory_id])
                 return ForgetResult(deleted=1)
             forgotten = self.namespace_of(namespace, access)
             where = {"namespace": forgotten}
@@ -397,6 +397,7 @@ class MemoryService:
             self._store.delete_namespace("episodes", forgotten)
             deleted = self._store.count("memories", where)
             self._store.delete_namespace("memories", forgotten)
+            self._store.delete_namespace("history", forgotten)
             steps_deleted = self._store.count("steps", where)
             self._store.delete_namespace("steps", forgotten)
             return ForgetResult(deleted=deleted, steps_deleted=steps_deleted)
@@ -406,7 +407,7 @@ class MemoryService:
         payload = self._store.get("memories", [memory_id]).get(memory_id) if is_point_id(memory_id) else None
         if payload is None or not access.allows(payload["namespace"]):
             raise MemoryRequestError(f"memory_id: no memory {memory_id!r}")
-        return memory_detail(memory_id, payload)
+        return memory_detail(memory_id, payload, self._ledger.history.events(memory_id, payload))
 
     def stats(self, namespace: str | None = None, *, access: Access) -> Stats:
         """Of one namespace, or of every namespace the caller may use: from the store's counts
@@ -523,15 +524,17 @@ class MemoryService:
                     event = QEvent(
                         at=now, event="reset", reward=None, q_before=float(m["q"]), q_after=q_init, recall_id=None
                     )
-                    history = with_event(m, event, learning.q_history_size)
-                    update |= {"q": q_init, "visits": 0, "last_reward": None, "history": history}
+                    history = self._ledger.history.append(memory_id, m, event)
+                    update |= {"q": q_init, "visits": 0, "last_reward": None, **history}
                 return update
 
             with self.quotas.admit(namespace, text_bytes(experience, meta) + UPDATE_BYTES):
                 written = self._ledger.update_once(memory_id, f"edit:{new_id()}", edit)
         if written is None:
+            self._ledger.history.forget([memory_id])  # an attempt may have copied its tail before it was deleted
             raise MemoryRequestError(f"memory_id: no memory {memory_id!r} (it was forgotten meanwhile)")
-        return memory_detail(memory_id, {**written.before, **(written.update or {})})
+        memory = {**written.before, **(written.update or {})}
+        return memory_detail(memory_id, memory, self._ledger.history.events(memory_id, memory))
 
     # -- the operator's: metrics and backups (no caller, every namespace) -------------------------
 

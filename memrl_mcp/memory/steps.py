@@ -76,8 +76,10 @@ from memrl_mcp.memory.records import (
     applied_ids,
     canonical_text,
     episode_key,
+    operation_token,
     progress_key,
     step_id,
+    was_applied,
 )
 from memrl_mcp.models import (
     ActionView,
@@ -443,7 +445,7 @@ class StepMemory:
             actions=[_view(new)],
             created_at=record.reported_at,
             updated_at=record.reported_at,
-            applied=[operation],
+            applied=[operation_token(operation)],
             **nearest.fields(),
         )
         self._checkpoint(progress, "created")
@@ -453,7 +455,7 @@ class StepMemory:
             self._store.delete("episodes", [progress_key(record.claim)])
             raise EpisodeGone(record.episode_id)
         stored = self._store.get("steps", [record_id]).get(record_id)
-        if stored is None or operation not in applied_ids(stored):
+        if stored is None or not was_applied(applied_ids(stored), operation):
             return None
         self._recheck_nearest(record.namespace, record_id, vector, nearest)
         change = StepChange(

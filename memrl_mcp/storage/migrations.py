@@ -26,7 +26,7 @@ import numpy as np
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.storage.store import Point, Store
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SCHEMA_POINT = str(uuid.uuid5(uuid.NAMESPACE_URL, "memrl-schema"))
 PROGRESS_EVERY = 1000  # records per progress line of a long migration
 MISSING = object()
@@ -57,7 +57,7 @@ def bookkeeping(memory: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def history_as_text(memory: Mapping[str, Any]) -> dict[str, Any]:
-    """Every memory's Q history becomes JSON text (:func:`memrl_mcp.memory.records.history_of` says why); the
+    """Every memory's Q history becomes JSON text (:mod:`memrl_mcp.memory.history` says why); the
     version this step records makes older code, which reads a list, refuse the store instead of misreading it."""
     history = memory.get("history")
     return {"history": json.dumps(history)} if isinstance(history, list) else {}
@@ -70,12 +70,13 @@ STEPS: tuple[tuple[int, Callable[[Mapping[str, Any]], dict[str, Any]]], ...] = (
 """(the version a step brings the store to, the step: a memory's fields as read -> the fields it changes), oldest
 first.
 
-Versions 3 and 4 convert nothing; older code would misread what they add, so the version makes it refuse the store
-instead. 3: step records gained their nearest neighbour (``nearest*``, looked up when a namespace at its capacity
+Versions 3, 4 and 5 convert nothing; older code would misread what they add, so the version makes it refuse the
+store instead. 3: step records gained their nearest neighbour (``nearest*``, looked up when a namespace at its capacity
 first needs them) and a claimed episode its progress point (an episode claimed before resumes from its own ``done``).
 4: a record's applied operations are written as text (:func:`memrl_mcp.memory.records.applied_text`; a list is
-still read, and becomes text at the record's next update), and a Q history one event per line
-(:func:`memrl_mcp.memory.records.with_event`)."""
+still read, and becomes text at the record's next update), and a Q history one event per line. 5: a memory's older
+Q events live in the history table (:mod:`memrl_mcp.memory.history`), which older code would not read: its history
+of 50 events kept whole in the memory is the tail of version 5, copied to the table at the memory's next update."""
 FIELDS = ("version", "applied", "history")  # what the steps read
 
 

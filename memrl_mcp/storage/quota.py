@@ -52,8 +52,8 @@ RECORD_BYTES = 600
 for a memory, 309 for a recall of 3 memories, 227 for a step record with one action, 226 for an episode record
 (and 154 for a report kept in its recall); the rest covers a step's share of its episode record (~60 bytes)."""
 UPDATE_BYTES = 256
-"""What one Q update adds at most to a memory: its event in the Q history (160 bytes measured) and its operation
-id in ``applied`` (41)."""
+"""What one Q update adds at most to a memory: its event in the Q history (160 bytes measured), its operation's
+token in ``applied`` (13), and its share of the point its tail moves to (98 bytes besides the events, per 8 events)."""
 DEAD_SHARE = 0.2  # of a table's live bytes: deleted bytes that start a compaction at once (Qdrant's vacuum default)
 RECLAIM_SHARE = 0.02  # ... that start one at the hourly check, so that smaller deletions are given back too
 RECLAIM_EVERY = 3600.0  # seconds between two such checks (the first at open)

@@ -1,11 +1,13 @@
-"""The store port: four tables of points with a vector and a JSON payload, and the few primitives the memory needs.
+"""The store port: five tables of points with a vector and a JSON payload, and the few primitives the memory needs.
 
 - ``memories`` and ``recalls``: the episode memory (MemRL), cosine over task embeddings;
 - ``steps``: the step memory (Rememberer), one record per (namespace, task, observation), whose vector is the
   task's and the observation's unit embeddings side by side, searched by dot product: a query
   ``[(1 - w) g, w o]`` then scores ``(1 - w) cos(g, g') + w cos(o, o')``, the weighted match of both parts in one
   search, with the weight chosen per query (nothing stored depends on it);
-- ``episodes``: the once-only ledger of reported trajectories, keyed by episode id (a 1-d placeholder vector).
+- ``episodes``: the once-only ledger of reported trajectories, keyed by episode id (a 1-d placeholder vector);
+- ``history``: the older events of each memory's Q history, one point per event in a ring of ``q_history_size``
+  slots per memory (a 1-d placeholder vector; :mod:`memrl_mcp.memory.history` says why they leave the memory).
 
 Two engines implement :class:`Store`: :class:`~memrl_mcp.storage.edge.EdgeStore` (qdrant-edge, Qdrant's Rust engine
 in process: the embedded default) and :class:`~memrl_mcp.storage.qdrant.QdrantClientStore` (qdrant-client, against a
@@ -44,7 +46,7 @@ from memrl_mcp.errors import MemrlError
 from memrl_mcp.storage.numbers import kept
 from memrl_mcp.storage.tally import Counts
 
-Table = Literal["memories", "recalls", "steps", "episodes"]
+Table = Literal["memories", "recalls", "steps", "episodes", "history"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ Where = Mapping[str | tuple[str, ...], Condition]
 as the key: the condition holds on any one of them."""
 
 
-TABLES: tuple[Table, ...] = ("memories", "recalls", "steps", "episodes")
+TABLES: tuple[Table, ...] = ("memories", "recalls", "steps", "episodes", "history")
 
 
 EXPIRY = "expires_at"  # float: when a recall may be purged
@@ -113,20 +115,22 @@ INDEXES: dict[Table, dict[str, IndexKind]] = {
     # nearest is out of date (an unindexed count read every record's payload: 5.4 ms at 2,000, 0.3 ms indexed).
     "steps": {"namespace": "keyword", "nearest": "float", "nearest_weight": "float"},
     "episodes": {"namespace": "keyword", "status": "keyword"},
+    # memory: the events of the memories deleted (by id), whatever ring size they were written with.
+    "history": {"namespace": "keyword", "memory": "keyword"},
 }
 
 
-PLACEHOLDER = np.ones(1, dtype=np.float32)  # the vector of an episode record: it is only ever looked up by id
+PLACEHOLDER = np.ones(1, dtype=np.float32)  # the vector of an episode record or a Q event: only looked up by id
 
 
 def vector_size(table: Table, dim: int) -> int:
     """The vector size of a table for an embedder of ``dim`` dimensions."""
-    return {"steps": 2 * dim, "episodes": 1}.get(table, dim)
+    return {"steps": 2 * dim, "episodes": 1, "history": 1}.get(table, dim)
 
 
 def is_dot(table: Table) -> bool:
-    """Steps and episodes are scored by dot product (module docstring); memories and recalls by cosine."""
-    return table in ("steps", "episodes")
+    """Steps, episodes and Q events are scored by dot product (module docstring); memories and recalls by cosine."""
+    return table in ("steps", "episodes", "history")
 
 
 LARGE_FIELDS = ("history", "applied")

@@ -1,0 +1,109 @@
+"""A memory's Q history: its newest events in the memory's payload (the tail), the older ones in the history table.
+
+Why not all of it in the memory: qdrant-edge reads and rewrites a point's whole payload at every write, even of two
+fields, so with the history in the memory each Q update cost more as the history filled (docs/performance.md, the
+flat cycle of issue 25). The payload keeps at most
+:data:`HISTORY_TAIL` events (``history``: JSON text, one event per line), and ``history_chunks`` counts the tails
+that left it. When the tail is full, the next Q update first copies the tail into the history table, as one point
+(a chunk), then writes the memory with its new event alone in the tail: conditionally, as every Q update
+(:meth:`~memrl_mcp.memory.ledger.Ledger.update_once`).
+
+What a reader sees is still the history of the memory's Q (a Q and its event exist together):
+
+- a chunk is copied from a memory as read, that is from a write that applied: an event of an attempt that lost its
+  race, or of a report cut off by a crash before its redo, was never in a tail, so it is never copied; and the
+  tail copied as chunk ``j`` is the one the memory held with ``history_chunks = j``, whoever copies it;
+- a reader takes from the table only the chunks below ``history_chunks``, which the memory's own write advances. A
+  crash (or a lost race) between the copy and the memory's write leaves the events in the tail and, unread, in the
+  table; the next update, or the redo, copies them again onto the same point.
+
+Chunk ``j`` of a memory is the point ``uuid5(memory, j mod R)``, ``R = ceil(q_history_size / HISTORY_TAIL)``: the
+table keeps at most ``R`` chunks per memory (a ring), enough for the history beside a full tail (``R - 1`` chunks of
+at least ``HISTORY_TAIL`` events each), so the copy of chunk ``j`` overwrites one that no reader of either state
+needs. Each point records its ``j``, so a slot holding another chunk (written with another ``q_history_size``, or
+before the memory was replaced by an import) is not shown. Deleting a memory deletes its chunks (by ``memory``,
+whatever ring they were written in); forgetting a namespace deletes the namespace's.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from memrl_mcp.models import QEvent
+from memrl_mcp.storage import PLACEHOLDER, Point, Store
+
+# Events the memory's payload keeps before they move to the history table, as one point: a copy is paid once per
+# this many updates, 40-80 us of CPU (qdrant-edge's price is per point: 8 points of one event cost 250-340 us), and
+# the payload keeps under ~1.5 KB of history.
+HISTORY_TAIL = 8
+
+
+def chunk_id(memory_id: str, number: int, ring: int) -> str:
+    """The point of a memory's chunk ``number`` in its ring of ``ring`` slots."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-q-history:{memory_id}:{number % ring}"))
+
+
+def tail_texts(payload: Mapping[str, Any]) -> list[str]:
+    """The events of the memory's tail, oldest first, each as its JSON text. A history written in one line (before
+    schema version 4) or as a list (before version 2) is decoded once."""
+    history = payload.get("history") or "[]"
+    if isinstance(history, str) and ("\n" in history or history == "[]"):
+        return [] if history == "[]" else history[1:-1].split(",\n")
+    events = json.loads(history) if isinstance(history, str) else list(history)
+    return [json.dumps(event) for event in events]
+
+
+def joined(texts: Sequence[str]) -> str:
+    """Events as stored: a JSON array, one event per line (JSON escapes the line breaks of a string)."""
+    return "[" + ",\n".join(texts) + "]"
+
+
+@dataclass(frozen=True)
+class QHistory:
+    """The Q histories of a store's memories, each keeping its last ``capacity`` events (``q_history_size``)."""
+
+    store: Store
+    capacity: int
+
+    @property
+    def ring(self) -> int:
+        return -(-self.capacity // HISTORY_TAIL)
+
+    def append(self, memory_id: str, memory: Mapping[str, Any], event: QEvent) -> dict[str, Any]:
+        """The history fields of the update that records ``event`` in ``memory`` (as read). A full tail is first
+        copied into the history table (module docstring): call it just before the memory's write, once per attempt.
+
+        The event is appended to the text without decoding the others (docs/performance.md)."""
+        tail, chunks = tail_texts(memory), int(memory.get("history_chunks", 0))
+        if self.capacity > HISTORY_TAIL and len(tail) >= HISTORY_TAIL:
+            chunk = {"namespace": memory["namespace"], "memory": memory_id, "number": chunks, "events": joined(tail)}
+            self.store.upsert("history", [Point(chunk_id(memory_id, chunks, self.ring), PLACEHOLDER, chunk)])
+            chunks, tail = chunks + 1, []
+        tail.append(json.dumps(event.model_dump()))
+        return {"history": joined(tail[-self.capacity :] if self.capacity else []), "history_chunks": chunks}
+
+    def events(self, memory_id: str, memory: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The memory's last ``capacity`` events, oldest first: its chunks below ``history_chunks``, then the tail."""
+        if not self.capacity:
+            return []
+        chunks = int(memory.get("history_chunks", 0))
+        numbers = range(max(0, chunks - self.ring), chunks)
+        ids = [chunk_id(memory_id, number, self.ring) for number in numbers]
+        found = self.store.get("history", ids) if ids else {}
+        texts = [
+            text
+            for point_id, number in zip(ids, numbers, strict=True)
+            if (chunk := found.get(point_id)) is not None and chunk.get("number") == number
+            for text in tail_texts({"history": chunk["events"]})
+        ]
+        return [json.loads(text) for text in [*texts, *tail_texts(memory)][-self.capacity :]]
+
+    def forget(self, memory_ids: Sequence[str]) -> None:
+        """Delete the chunks of these memories (deleted, or gone while an update copied their tail)."""
+        if memory_ids:
+            chunks = [point_id for point_id, _ in self.store.scroll("history", {"memory": list(memory_ids)}, ())]
+            self.store.delete("history", chunks)
