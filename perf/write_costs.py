@@ -74,7 +74,7 @@ def main() -> None:
 
         def copy() -> None:
             nonlocal copies
-            point = Point(chunk_id(memory_id, copies, 7), PLACEHOLDER, {**chunk, "number": copies})
+            point = Point(chunk_id(memory_id, copies), PLACEHOLDER, {**chunk, "number": copies})
             metered.upsert("history", [point])
             copies += 1
 

@@ -16,6 +16,7 @@ from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import QEvent
 from memrl_mcp.serving.tools import create_server
 from tests.support.mcp import call, make_service, refused
 from tests.support.scripts import run
@@ -200,6 +201,33 @@ async def test_a_history_longer_than_the_tail_lives_on_in_the_history_table(
             assert service._store.count("history", {"memory": other["id"]}) > 0
             await call(client, "forget_experience", namespace="other")
             assert service._store.count("history") == 0
+    finally:
+        service.close()
+
+
+async def test_a_stalled_writers_late_copy_of_a_tail_hides_no_newer_event(
+    embedder: Embedder, tmp_path: Path, engine: str
+) -> None:
+    """A report's update that read a full tail, stalled, and copies it only after the memory has moved on by more
+    chunks than a reader keeps (its conditional write then loses) must not overwrite a newer chunk: the memory still
+    shows its last 12 changes. With one slot per chunk number modulo the chunks kept (a ring), the late copy of
+    chunk 0 landed in chunk 2's slot and the history lost 8 events."""
+    service = make_service(embedder, tmp_path / "data", engine, q_history_size=12)
+    try:
+        async with Client(create_server(service)) as client:
+            stored = await call(client, "store_experience", task=MUG, experience="x")
+            recalls = []
+            for i in range(30):
+                if i == 8:  # the tail is full: what the stalled writer read
+                    stale = service._store.get("memories", [stored["id"]])[stored["id"]]
+                recall = await call(client, "recall_experience", task=MUG)
+                await call(client, "report_outcome", recall_id=recall["recall_id"], reward=1.0)
+                recalls.append(recall["recall_id"])
+            late = QEvent(at=0.0, event="reward", reward=1.0, q_before=0.0, q_after=1.0, recall_id="late")
+            service._ledger.history.append(stored["id"], stale, late)  # its write would now lose the race
+            memory = await read_memory(client, stored["id"])
+            assert [e["recall_id"] for e in memory["history"]] == recalls[18:30]
+            assert memory["history"][-1]["q_after"] == pytest.approx(memory["q"]) and is_chain(memory["history"])
     finally:
         service.close()
 

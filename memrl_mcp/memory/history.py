@@ -17,12 +17,13 @@ What a reader sees is still the history of the memory's Q (a Q and its event exi
   crash (or a lost race) between the copy and the memory's write leaves the events in the tail and, unread, in the
   table; the next update, or the redo, copies them again onto the same point.
 
-Chunk ``j`` of a memory is the point ``uuid5(memory, j mod R)``, ``R = ceil(q_history_size / HISTORY_TAIL)``: the
-table keeps at most ``R`` chunks per memory (a ring), enough for the history beside a full tail (``R - 1`` chunks of
-at least ``HISTORY_TAIL`` events each), so the copy of chunk ``j`` overwrites one that no reader of either state
-needs. Each point records its ``j``, so a slot holding another chunk (written with another ``q_history_size``, or
-before the memory was replaced by an import) is not shown. Deleting a memory deletes its chunks (by ``memory``,
-whatever ring they were written in); forgetting a namespace deletes the namespace's.
+Chunk ``j`` of a memory is the point ``uuid5(memory, j)``. A reader needs at most ``R = ceil(q_history_size /
+HISTORY_TAIL)`` chunks (beside a full tail, ``R - 1`` are enough), so the copy of chunk ``j`` deletes chunk ``j - R``,
+which no reader of either state needs. A point per chunk number, rather than a ring of ``R`` slots, keeps a writer
+that stalled between its read and its copy from overwriting a newer chunk's slot with its stale one: its late copy
+lands on a number no reader asks for any more. Each point records its ``j``, so a point written before the memory
+was replaced by an import is not shown. Deleting a memory deletes its chunks (by ``memory``, including any such
+late copy); forgetting a namespace deletes the namespace's.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from memrl_mcp.storage import PLACEHOLDER, Point, Store
 HISTORY_TAIL = 8
 
 
-def chunk_id(memory_id: str, number: int, ring: int) -> str:
-    """The point of a memory's chunk ``number`` in its ring of ``ring`` slots."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-q-history:{memory_id}:{number % ring}"))
+def chunk_id(memory_id: str, number: int) -> str:
+    """The point of a memory's chunk ``number``."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-q-history:{memory_id}:{number}"))
 
 
 def tail_texts(payload: Mapping[str, Any]) -> list[str]:
@@ -70,7 +71,8 @@ class QHistory:
     capacity: int
 
     @property
-    def ring(self) -> int:
+    def kept(self) -> int:
+        """The chunks a reader may need: with the tail, at least ``capacity`` events."""
         return -(-self.capacity // HISTORY_TAIL)
 
     def append(self, memory_id: str, memory: Mapping[str, Any], event: QEvent) -> dict[str, Any]:
@@ -81,7 +83,9 @@ class QHistory:
         tail, chunks = tail_texts(memory), int(memory.get("history_chunks", 0))
         if self.capacity > HISTORY_TAIL and len(tail) >= HISTORY_TAIL:
             chunk = {"namespace": memory["namespace"], "memory": memory_id, "number": chunks, "events": joined(tail)}
-            self.store.upsert("history", [Point(chunk_id(memory_id, chunks, self.ring), PLACEHOLDER, chunk)])
+            self.store.upsert("history", [Point(chunk_id(memory_id, chunks), PLACEHOLDER, chunk)])
+            if chunks >= self.kept:
+                self.store.delete("history", [chunk_id(memory_id, chunks - self.kept)])
             chunks, tail = chunks + 1, []
         tail.append(json.dumps(event.model_dump()))
         return {"history": joined(tail[-self.capacity :] if self.capacity else []), "history_chunks": chunks}
@@ -91,8 +95,8 @@ class QHistory:
         if not self.capacity:
             return []
         chunks = int(memory.get("history_chunks", 0))
-        numbers = range(max(0, chunks - self.ring), chunks)
-        ids = [chunk_id(memory_id, number, self.ring) for number in numbers]
+        numbers = range(max(0, chunks - self.kept), chunks)
+        ids = [chunk_id(memory_id, number) for number in numbers]
         found = self.store.get("history", ids) if ids else {}
         texts = [
             text

@@ -6,8 +6,9 @@
   ``[(1 - w) g, w o]`` then scores ``(1 - w) cos(g, g') + w cos(o, o')``, the weighted match of both parts in one
   search, with the weight chosen per query (nothing stored depends on it);
 - ``episodes``: the once-only ledger of reported trajectories, keyed by episode id (a 1-d placeholder vector);
-- ``history``: the older events of each memory's Q history, one point per event in a ring of ``q_history_size``
-  slots per memory (a 1-d placeholder vector; :mod:`memrl_mcp.memory.history` says why they leave the memory).
+- ``history``: the older events of each memory's Q history, 8 events per point (a chunk), the last
+  ``ceil(q_history_size / 8)`` chunks kept per memory (a 1-d placeholder vector; :mod:`memrl_mcp.memory.history`
+  says why they leave the memory).
 
 Two engines implement :class:`Store`: :class:`~memrl_mcp.storage.edge.EdgeStore` (qdrant-edge, Qdrant's Rust engine
 in process: the embedded default) and :class:`~memrl_mcp.storage.qdrant.QdrantClientStore` (qdrant-client, against a
