@@ -118,7 +118,7 @@ class MiniLMEmbedder:
         options.inter_op_num_threads = 1
         # A pool thread that spins after its share of a run (onnxruntime's default) takes a core from the event
         # loop and the client while they answer: with spinning, two threads made a recall over stdio 1.44-1.48x
-        # slower than one; without, 0.66-0.86x (perf/peer.py's pairing, docs/performance.md).
+        # slower than one; without, 0.66-0.86x (two servers of ours alternating on the same queries).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
