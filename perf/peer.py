@@ -133,25 +133,23 @@ async def run_size(n: int, args, pairs, base, queries: dict[str, list[str]], roo
     async with Client(ours) as our_client, Client(peer) as peer_client, AsyncExitStack() as stack:
         other_client = await stack.enter_async_context(Client(other)) if args.compare_threads else None
         print(f"  N={n}: our store filled in {ours_s:.1f} s, the peer's in {peer_s:.1f} s", flush=True)
+        sides = [our_client, other_client] if other_client else [our_client]
         for length, texts in queries.items():
-            recalls, others, finds = [], [], []
+            times: list[list[float]] = [[] for _ in sides]
+            finds = []
             for i, text in enumerate(texts):
-                if other_client is None:
-                    r, o = await recall(our_client, text), 0.0
-                elif i % 2:
-                    r, o = await recall(our_client, text), await recall(other_client, text)
-                else:
-                    o, r = await recall(other_client, text), await recall(our_client, text)
-                f = await timed(peer_client, "qdrant-find", {"query": text})
+                order = range(len(sides)) if i % 2 else reversed(range(len(sides)))
+                took = {side: await recall(sides[side], text) for side in order}
+                found = await timed(peer_client, "qdrant-find", {"query": text})
                 if i >= WARMUP:
-                    recalls.append(r)
-                    others.append(o)
-                    finds.append(f)
-            row = Row(n, length, recalls, finds, others if other_client else None)
+                    for side, timings in enumerate(times):
+                        timings.append(took[side])
+                    finds.append(found)
+            row = Row(n, length, times[0], finds, times[1] if other_client else None)
             rows.append(row)
-            shown = f" ({args.compare_threads} thread(s): {B.p50(others):.1f} ms)" if other_client else ""
-            ours = f"our recall p50 {B.p50(recalls):.1f} ms{shown}"
-            print(f"    {length} queries: {ours}, the peer's find {row.find:.1f} ms")
+            shown = f" ({args.compare_threads} thread(s): {B.p50(row.others):.1f} ms)" if row.others else ""
+            ours = B.p50(row.recalls)
+            print(f"    {length} queries: our recall p50 {ours:.1f} ms{shown}, the peer's find {row.find:.1f} ms")
     return rows
 
 
