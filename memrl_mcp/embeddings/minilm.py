@@ -61,8 +61,9 @@ MINILM_FILES = {
 
 
 def model_threads() -> int:
-    """Threads per model run: two if this process may use two CPUs, else one. A short text's matrix products split
-    in two; more were not measured (docs/performance.md)."""
+    """Threads per model run: two if this process may use two CPUs, else one. The second thread shortens a recall
+    when other jobs contend for the CPUs and costs nothing on an idle machine; more were not measured
+    (docs/performance.md)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return min(2, usable)
 
@@ -118,7 +119,8 @@ class MiniLMEmbedder:
         options.inter_op_num_threads = 1
         # A pool thread that spins after its share of a run (onnxruntime's default) takes a core from the event
         # loop and the client while they answer: with spinning, two threads made a recall over stdio 1.44-1.48x
-        # slower than one; without, 0.66-0.86x (two servers of ours alternating on the same queries).
+        # slower than one at load 11; without, 0.66-0.86x at load 9-12, and no different at load < 2 (two servers
+        # of ours alternating on the same queries).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
