@@ -19,6 +19,10 @@ short (ALFWorld goals, LifelongAgentBench instructions) and long (300-character 
 
     /work/main/.venv/bin/python perf/peer.py --sizes 1000,10000,100000 --queries 100 \\
         --peer /work/peer-venv/bin/mcp-server-qdrant
+
+``--compare-threads 1`` runs a second server of ours beside the first, with that many threads per model run
+(``embedding_threads``) on a copy of the same store, timed on the same queries (the two in alternating order):
+the threads' effect, paired under the same load.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 from mcp import Client, StdioServerParameters
@@ -93,17 +99,28 @@ async def timed(client: Client, tool: str, arguments: dict) -> float:
     return elapsed
 
 
+def our_server(data_dir: Path, env: dict[str, str]) -> StdioServerParameters:
+    args = ["-m", "memrl_mcp.cli", "--data-dir", str(data_dir)]
+    return StdioServerParameters(command=sys.executable, args=args, env=env)
+
+
+async def recall(client: Client, text: str) -> float:
+    return await timed(client, "recall_experience", {"task": text, "namespace": NAMESPACE, "k1": K1})
+
+
 async def run_size(n: int, args, pairs, base, queries: dict[str, list[str]], root: Path, cache: Path) -> list:
     points, _ = latency.memories(n, pairs, base, args.seed + n)
     for point in points:
         point.payload["namespace"] = NAMESPACE
-    ours_dir, peer_dir = root / f"ours{n}", root / f"peer{n}"
+    ours_dir, other_dir, peer_dir = root / f"ours{n}", root / f"other{n}", root / f"peer{n}"
     ours_s = latency.prefill(load_settings(data_dir=ours_dir, embedded_engine="edge"), points)
+    if args.compare_threads:
+        latency.prefill(load_settings(data_dir=other_dir, embedded_engine="edge"), points)
     peer_s = fill_peer(peer_dir, points)
     del points
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMRL_", "QDRANT_", "COLLECTION_"))}
-    ours = StdioServerParameters(command=sys.executable, args=["-m", "memrl_mcp.cli", "--data-dir", str(ours_dir)])
-    ours.env = env
+    ours = our_server(ours_dir, env)
+    other = our_server(other_dir, env | {"MEMRL_EMBEDDING_THREADS": str(args.compare_threads)})
     peer_env = env | {
         "QDRANT_LOCAL_PATH": str(peer_dir),
         "COLLECTION_NAME": COLLECTION,
@@ -113,19 +130,47 @@ async def run_size(n: int, args, pairs, base, queries: dict[str, list[str]], roo
     }
     peer = StdioServerParameters(command=args.peer, args=[], env=peer_env)
     rows = []
-    async with Client(ours) as our_client, Client(peer) as peer_client:
+    async with Client(ours) as our_client, Client(peer) as peer_client, AsyncExitStack() as stack:
+        other_client = await stack.enter_async_context(Client(other)) if args.compare_threads else None
         print(f"  N={n}: our store filled in {ours_s:.1f} s, the peer's in {peer_s:.1f} s", flush=True)
+        sides = [our_client, other_client] if other_client else [our_client]
         for length, texts in queries.items():
-            recall, find = [], []
+            times: list[list[float]] = [[] for _ in sides]
+            finds = []
             for i, text in enumerate(texts):
-                r = await timed(our_client, "recall_experience", {"task": text, "namespace": NAMESPACE, "k1": K1})
-                f = await timed(peer_client, "qdrant-find", {"query": text})
+                order = range(len(sides)) if i % 2 else reversed(range(len(sides)))
+                took = {side: await recall(sides[side], text) for side in order}
+                found = await timed(peer_client, "qdrant-find", {"query": text})
                 if i >= WARMUP:
-                    recall.append(r)
-                    find.append(f)
-            rows.append((n, length, B.p50(recall), B.pct(recall, 95), B.p50(find), B.pct(find, 95)))
-            print(f"    {length} queries: our recall p50 {rows[-1][2]:.1f} ms, the peer's find {rows[-1][4]:.1f} ms")
+                    for side, timings in enumerate(times):
+                        timings.append(took[side])
+                    finds.append(found)
+            row = Row(n, length, times[0], finds, times[1] if other_client else None)
+            rows.append(row)
+            shown = f" ({args.compare_threads} thread(s): {B.p50(row.others):.1f} ms)" if row.others else ""
+            ours = B.p50(row.recalls)
+            print(f"    {length} queries: our recall p50 {ours:.1f} ms{shown}, the peer's find {row.find:.1f} ms")
     return rows
+
+
+@dataclass(frozen=True)
+class Row:
+    """One size and query length: our recall's times, the peer's find's, and the compared server's (if any)."""
+
+    n: int
+    length: str
+    recalls: list[float]
+    finds: list[float]
+    others: list[float] | None
+
+    @property
+    def find(self) -> float:
+        return B.p50(self.finds)
+
+    def cells(self) -> tuple:
+        ours = (self.n, self.length, B.p50(self.recalls), B.pct(self.recalls, 95), self.find, B.pct(self.finds, 95))
+        compared = (B.p50(self.others), B.p50(self.others) / self.find) if self.others is not None else ()
+        return (*ours, B.p50(self.recalls) / self.find, *compared)
 
 
 async def main_async(args) -> int:
@@ -150,9 +195,11 @@ async def main_async(args) -> int:
         for n in args.sizes:
             rows += await run_size(n, args, pairs, base, queries, Path(tmp), cache)
     print()
-    headers = ("N", "query", "our recall p50 ms", "p95", "peer find p50 ms", "p95", "recall / find")
-    print(B.table(headers, [(*row, row[2] / row[4]) for row in rows]))
-    behind = [row for row in rows if row[2] >= row[4]]
+    headers = ["N", "query", "our recall p50 ms", "p95", "peer find p50 ms", "p95", "recall / find"]
+    if args.compare_threads:
+        headers += [f"{args.compare_threads} thread(s): recall p50 ms", "/ find"]
+    print(B.table(headers, [row.cells() for row in rows]))
+    behind = [row for row in rows if B.p50(row.recalls) >= row.find]
     print(f"\nour recall p50 below the peer's find p50: {len(rows) - len(behind)} of {len(rows)}")
     return 0
 
@@ -163,6 +210,7 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=100, help="timed queries per size and query length")
     parser.add_argument("--peer", default=shutil.which("mcp-server-qdrant"), help="the peer's console script")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare-threads", type=int, help="also time a server of ours with this embedding_threads")
     args = parser.parse_args()
     if not args.peer or not Path(args.peer).is_file():
         raise SystemExit("mcp-server-qdrant not found: pip install mcp-server-qdrant==0.8.1 into a venv, pass --peer")

@@ -57,5 +57,6 @@ def test_the_benchmark_runs_at_a_tiny_size(script: str, args: tuple[str, ...], p
 def test_the_peer_comparison_runs_at_a_tiny_size() -> None:
     peer = Path(os.environ.get("MEMRL_PEER", PERF.parent / ".venv-peer" / "bin" / "mcp-server-qdrant"))
     assert peer.is_file(), f"the peer (mcp-server-qdrant) is not installed at {peer}: run `make peer`"
-    printed = run("peer.py", "--sizes", "300", "--queries", "3", "--peer", str(peer))
+    printed = run("peer.py", "--sizes", "300", "--queries", "3", "--peer", str(peer), "--compare-threads", "1")
     assert "our recall p50 below the peer's find p50" in printed
+    assert "1 thread(s): recall p50 ms" in printed  # the second server of ours, with embedding_threads=1

@@ -206,6 +206,40 @@ def test_minilm_batch_equals_one_by_one(embedder: Embedder) -> None:
         np.testing.assert_array_equal(embedder.embed([text])[0], row)
 
 
+# Real task texts of the benchmarks the similarity constants were measured on (ALFWorld goals, LifelongAgentBench OS
+# and DB instructions, BigCodeBench prompts cut at 300 characters, as perf/_bench.py reads them).
+REAL_TASKS = [
+    "put two spraybottle in cabinet.",
+    "clean some spatula and put it in diningtable.",
+    "put a clean ladle in drawer.",
+    "Create a directory named 'logs', generate three log files each with two timestamped entries, concatenate them "
+    "into 'combined.log', and append a summary line with the total number of lines.",
+    "Create a user 'newuser' with a home directory and bash shell, add them to the 'developers' group, create a shared "
+    "directory '/var/project' with setgid and permissions 2775, create a file '/home/newuser/welcome.txt' containing "
+    "'Welcome', set password maximum days to 90 for 'newuser', and create a symlink '/home/newuser/project_link' "
+    "pointing to '/var/project'.",
+    "What are the product names and their average prices for products supplied by supplier ID 10 where the difference "
+    "between the maximum and minimum price for each product exceeds 5? Return the product name and corresponding "
+    "average price.",
+    "Draw a histogram of the last column of the DataFrame and return the plot.\nThe function should raise the "
+    "exception for: ValueError: If the input is not a DataFrame, or if the DataFrame is empty.\nThe function should "
+    "output with:\n    Axes: A Matplotlib Axes object representing the histogram of the last",
+    "Encrypts a message with a symmetric encryption key using Fernet encryption, and then encode the encrypted message "
+    "using base64.\nThe function should output with:\n    str: The base64 encoded encrypted message. The message is "
+    "first encrypted using Fernet encryption,\n    then the result is base64 encode",
+]
+
+
+def test_minilm_threads_give_the_vectors_of_one_thread(embedder: Embedder) -> None:
+    # The thresholds were calibrated on vectors made by one thread: the default runtime options (two threads per run
+    # where two CPUs are usable, no spinning) must not move them. On the 2,122 texts of the shared benchmark data the
+    # two gave identical bits (2026-11-26); the tolerance is float noise, far below any threshold's resolution.
+    one, two = MiniLMEmbedder(threads=1), MiniLMEmbedder(threads=2)
+    expected = np.stack([one.embed([text])[0] for text in REAL_TASKS])
+    np.testing.assert_allclose(two.embed(REAL_TASKS), expected, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(embedder.embed(REAL_TASKS), expected, rtol=0, atol=1e-6)
+
+
 def test_minilm_paraphrase_is_closer_than_an_unrelated_text(embedder: Embedder) -> None:
     query, paraphrase, unrelated = embedder.embed(
         [

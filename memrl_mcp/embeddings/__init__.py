@@ -44,7 +44,7 @@ def load_model(settings: EmbeddingSettings, similarity: SimilaritySettings) -> E
     """The model ``settings.embedder`` names, uncached (what ``memrl-mcp calibrate`` measures). ``similarity``: the
     constants a FastEmbed model nobody measured takes from the settings."""
     if settings.embedder == "minilm":
-        return MiniLMEmbedder()
+        return MiniLMEmbedder(threads=settings.embedding_threads)
     if settings.embedder == "fastembed":
         model = settings.embedding_model or FASTEMBED_DEFAULT_MODEL
         return FastEmbedEmbedder(

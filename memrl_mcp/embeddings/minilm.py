@@ -25,6 +25,7 @@ nothing downloaded at run time. Why this stack, as measured by ``perf/embedders.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -59,6 +60,14 @@ MINILM_FILES = {
 }
 
 
+def model_threads() -> int:
+    """Threads per model run: two if this process may use two CPUs, else one. The second thread shortens a recall
+    when other jobs contend for the CPUs and costs nothing on an idle machine; more were not measured
+    (docs/performance.md)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(2, usable)
+
+
 def read_verified(folder: Path, name: str) -> bytes:
     """The bytes of ``folder/name`` if their SHA-256 is the pinned one; the caller loads these very bytes."""
     path = folder / name
@@ -83,8 +92,9 @@ class MiniLMEmbedder:
     activations with one scale per run, so in a batch a text's vector would depend on the other texts
     (cosine 0.96-0.998 to the text embedded alone); the memory compares vectors made at different times.
     Constructing it checks and loads the model (a few hundred ms); ``embed`` is thread-safe
-    (onnxruntime's ``run`` and ``encode_batch`` are). ``folder`` exists for tests: whatever the folder,
-    its files must have the pinned hashes.
+    (onnxruntime's ``run`` and ``encode_batch`` are). ``threads``: onnxruntime's threads per model run, by default
+    two where two CPUs are usable (:func:`model_threads`); they give the vectors of one thread. ``folder`` exists
+    for tests: whatever the folder, its files must have the pinned hashes.
     """
 
     name = "all-MiniLM-L6-v2-int8"
@@ -92,7 +102,7 @@ class MiniLMEmbedder:
     max_tokens = 256
     similarity = MINILM_PROFILE
 
-    def __init__(self, *, threads: int = 1, folder: Path = MINILM_FOLDER) -> None:
+    def __init__(self, *, threads: int | None = None, folder: Path = MINILM_FOLDER) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -105,8 +115,13 @@ class MiniLMEmbedder:
         self._tokenizer = tokenizer
 
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = model_threads() if threads is None else threads
         options.inter_op_num_threads = 1
+        # A pool thread that spins after its share of a run (onnxruntime's default) takes a core from the event
+        # loop and the client while they answer: with spinning, two threads made a recall over stdio 1.44-1.48x
+        # slower than one at load 11; without, 0.66-0.86x at load 9-12, and no different at load < 2 (two servers
+        # of ours alternating on the same queries).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3

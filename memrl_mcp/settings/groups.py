@@ -118,6 +118,13 @@ class EmbeddingSettings(Group):
     embedding_cache: int = Field(
         10_000, ge=0, le=10_000_000, description="Task texts whose vectors are kept in memory (1.5 KB each at 384-d)."
     )
+    embedding_threads: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="minilm: onnxruntime threads per model run; default 2 where 2 CPUs are usable, else 1 (the "
+        "vectors are the same for any number).",
+    )
 
 
 class SimilaritySettings(Group):
