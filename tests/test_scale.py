@@ -25,8 +25,9 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import QSummary, RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import EdgeStore, Point, open_store
-from memrl_mcp.storage.edge import CURRENT, TALLY
-from memrl_mcp.storage.edge_index import WARM, release, warm_up
+from memrl_mcp.storage.edge import CURRENT, FULL_SCAN_KB, TALLY
+from memrl_mcp.storage.edge_index import WARM, ShardParams, open_shard, release, warm_up
+from memrl_mcp.storage.store import INDEXES
 from memrl_mcp.storage.tally import FIELDS, Tally
 
 DIM = 384
@@ -116,6 +117,89 @@ def test_writes_made_during_a_build_survive_the_swap(tmp_path: Path) -> None:
         ]
     finally:
         reopened.close()
+
+
+def test_writes_racing_the_swap_are_all_kept(tmp_path: Path) -> None:
+    """A writer that never pauses: the shards are flushed while it writes (before each replay round), and each of
+    its writes is conditional on the version its previous one left, so one lost in the swap fails the next."""
+    store, points = seeded_store(tmp_path / "edge")
+    written: dict[str, int] = {}
+    failures: list[BaseException] = []
+    built = threading.Event()
+
+    def write() -> None:
+        i = 0
+        try:
+            while not built.is_set():
+                point = points[i % len(points)]
+                version = written.get(point.id, 0)
+                assert store.set_payload_if("memories", point.id, {"version": version + 1}, {"version": version})
+                written[point.id] = version + 1
+                i += 1
+        except BaseException as error:  # surfaced below
+            failures.append(error)
+
+    writer = threading.Thread(target=write)
+    try:
+        writer.start()
+        store.build_index(wait=True)
+        built.set()
+        writer.join()
+        assert not failures
+        assert store.last_build is not None and store.last_build.replayed > 0  # the writes did race the build
+        assert {point_id: payload["version"] for point_id, payload in store.scroll("memories")} == written
+    finally:
+        built.set()
+        store.close()
+    reopened = EdgeStore(tmp_path / "edge", DIM)
+    try:
+        assert {point_id: payload["version"] for point_id, payload in reopened.scroll("memories")} == written
+    finally:
+        reopened.close()
+
+
+def vector_storage(folder: Path) -> set[str]:
+    """How the engine keeps the vectors of the segments of the shard at ``folder`` (``InRamChunkedMmap``: read into
+    RAM at every load, ``ChunkedMmap``: memory-mapped, read on demand)."""
+    configs = [json.loads(path.read_text())["config"] for path in folder.glob("segments/*/segment.json")]
+    return {config["vector_data"][""]["storage_type"] for config in configs}
+
+
+def test_a_store_whose_memories_are_held_in_ram_is_served_and_its_first_rebuild_maps_them(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    """The memories' first generation as earlier versions made it (vectors held in RAM) opens and is served as it
+    is, and the first rebuild writes it memory-mapped, as every new store's is."""
+    import qdrant_edge as edge
+
+    folder = tmp_path / "edge"
+    folder.mkdir()
+    in_ram = ShardParams(embedder.dim, False, False, False, FULL_SCAN_KB, tuple(INDEXES["memories"].items()))
+    open_shard(edge, folder / "memories", in_ram, embedder.dim).close()
+    store = EdgeStore(folder, embedder.dim)
+    service = MemoryService.open(load_settings(data_dir=tmp_path), embedder, store)
+    try:
+        for i in range(30):
+            service.store_experience(f"water plant {i}", f"step {i}", outcome="success", access=EVERYTHING)
+        recalled = service.recall(RecallQuery("water plant 7", delta=-1.0), access=EVERYTHING)
+        assert recalled.memories[0].task == "water plant 7"
+        assert vector_storage(folder / "memories") == {"InRamChunkedMmap"}  # kept as it was until a rebuild
+        before = dict(store.scroll("memories"))
+
+        store.compact("memories", wait=True)
+        generation = folder / (folder / CURRENT).read_text()
+        assert vector_storage(generation) == {"ChunkedMmap"}
+        assert dict(store.scroll("memories")) == before
+        assert service.recall(RecallQuery("water plant 7", delta=-1.0), access=EVERYTHING).memories[0].task == (
+            "water plant 7"
+        )
+    finally:
+        service.close()
+    fresh = EdgeStore(tmp_path / "fresh", DIM)
+    try:
+        assert vector_storage(tmp_path / "fresh" / "memories") == {"ChunkedMmap"}  # a new store's, from the start
+    finally:
+        fresh.close()
 
 
 def test_a_build_interrupted_by_a_crash_leaves_the_old_generation_whole(tmp_path: Path) -> None:
@@ -356,6 +440,27 @@ def test_an_indexed_generation_keeps_what_searches_read_resident_and_gives_back_
         assert dict(reopened.scroll("memories")) == expected
     finally:
         reopened.close()
+
+
+def test_an_unindexed_generation_keeps_its_vectors_resident_through_a_full_read(tmp_path: Path) -> None:
+    """Memories not yet indexed are searched exactly, every vector of the namespace read: their memory-mapped
+    vectors are made resident like an index's files, and a full read's release gives back its payload pages only."""
+    store, points = seeded_store(tmp_path / "edge")
+    folder = tmp_path / "edge" / "memories"
+    try:
+        assert store.index_status() == (len(points), 0)
+        assert warm_up(folder) > 0
+        vectors = {path: kb for path, kb in mapped_kb(folder).items() if "/vector_storage/vectors/chunk_" in path}
+        assert vectors and all(WARM.search(path) for path in vectors)
+        assert sum(vectors.values()) * 1024 >= len(points) * DIM * 4  # every vector is mapped
+        assert len(dict(store.scroll("memories"))) == len(points)
+        read = sum(kb for path, kb in mapped_kb(folder).items() if not WARM.search(path))
+        assert release(folder) > 0
+        after = mapped_kb(folder)
+        assert sum(kb for path, kb in after.items() if not WARM.search(path)) < read
+        assert {path: after.get(path, 0) for path in vectors} == vectors
+    finally:
+        store.close()
 
 
 SERVER_WITH_A_BUILD = """

@@ -44,6 +44,7 @@ from memrl_mcp.storage.store import StoreLockedError
 HNSW_M = 16  # links per node: Qdrant's default; recall@5 against exact 1.00 at 1M, ef 32-256 (perf/scale.py)
 HNSW_EF_CONSTRUCT = 100  # Qdrant's default
 BUILD_NICENESS = 10
+PAGE_OUT_EVERY = 32_768  # points the child writes between two page-outs of its shard
 PR_SET_PDEATHSIG = 1  # Linux prctl: the signal this process gets when its parent dies
 INT8_QUANTILE = 0.99  # Qdrant's usual choice: the int8 range covers 99% of the components, outliers are clipped
 RESCORE_OVERSAMPLING = 4.0  # candidates per result found on the int8 copies and rescored: recall@5 0.997 at 1M
@@ -59,7 +60,7 @@ class ShardParams:
 
     size: int  # of the table's vectors
     dot: bool  # scored by dot product (else cosine)
-    cold: bool  # vectors and payloads memory-mapped, read on demand (the recalls)
+    cold: bool  # vectors and payloads memory-mapped, read on demand (the memories, the recalls)
     hnsw: bool  # HNSW-indexed (the memories, once many)
     full_scan_kb: int  # a filter matching fewer vectors than this many KB is searched exactly (the planner's)
     payload_indexes: tuple[tuple[str, str], ...]  # the table's (field, kind), as storage.INDEXES
@@ -170,12 +171,14 @@ def indexed_config(edge: Any, params: ShardParams) -> Any:
 
 
 WARM = re.compile(
-    r"/segments/[^/]+/(vector_storage/quantized\.data|vector_index/.+|payload_index/[^/]+-("
+    r"/segments/[^/]+/(vector_storage/(quantized\.data|vectors/chunk_\d+\.mmap)|vector_index/.+|payload_index/[^/]+-("
     + "|".join(re.escape(name[:8]) for name in GRAPH_FIELDS)
     + r")-[^/]+/.+)$"
 )
-"""The files of an indexed shard that every search reads: the int8 vectors, the graph and the namespace index
-(qdrant-edge's names; tests/test_scale.py fails if they no longer match)."""
+"""The files of a shard that every search reads: the int8 vectors, the graph and the namespace index of its indexed
+segment, and the vectors of a segment without an index (the whole of an unindexed shard; the memories written since
+the last build beside an index), searched exactly (qdrant-edge's names; tests/test_scale.py fails if they no longer
+match)."""
 MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim a range's pages as memory pressure would (a dirty page is kept)
 MADV_POPULATE_READ = 22  # Linux >= 5.14: map a range's pages as a read of each would, without reading them here
 
@@ -254,14 +257,25 @@ def build(folder: str, params: ShardParams, stream: Any) -> int:
         _leave_room(folder, params.min_free)
         shard.update(edge.UpdateOperation.upsert_points([edge.Point(i, v, p) for i, v, p in batch]))
         written += len(batch)
+        if written % PAGE_OUT_EVERY < len(batch):
+            _page_out(shard, folder)
     _leave_room(folder, params.min_free)
     if params.hnsw:
+        _page_out(shard, folder)
         shard.optimize()
+        _page_out(shard, folder)
     for key, kind in others:
         shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind, params.hnsw)))
     shard.flush()
     shard.close()
     return written
+
+
+def _page_out(shard: Any, folder: str) -> None:
+    """Write the shard's pages and give them back: the child maps every page it writes (and the index build every
+    vector it reads), and they count in its RSS until unmapped (a dirty page is kept: hence the flush)."""
+    shard.flush()
+    _advise(_mappings(Path(folder)), MADV_PAGEOUT)
 
 
 def _leave_room(folder: str, min_free: int) -> None:
