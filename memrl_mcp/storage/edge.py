@@ -69,10 +69,9 @@ BUILD_PAGE = 1024
 RECORD = attrgetter("id", "vector", "payload")  # a scrolled record as the child takes it, read in C
 FINAL_REPLAY = 64  # logged writes few enough to replay with writers held back
 RELEASE_EVERY = 32_768  # records a full read returns between two releases of the pages it mapped (~70 MB at 1M)
-# Tables memory-mapped, read on demand (``Memory.Cold``): the memories, whose searches read only their vectors (and an
-# index's files, kept resident: edge_index.warm_up), and the recalls, each read once. Held in RAM, an unindexed 200k
-# shard took 2.3-6.5 s to load and its close() 0.12-0.46 s, both holding the GIL (a swap's stall), against 0.11-0.14
-# s and 0.03-0.04 s mapped, and 1,214 MB of RSS against 427 (load and 5 exact searches).
+# Tables memory-mapped, read on demand (``Memory.Cold``): the memories, whose searches read only their vectors (kept
+# resident: edge_index.warm_up), and the recalls, each read once. The memories' vectors held in RAM, a process holding
+# the unindexed 200k shard peaked at 880-909 MB against 543-551 MB mapped (load, 1,000 writes, close).
 COLD_TABLES: tuple[Table, ...] = ("memories", "recalls")
 CHECK_EVERY = 1000  # memories writes between two checks of whether a build is due
 # Writes to a table between two flushes. qdrant-edge writes a changed point's whole payload anew, and frees the old

@@ -36,7 +36,7 @@ import sys
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from memrl_mcp.storage.disk import DiskFullError
 from memrl_mcp.storage.store import StoreLockedError
@@ -193,16 +193,23 @@ def warm_up(folder: Path) -> int:
     file pages no process maps once unused for a minute, and an unmapped int8 copy made the next searches read it
     from disk (50-100 ms each instead of 1-3 ms). On a system without /proc or MADV_POPULATE_READ the files are
     only read into the page cache."""
-    mappings = [mapping for mapping in _mappings(folder) if WARM.search(mapping[2])]
+    mappings = [mapping for mapping in _mappings(folder) if WARM.search(mapping.path)]
+    # The engine maps the vector chunks of a segment without an index twice, to read and to write, and a filtered
+    # search (every search of ours) reads through the second: populating both counted each page twice in the RSS
+    # (the unindexed 200k memories: 640 MB for 320 MB of files). A file mapped both ways is warmed through the second.
+    writable = {mapping.path for mapping in mappings if mapping.writable}
+    mappings = [mapping for mapping in mappings if mapping.writable or mapping.path not in writable]
     chunk = bytearray(1 << 22)
-    for path in sorted({path for _, _, path in mappings}):
+    for path in sorted({mapping.path for mapping in mappings}):
         try:
             with open(path, "rb", buffering=0) as stream:
                 while stream.readinto(chunk):
                     pass
         except OSError:  # a retired generation, removed meanwhile
             return 0
-    return _advise(mappings, MADV_POPULATE_READ)
+    warm = _advise(mappings, MADV_POPULATE_READ)
+    release(folder)  # what the load read besides (an unindexed segment's full-text indexes: 220 MB at 200k)
+    return warm
 
 
 def release(folder: Path) -> int:
@@ -211,11 +218,20 @@ def release(folder: Path) -> int:
     would; returns the bytes of those mappings. A full read of a table maps every page it reads, and they count
     in the process's RSS until unmapped: the first open of a million memories (a recount and a schema check, each
     reading every payload) took it from 0.8 to 1.5 GB, a rebuild's stream reads the vectors too."""
-    return _advise([mapping for mapping in _mappings(folder) if not WARM.search(mapping[2])], MADV_PAGEOUT)
+    return _advise([mapping for mapping in _mappings(folder) if not WARM.search(mapping.path)], MADV_PAGEOUT)
 
 
-def _mappings(folder: Path) -> list[tuple[int, int, str]]:
-    """This process's mappings of the files under ``folder``: (start, length, path); none without /proc."""
+class Mapping(NamedTuple):
+    """One of this process's mappings of a file (a line of /proc/self/maps)."""
+
+    start: int
+    length: int
+    path: str
+    writable: bool
+
+
+def _mappings(folder: Path) -> list[Mapping]:
+    """This process's mappings of the files under ``folder``; none without /proc."""
     prefix = f"{folder.resolve()}/"
     found = []
     try:
@@ -226,18 +242,18 @@ def _mappings(folder: Path) -> list[tuple[int, int, str]]:
         fields = line.split(None, 5)
         if len(fields) == 6 and fields[5].startswith(prefix):
             start, end = (int(address, 16) for address in fields[0].split("-"))
-            found.append((start, end - start, fields[5]))
+            found.append(Mapping(start, end - start, fields[5], fields[1][1] == "w"))
     return found
 
 
-def _advise(mappings: list[tuple[int, int, str]], advice: int) -> int:
+def _advise(mappings: list[Mapping], advice: int) -> int:
     """madvise each mapping (without the GIL); a range unmapped meanwhile, or an advice the kernel lacks, fails
     harmlessly: both advices only ever change which pages are resident, never what they hold."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    for start, length, _ in mappings:
-        libc.madvise(start, length, advice)
-    return sum(length for _, length, _ in mappings)
+    for mapping in mappings:
+        libc.madvise(mapping.start, mapping.length, advice)
+    return sum(mapping.length for mapping in mappings)
 
 
 def build(folder: str, params: ShardParams, stream: Any) -> int:
