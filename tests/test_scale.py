@@ -430,7 +430,8 @@ def test_an_indexed_generation_keeps_what_searches_read_resident_and_gives_back_
         assert release(folder) > 0
         left = {path: kb for path, kb in mapped_kb(folder).items() if not WARM.search(path)}
         assert sum(left.values()) < sum(read.values())
-        assert sum(kb for path, kb in mapped_kb(folder).items() if WARM.search(path)) == sum(warm.values())
+        # none of the search files' pages given back (the writes above may have mapped a few more)
+        assert sum(kb for path, kb in mapped_kb(folder).items() if WARM.search(path)) >= sum(warm.values())
         expected = before | {p.id: before[p.id] | {"q": 0.75, "version": 1} for p in points[:30]}
         assert dict(store.scroll("memories")) == expected
     finally:
