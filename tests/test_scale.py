@@ -25,9 +25,8 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import QSummary, RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import EdgeStore, Point, open_store
-from memrl_mcp.storage.edge import CURRENT, FULL_SCAN_KB, TALLY
-from memrl_mcp.storage.edge_index import WARM, ShardParams, open_shard, release, warm_up
-from memrl_mcp.storage.store import INDEXES
+from memrl_mcp.storage.edge import CURRENT, TALLY
+from memrl_mcp.storage.edge_index import WARM, release, warm_up
 from memrl_mcp.storage.tally import FIELDS, Tally
 
 DIM = 384
@@ -156,50 +155,6 @@ def test_writes_racing_the_swap_are_all_kept(tmp_path: Path) -> None:
         assert {point_id: payload["version"] for point_id, payload in reopened.scroll("memories")} == written
     finally:
         reopened.close()
-
-
-def vector_storage(folder: Path) -> set[str]:
-    """How the engine keeps the vectors of the segments of the shard at ``folder`` (``InRamChunkedMmap``: read into
-    RAM at every load, ``ChunkedMmap``: memory-mapped, read on demand)."""
-    configs = [json.loads(path.read_text())["config"] for path in folder.glob("segments/*/segment.json")]
-    return {config["vector_data"][""]["storage_type"] for config in configs}
-
-
-def test_a_store_whose_memories_are_held_in_ram_is_served_and_its_first_rebuild_maps_them(
-    embedder: Embedder, tmp_path: Path
-) -> None:
-    """The memories' first generation as earlier versions made it (vectors held in RAM) opens and is served as it
-    is, and the first rebuild writes it memory-mapped, as every new store's is."""
-    import qdrant_edge as edge
-
-    folder = tmp_path / "edge"
-    folder.mkdir()
-    in_ram = ShardParams(embedder.dim, False, False, False, FULL_SCAN_KB, tuple(INDEXES["memories"].items()))
-    open_shard(edge, folder / "memories", in_ram, embedder.dim).close()
-    store = EdgeStore(folder, embedder.dim)
-    service = MemoryService.open(load_settings(data_dir=tmp_path), embedder, store)
-    try:
-        for i in range(30):
-            service.store_experience(f"water plant {i}", f"step {i}", outcome="success", access=EVERYTHING)
-        recalled = service.recall(RecallQuery("water plant 7", delta=-1.0), access=EVERYTHING)
-        assert recalled.memories[0].task == "water plant 7"
-        assert vector_storage(folder / "memories") == {"InRamChunkedMmap"}  # kept as it was until a rebuild
-        before = dict(store.scroll("memories"))
-
-        store.compact("memories", wait=True)
-        generation = folder / (folder / CURRENT).read_text()
-        assert vector_storage(generation) == {"ChunkedMmap"}
-        assert dict(store.scroll("memories")) == before
-        assert service.recall(RecallQuery("water plant 7", delta=-1.0), access=EVERYTHING).memories[0].task == (
-            "water plant 7"
-        )
-    finally:
-        service.close()
-    fresh = EdgeStore(tmp_path / "fresh", DIM)
-    try:
-        assert vector_storage(tmp_path / "fresh" / "memories") == {"ChunkedMmap"}  # a new store's, from the start
-    finally:
-        fresh.close()
 
 
 def test_a_build_interrupted_by_a_crash_leaves_the_old_generation_whole(tmp_path: Path) -> None:
@@ -444,8 +399,8 @@ def test_an_indexed_generation_keeps_what_searches_read_resident_and_gives_back_
 
 
 def test_an_unindexed_generation_keeps_its_vectors_resident_through_a_full_read(tmp_path: Path) -> None:
-    """Memories not yet indexed are searched exactly, every vector of the namespace read: their memory-mapped
-    vectors are made resident like an index's files, and a full read's release gives back its payload pages only."""
+    """Memories not yet indexed are searched exactly, every vector of the namespace read: their vectors count among
+    the search files (resident after the warm-up), and a full read's release gives back its payload pages only."""
     store, points = seeded_store(tmp_path / "edge")
     folder = tmp_path / "edge" / "memories"
     try:

@@ -69,10 +69,6 @@ BUILD_PAGE = 1024
 RECORD = attrgetter("id", "vector", "payload")  # a scrolled record as the child takes it, read in C
 FINAL_REPLAY = 64  # logged writes few enough to replay with writers held back
 RELEASE_EVERY = 32_768  # records a full read returns between two releases of the pages it mapped (~70 MB at 1M)
-# Tables memory-mapped, read on demand (``Memory.Cold``): the memories, whose searches read only their vectors (kept
-# resident: edge_index.warm_up), and the recalls, each read once. The memories' vectors held in RAM, a process holding
-# the unindexed 200k shard peaked at 880-909 MB against 543-551 MB mapped (load, 1,000 writes, close).
-COLD_TABLES: tuple[Table, ...] = ("memories", "recalls")
 CHECK_EVERY = 1000  # memories writes between two checks of whether a build is due
 # Writes to a table between two flushes. qdrant-edge writes a changed point's whole payload anew, and frees the old
 # copy and truncates its write-ahead log only at a flush, which it never runs by itself: a server running for days
@@ -149,8 +145,7 @@ class EdgeStore:
     def _params(self, table: Table, hnsw: bool) -> ShardParams:
         size = vector_size(table, self._dim)
         indexes = tuple(INDEXES[table].items())
-        cold = table in COLD_TABLES
-        return ShardParams(size, is_dot(table), cold, hnsw, FULL_SCAN_KB, indexes, self._room.min_free)
+        return ShardParams(size, is_dot(table), table == "recalls", hnsw, FULL_SCAN_KB, indexes, self._room.min_free)
 
     def _open(self, path: Path, dim: int, table: Table) -> Any:
         return open_shard(self._edge, path, self._params(table, hnsw=False), dim)
