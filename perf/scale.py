@@ -96,6 +96,8 @@ class PeakRss:
     def __enter__(self) -> PeakRss:
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
         self.children = self.children_anon = self.own_anon = 0.0
+        self.child_samples: list[tuple[float, float, float]] = []  # (s since the start, RSS, anonymous) in MB
+        self._start = time.perf_counter()
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -109,6 +111,7 @@ class PeakRss:
                     memory = status_mb(pid)
                     self.children = max(self.children, memory["VmRSS"])
                     self.children_anon = max(self.children_anon, memory["RssAnon"])
+                    self.child_samples.append((time.perf_counter() - self._start, memory["VmRSS"], memory["RssAnon"]))
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -120,6 +123,15 @@ class PeakRss:
             f"peak RSS {self.own:.0f} MB (this process; anonymous {self.own_anon:.0f}), {self.children:.0f} MB "
             f"(the build's child; anonymous {self.children_anon:.0f})"
         )
+
+    def child_peaks(self, stream_s: float) -> str:
+        """The child's peak RSS (and anonymous) while the points streamed, and after (indexing, closing)."""
+        parts = []
+        for name, during in (("streaming", True), ("after the stream", False)):
+            samples = [(rss, anon) for at, rss, anon in self.child_samples if (at <= stream_s) == during]
+            if samples:
+                parts.append(f"{name} {max(s[0] for s in samples):.0f} MB ({max(s[1] for s in samples):.0f} anon)")
+        return "; ".join(parts)
 
 
 def summary(values: list[float]) -> str:
@@ -272,6 +284,8 @@ def during_build(args: argparse.Namespace, qs: list[tuple[str, np.ndarray]]) -> 
             build_s = time.perf_counter() - began
         times = store.last_build
         print(f"during the build ({args.build_load}, {build_s:.0f} s, {len(searches)} searches): {peak}")
+        if times is not None:
+            print(f"  the child's peak RSS: {peak.child_peaks(times.stream_s)}")
         if writes and times is not None:
             print(f"  search {summary(searches)} ms")
             print(f"  write  {summary([ms for _, ms in writes])} ms")

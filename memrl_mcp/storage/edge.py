@@ -164,10 +164,9 @@ class EdgeStore:
                 self._generations.notify_all()
 
     def _warm_up(self, live: _Live) -> None:
-        """Make an indexed shard's search files resident, in the background (:func:`warm_up`)."""
-        if live.shard.info().indexed_vectors_count:
-            folder = self._path / live.name
-            threading.Thread(target=warm_up, args=(folder,), name="memrl-warm-up", daemon=True).start()
+        """Make the memories' search files resident, in the background (:func:`warm_up`)."""
+        folder = self._path / live.name
+        threading.Thread(target=warm_up, args=(folder,), name="memrl-warm-up", daemon=True).start()
 
     def index_status(self) -> tuple[int, int]:
         """(memories, of which in an HNSW index)."""
@@ -292,6 +291,11 @@ class EdgeStore:
         with writers held back, then make ``new`` current (on disk first) and retire the old shard. False if the
         store closed meanwhile."""
         while True:
+            # Flushed before each round, with writers let through: the held phase's flush of the new shard and the
+            # old shard's close (each holds the GIL) then have only the last round's writes left to write.
+            new.shard.flush()
+            with self._reading(table) as current:
+                current.flush()
             with self._writing:
                 assert self._log is not None
                 replay, self._log = self._log, []

@@ -36,7 +36,7 @@ import sys
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from memrl_mcp.storage.disk import DiskFullError
 from memrl_mcp.storage.store import StoreLockedError
@@ -44,6 +44,7 @@ from memrl_mcp.storage.store import StoreLockedError
 HNSW_M = 16  # links per node: Qdrant's default; recall@5 against exact 1.00 at 1M, ef 32-256 (perf/scale.py)
 HNSW_EF_CONSTRUCT = 100  # Qdrant's default
 BUILD_NICENESS = 10
+PAGE_OUT_EVERY = 32_768  # points the child writes between two page-outs of its shard
 PR_SET_PDEATHSIG = 1  # Linux prctl: the signal this process gets when its parent dies
 INT8_QUANTILE = 0.99  # Qdrant's usual choice: the int8 range covers 99% of the components, outliers are clipped
 RESCORE_OVERSAMPLING = 4.0  # candidates per result found on the int8 copies and rescored: recall@5 0.997 at 1M
@@ -170,12 +171,14 @@ def indexed_config(edge: Any, params: ShardParams) -> Any:
 
 
 WARM = re.compile(
-    r"/segments/[^/]+/(vector_storage/quantized\.data|vector_index/.+|payload_index/[^/]+-("
+    r"/segments/[^/]+/(vector_storage/(quantized\.data|vectors/chunk_\d+\.mmap)|vector_index/.+|payload_index/[^/]+-("
     + "|".join(re.escape(name[:8]) for name in GRAPH_FIELDS)
     + r")-[^/]+/.+)$"
 )
-"""The files of an indexed shard that every search reads: the int8 vectors, the graph and the namespace index
-(qdrant-edge's names; tests/test_scale.py fails if they no longer match)."""
+"""The files of a shard that every search reads: the int8 vectors, the graph and the namespace index of its indexed
+segment, and the vectors of a segment without an index (the whole of an unindexed shard; the memories written since
+the last build beside an index), searched exactly (qdrant-edge's names; tests/test_scale.py fails if they no longer
+match)."""
 MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim a range's pages as memory pressure would (a dirty page is kept)
 MADV_POPULATE_READ = 22  # Linux >= 5.14: map a range's pages as a read of each would, without reading them here
 
@@ -190,16 +193,25 @@ def warm_up(folder: Path) -> int:
     file pages no process maps once unused for a minute, and an unmapped int8 copy made the next searches read it
     from disk (50-100 ms each instead of 1-3 ms). On a system without /proc or MADV_POPULATE_READ the files are
     only read into the page cache."""
-    mappings = [mapping for mapping in _mappings(folder) if WARM.search(mapping[2])]
+    mappings = [mapping for mapping in _mappings(folder) if WARM.search(mapping.path)]
+    # The engine maps the vector chunks of a segment without an index twice, to read and to write, and searches read
+    # through either (which one depends on the filter): populating both counted each page twice in the RSS at once
+    # (the unindexed 200k memories: 640 MB for 320 MB of files). A file mapped both ways is warmed through the second.
+    writable = {mapping.path for mapping in mappings if mapping.writable}
+    mappings = [mapping for mapping in mappings if mapping.writable or mapping.path not in writable]
     chunk = bytearray(1 << 22)
-    for path in sorted({path for _, _, path in mappings}):
+    for path in sorted({mapping.path for mapping in mappings}):
         try:
             with open(path, "rb", buffering=0) as stream:
                 while stream.readinto(chunk):
                     pass
         except OSError:  # a retired generation, removed meanwhile
             return 0
-    return _advise(mappings, MADV_POPULATE_READ)
+    warm = _advise(mappings, MADV_POPULATE_READ)
+    # What the load read besides (the write-ahead log, pages of an unindexed segment's full-text indexes): a process
+    # holding the unindexed 200k memories, 1,152 MB resident without this, 1,040 MB with it.
+    release(folder)
+    return warm
 
 
 def release(folder: Path) -> int:
@@ -208,11 +220,20 @@ def release(folder: Path) -> int:
     would; returns the bytes of those mappings. A full read of a table maps every page it reads, and they count
     in the process's RSS until unmapped: the first open of a million memories (a recount and a schema check, each
     reading every payload) took it from 0.8 to 1.5 GB, a rebuild's stream reads the vectors too."""
-    return _advise([mapping for mapping in _mappings(folder) if not WARM.search(mapping[2])], MADV_PAGEOUT)
+    return _advise([mapping for mapping in _mappings(folder) if not WARM.search(mapping.path)], MADV_PAGEOUT)
 
 
-def _mappings(folder: Path) -> list[tuple[int, int, str]]:
-    """This process's mappings of the files under ``folder``: (start, length, path); none without /proc."""
+class Mapping(NamedTuple):
+    """One of this process's mappings of a file (a line of /proc/self/maps)."""
+
+    start: int
+    length: int
+    path: str
+    writable: bool
+
+
+def _mappings(folder: Path) -> list[Mapping]:
+    """This process's mappings of the files under ``folder``; none without /proc."""
     prefix = f"{folder.resolve()}/"
     found = []
     try:
@@ -223,18 +244,18 @@ def _mappings(folder: Path) -> list[tuple[int, int, str]]:
         fields = line.split(None, 5)
         if len(fields) == 6 and fields[5].startswith(prefix):
             start, end = (int(address, 16) for address in fields[0].split("-"))
-            found.append((start, end - start, fields[5]))
+            found.append(Mapping(start, end - start, fields[5], fields[1][1] == "w"))
     return found
 
 
-def _advise(mappings: list[tuple[int, int, str]], advice: int) -> int:
+def _advise(mappings: list[Mapping], advice: int) -> int:
     """madvise each mapping (without the GIL); a range unmapped meanwhile, or an advice the kernel lacks, fails
     harmlessly: both advices only ever change which pages are resident, never what they hold."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    for start, length, _ in mappings:
-        libc.madvise(start, length, advice)
-    return sum(length for _, length, _ in mappings)
+    for mapping in mappings:
+        libc.madvise(mapping.start, mapping.length, advice)
+    return sum(mapping.length for mapping in mappings)
 
 
 def build(folder: str, params: ShardParams, stream: Any) -> int:
@@ -254,14 +275,25 @@ def build(folder: str, params: ShardParams, stream: Any) -> int:
         _leave_room(folder, params.min_free)
         shard.update(edge.UpdateOperation.upsert_points([edge.Point(i, v, p) for i, v, p in batch]))
         written += len(batch)
+        if written % PAGE_OUT_EVERY < len(batch):
+            _page_out(shard, folder)
     _leave_room(folder, params.min_free)
     if params.hnsw:
+        _page_out(shard, folder)
         shard.optimize()
+        _page_out(shard, folder)
     for key, kind in others:
         shard.update(edge.UpdateOperation.create_field_index(key, payload_schema(edge, key, kind, params.hnsw)))
     shard.flush()
     shard.close()
     return written
+
+
+def _page_out(shard: Any, folder: str) -> None:
+    """Write the shard's pages and give them back: the child maps every page it writes (and the index build every
+    vector it reads), and they count in its RSS until unmapped (a dirty page is kept: hence the flush)."""
+    shard.flush()
+    _advise(_mappings(Path(folder)), MADV_PAGEOUT)
 
 
 def _leave_room(folder: str, min_free: int) -> None:
