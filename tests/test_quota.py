@@ -52,11 +52,14 @@ def text(seed: int, chars: int) -> str:
 
 
 def du_mb(folder: Path) -> float:
-    """Disk space the folder's files take, as ``du`` counts it (allocated blocks, holes excluded)."""
-    return (
-        int(subprocess.run(["du", "-sk", str(folder)], capture_output=True, text=True, check=True).stdout.split()[0])
-        / 1024
-    )
+    """Disk space the folder's files take, as ``du`` counts it (allocated blocks, holes excluded). A compaction may
+    remove a retired generation while ``du`` walks it (``du`` then exits 1): counted again once it is gone."""
+    for _ in range(20):
+        done = subprocess.run(["du", "-sk", str(folder)], capture_output=True, text=True)
+        if done.returncode == 0:
+            return int(done.stdout.split()[0]) / 1024
+        time.sleep(0.05)
+    raise AssertionError(f"du {folder}: {done.stderr}")
 
 
 def tokens_file(tmp_path: Path) -> Path:
