@@ -254,14 +254,14 @@ print(service.forget(namespace="gone", access=EVERYTHING), flush=True)
 """
 
 
-FORGET_DELETES = 4  # a namespace's recalls, episodes (the redo logs first), memories, step records
+FORGET_DELETES = 5  # a namespace's recalls, episodes (the redo logs first), memories, Q history chunks, step records
 
 
-@pytest.mark.parametrize("kill_at", [0, 1, 2, 3, FORGET_DELETES])
+@pytest.mark.parametrize("kill_at", [0, 1, 2, 3, 4, FORGET_DELETES])
 def test_sigkill_during_forget_never_brings_the_namespace_back(
     embedder: Embedder, tmp_path: Path, engine: str, kill_at: int
 ) -> None:
-    """kill_at: the bulk deletes of a namespace's forget done before the SIGKILL (4: all of them)."""
+    """kill_at: the bulk deletes of a namespace's forget done before the SIGKILL (5: all of them)."""
     service = make_service(embedder, tmp_path, engine)
     try:
         for task in TASKS:
