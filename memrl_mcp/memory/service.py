@@ -387,7 +387,7 @@ class MemoryService:
             raise MemoryRequestError("give exactly one of memory_id (one memory) or namespace (all of it)")
         with self._call():
             if memory_id is not None:
-                self.get(memory_id, access=access)
+                self._payload(memory_id, access)
                 self._store.delete("memories", [memory_id])
                 self._ledger.history.forget([memory_id])
                 return ForgetResult(deleted=1)
@@ -403,11 +403,16 @@ class MemoryService:
             return ForgetResult(deleted=deleted, steps_deleted=steps_deleted)
 
     def get(self, memory_id: str, *, access: Access) -> MemoryDetail:
-        """One memory with the history of its Q; another tenant's memory is as unknown as a missing one."""
+        """One memory with the history of its Q."""
+        payload = self._payload(memory_id, access)
+        return memory_detail(memory_id, payload, self._ledger.history.events(memory_id, payload))
+
+    def _payload(self, memory_id: str, access: Access) -> dict[str, Any]:
+        """A memory as stored; another tenant's memory is as unknown as a missing one."""
         payload = self._store.get("memories", [memory_id]).get(memory_id) if is_point_id(memory_id) else None
         if payload is None or not access.allows(payload["namespace"]):
             raise MemoryRequestError(f"memory_id: no memory {memory_id!r}")
-        return memory_detail(memory_id, payload, self._ledger.history.events(memory_id, payload))
+        return payload
 
     def stats(self, namespace: str | None = None, *, access: Access) -> Stats:
         """Of one namespace, or of every namespace the caller may use: from the store's counts
@@ -510,7 +515,7 @@ class MemoryService:
             raise MemoryRequestError("give at least one of experience, metadata or reset_q=true: nothing to change")
         learning = self.settings.learning
         with self._call():
-            namespace = self.get(memory_id, access=access).namespace
+            namespace = self._payload(memory_id, access)["namespace"]
             now = self.clock()
 
             def edit(m: Mapping[str, Any]) -> dict[str, Any]:
