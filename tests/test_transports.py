@@ -6,10 +6,14 @@ with the MCP SDK's own client, exactly as an agent would.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -222,26 +226,127 @@ async def test_stdio_serves_large_and_concurrent_requests_on_its_own_pipes(tmp_p
             assert (await call(client, "memory_stats"))["memories"] == 30
 
 
-def test_stdio_reads_requests_from_a_file_too(tmp_path: Path) -> None:
-    """stdin may be a file (not a pipe, which the event loop cannot watch): the SDK's threaded transport serves it,
-    answering every request on the file, then the server exits at its end."""
-    messages = [
-        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "file", "version": "1"}}},
+def opening(**capabilities: object) -> list[dict[str, object]]:
+    """A client's handshake, as the first lines of a stdin."""
+    client = {"name": "file", "version": "1"}
+    params = {"protocolVersion": "2025-06-18", "capabilities": capabilities, "clientInfo": client}
+    return [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params},
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}},
-    ]  # fmt: skip
-    requests = tmp_path / "requests.jsonl"
-    requests.write_text("".join(json.dumps(message) + "\n" for message in messages))
-    with requests.open("rb") as stdin:
+    ]
+
+
+def tool_call(request_id: int, name: str, **arguments: object) -> dict[str, object]:
+    params = {"name": name, "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+def serve_to_the_end(
+    tmp_path: Path, messages: list[dict[str, object]], stdin: str = "pipe", stdout: str = "pipe"
+) -> list[dict[str, object]]:
+    """Run the server on ``messages`` written to its stdin (a pipe or a file) and closed; what it wrote to its stdout
+    (a pipe or a file) by the time it exited on its own."""
+    lines = "".join(json.dumps(message) + "\n" for message in messages).encode()
+    (tmp_path / "requests.jsonl").write_bytes(lines)
+    with (tmp_path / "requests.jsonl").open("rb") as requests, (tmp_path / "answers.jsonl").open("wb+") as answers:
         done = subprocess.run(
             [*CLI, "--data-dir", str(tmp_path / "data")],
-            stdin=stdin,
-            capture_output=True,
+            input=lines if stdin == "pipe" else None,
+            stdin=None if stdin == "pipe" else requests,
+            stdout=subprocess.PIPE if stdout == "pipe" else answers,
+            stderr=subprocess.PIPE,
             env=child_env(**EVERY_TOOL),
-            timeout=60,
+            timeout=DEADLINE_S,
         )
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
-    answers = {answer["id"]: answer for answer in map(json.loads, done.stdout.decode().splitlines())}
-    assert answers[1]["result"]["serverInfo"]["name"] == "memrl-mcp"
-    assert {tool["name"] for tool in answers[2]["result"]["tools"]} == TOOLS
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        answers.seek(0)
+        written = done.stdout if stdout == "pipe" else answers.read()
+    return [json.loads(line) for line in written.decode().splitlines()]
+
+
+@pytest.mark.parametrize("stdout", ["pipe", "file"])
+@pytest.mark.parametrize("stdin", ["pipe", "file"])
+def test_every_request_before_the_end_of_stdin_is_answered(tmp_path: Path, stdin: str, stdout: str) -> None:
+    """A client may write its requests and close stdin at once (``memrl-mcp < requests.jsonl``, a shell pipe): each
+    is answered, and each write made, before the server exits. The SDK cancels the calls still running at the end of
+    its read stream: 9-19 of 21 such requests were answered, and the last answer written could be lost on a pipe.
+    A file is served by the SDK's threaded transport, a pipe by the event loop's."""
+    stores = [tool_call(i, "store_experience", task=f"{TASK} number {i}", experience=f"way {i}") for i in range(1, 41)]
+    answers = serve_to_the_end(tmp_path, [*opening(), *stores, tool_call(41, "tools/list")], stdin, stdout)
+    by_id = {answer["id"]: answer for answer in answers}
+    assert sorted(by_id) == list(range(42)) and len(answers) == 42
+    assert by_id[0]["result"]["serverInfo"]["name"] == "memrl-mcp"  # type: ignore[index]
+    for i in range(1, 41):
+        stored = json.loads(by_id[i]["result"]["content"][0]["text"])  # type: ignore[index]
+        assert stored["memory"]["experience"] == f"way {i}"
+    stats = serve_to_the_end(tmp_path, [*opening(), tool_call(1, "memory_stats")])[-1]
+    assert json.loads(stats["result"]["content"][0]["text"])["memories"] == 40  # type: ignore[index]
+
+
+def test_a_client_that_reads_late_gets_every_answer_whole(tmp_path: Path) -> None:
+    """Answers larger than the pipe holds, to a client that closed stdin and reads only later: the server waits for
+    the pipe to take each answer. The event loop's transport kept up to 64 KB the pipe did not take yet, and dropped
+    it when it closed: the client read the second answer cut off in its middle, and not the third."""
+    way = "Check the rotated files. " * 700  # each answer is about 36 KB; a pipe takes 62-64 KB of them
+    stores = [tool_call(i, "store_experience", task=f"{TASK} number {i}", experience=way) for i in range(1, 4)]
+    lines = "".join(json.dumps(message) + "\n" for message in [*opening(), *stores]).encode()
+    server = subprocess.Popen(
+        [*CLI, "--data-dir", str(tmp_path / "data")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=child_env(**EVERY_TOOL),
+    )
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        server.stdin.write(lines)
+        server.stdin.close()
+        deadline = time.monotonic() + DEADLINE_S
+        while pipe_holds(server.stdout.fileno()) < 48_000 and time.monotonic() < deadline:  # two answers in
+            time.sleep(0.05)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(5)  # the old transport exited here (in 1.6 s) with its rest dropped; this one waits
+        answers = [json.loads(line) for line in server.stdout.read().decode().splitlines()]
+        assert server.wait(DEADLINE_S) == 0
+    finally:
+        server.kill()
+    assert sorted(answer["id"] for answer in answers) == list(range(4))
+    assert all(way in answer["result"]["content"][0]["text"] for answer in answers if answer["id"])
+
+
+def pipe_holds(fd: int) -> int:
+    """How many bytes wait in the pipe ``fd`` reads."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+
+
+STEPS_WITHOUT_THE_LAST_REWARD = [
+    {"observation": "$ ls /etc/logrotate.d", "action": "cat /etc/logrotate.d/nginx", "reward": 0.0},
+    {"observation": "(empty)", "action": "write daily, rotate 7, compress"},
+]
+
+
+def test_a_question_to_a_client_that_closed_stdin_fails_at_once(tmp_path: Path) -> None:
+    """A call asking the user (elicitation, 600 s by default) when stdin ends: the client can never answer, so the
+    question fails at once, the call answers that nothing was reported, and the server exits."""
+    report = tool_call(1, "report_trajectory", task=TASK, steps=STEPS_WITHOUT_THE_LAST_REWARD, episode_id="e-1")
+    started = time.monotonic()
+    answers = serve_to_the_end(tmp_path, [*opening(elicitation={}), report])
+    assert time.monotonic() - started < 60
+    (question,) = [answer for answer in answers if answer.get("method") == "elicitation/create"]
+    assert TASK in question["params"]["message"]  # type: ignore[index]
+    (answer,) = [answer for answer in answers if answer.get("id") == 1 and "result" in answer]
+    text = answer["result"]["content"][0]["text"]  # type: ignore[index]
+    assert "the client answered elicitation/create with an error: the client closed stdin" in text
+    stats = serve_to_the_end(tmp_path, [*opening(), tool_call(1, "memory_stats")])[-1]
+    assert json.loads(stats["result"]["content"][0]["text"])["steps"] == 0  # type: ignore[index]
+
+
+def test_a_call_the_client_cancelled_does_not_hold_the_end(tmp_path: Path) -> None:
+    """A request the client cancelled is never answered (the protocol forbids it): the end of stdin does not wait
+    for its answer (``DRAIN_SECONDS``, a minute) but exits as soon as the others are answered."""
+    report = tool_call(1, "report_trajectory", task=TASK, steps=STEPS_WITHOUT_THE_LAST_REWARD, episode_id="e-1")
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "reason": "gone"}}
+    started = time.monotonic()
+    answers = serve_to_the_end(tmp_path, [*opening(elicitation={}), report, cancel, tool_call(2, "memory_stats")])
+    assert time.monotonic() - started < 30
+    assert [answer["id"] for answer in answers if "result" in answer] == [0, 2]

@@ -10,6 +10,12 @@ serves instead.
 Like the SDK's, it claims fds 0 and 1 while it serves: the wire is read and written through private duplicates,
 fd 0 reads the null device and fd 1 writes to stderr, so that nothing else in the process (a child, a stray print)
 reads the requests or writes into the answers; both are given back at the end.
+
+The end of stdin ends the session only once every request read is answered (:class:`_Draining`): the SDK cancels
+the calls still running at the end of its read stream, so ``memrl-mcp < requests.jsonl``, or a client that writes
+its last requests and closes the pipe, lost the answers (and the writes) of the requests still in flight. A call
+waiting for the client's answer to a question of the server's (elicitation, sampling) gets an error at once: a
+client that closed stdin cannot answer. A call still running after ``DRAIN_SECONDS`` is cancelled as before.
 """
 
 from __future__ import annotations
@@ -21,9 +27,13 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import anyio
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from mcp_types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
 
 LINE_LIMIT = 1 << 30  # bytes of one message; the SDK's own reader has no limit
+DRAIN_SECONDS = 60.0  # how long the calls in flight at the end of stdin may still run to answer
 
 
 def is_pipe(fd: int) -> bool:
@@ -38,6 +48,14 @@ def is_pipe(fd: int) -> bool:
 @asynccontextmanager
 async def stdio_streams() -> AsyncIterator[tuple[Any, Any]]:
     """The SDK's (read stream, write stream) over this process's stdin and stdout (module docstring)."""
+    async with _sdk_streams() as (reads, writes):
+        draining = _Draining(reads, writes)
+        yield draining, draining.writes
+
+
+@asynccontextmanager
+async def _sdk_streams() -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's streams, over the event loop's pipe transports where stdin and stdout are pipes or sockets."""
     if not (is_pipe(0) and is_pipe(1)):
         async with stdio_server() as streams:
             yield streams
@@ -93,11 +111,20 @@ class _Requests:
 
 
 class _Flow(asyncio.Protocol):
-    """The write side's flow control: an answer waits while the client lags behind reading the pipe."""
+    """The write side's flow control: an answer's flush returns once the pipe took all of it.
+
+    The transport writes at once whatever the pipe takes and buffers only the rest; with no buffer allowed (high
+    water mark 0) it pauses while anything is buffered, so a flush waits while the client lags behind reading, and
+    the last answer is on the wire before the transport closes (closing drops what it still buffers).
+    """
 
     def __init__(self) -> None:
         self.ready = asyncio.Event()
         self.ready.set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.set_write_buffer_limits(high=0)
 
     def pause_writing(self) -> None:
         self.ready.clear()
@@ -120,3 +147,107 @@ class _Answers:
 
     async def flush(self) -> None:
         await self._flow.ready.wait()
+
+
+class _Draining:
+    """The read stream the SDK's session reads, which ends only once every request read from it is answered.
+
+    It counts what crosses the wire: the ids of the client's requests not yet answered (an answer, or the client's
+    ``notifications/cancelled``, settles one) and of the server's requests to the client not yet answered. At the
+    end of stdin it first answers each of the server's open requests with a ``CONNECTION_CLOSED`` error, as the
+    client would never answer them, and then ends once the client's requests are all answered (module docstring).
+    """
+
+    def __init__(self, reads: Any, writes: Any) -> None:
+        self._reads = reads
+        self.writes = _Written(writes, self)
+        self._asked: set[str | int] = set()  # the client's requests not yet answered
+        self._asking: set[str | int] = set()  # the server's requests to the client not yet answered
+        self._closed: set[str | int] = set()  # the server's requests answered here at the end of stdin
+        self._changed = anyio.Event()
+        self._ended = False
+
+    @property
+    def last_context(self) -> Any:
+        """The sender's context of the last message (the SDK's context-carrying streams have one)."""
+        return getattr(self._reads, "last_context", None)
+
+    def sent(self, message: Any) -> None:
+        """Count a message the server writes."""
+        if isinstance(message, JSONRPCResponse | JSONRPCError):
+            self._asked.discard(message.id)
+        elif isinstance(message, JSONRPCRequest):
+            self._asking.add(message.id)
+        else:
+            return
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def receive(self) -> SessionMessage | Exception:
+        if not self._ended:
+            try:
+                item = await self._reads.receive()
+            except anyio.EndOfStream:
+                self._ended = True
+            else:
+                self._read(item)
+                return item
+        with anyio.move_on_after(DRAIN_SECONDS):
+            while self._asked:
+                unanswerable = self._asking - self._closed
+                if unanswerable:
+                    request_id = min(unanswerable, key=str)
+                    self._closed.add(request_id)
+                    error = ErrorData(code=CONNECTION_CLOSED, message="the client closed stdin")
+                    return SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
+                await self._changed.wait()
+        raise anyio.EndOfStream
+
+    def _read(self, item: SessionMessage | Exception) -> None:
+        if not isinstance(item, SessionMessage):
+            return
+        message = item.message
+        if isinstance(message, JSONRPCRequest):
+            self._asked.add(message.id)
+        elif isinstance(message, JSONRPCResponse | JSONRPCError):
+            self._asking.discard(message.id)
+        elif isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled":
+            self._asked.discard((message.params or {}).get("requestId"))  # type: ignore[arg-type]
+
+    def __aiter__(self) -> _Draining:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._reads.aclose()
+
+    async def __aenter__(self) -> _Draining:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class _Written:
+    """The write stream the SDK's session writes, each message counted by :class:`_Draining` as it is taken."""
+
+    def __init__(self, writes: Any, draining: _Draining) -> None:
+        self._writes, self._draining = writes, draining
+
+    async def send(self, item: SessionMessage) -> None:
+        await self._writes.send(item)
+        self._draining.sent(item.message)  # only once the writer took it: the session's end cancels what still sends
+
+    async def aclose(self) -> None:
+        await self._writes.aclose()
+
+    async def __aenter__(self) -> _Written:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
