@@ -346,7 +346,9 @@ def test_a_call_the_client_cancelled_does_not_hold_the_end(tmp_path: Path) -> No
     for its answer (``DRAIN_SECONDS``, a minute) but exits as soon as the others are answered."""
     report = tool_call(1, "report_trajectory", task=TASK, steps=STEPS_WITHOUT_THE_LAST_REWARD, episode_id="e-1")
     cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "reason": "gone"}}
+    unhashable = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": [1], "reason": "?"}}
     started = time.monotonic()
-    answers = serve_to_the_end(tmp_path, [*opening(elicitation={}), report, cancel, tool_call(2, "memory_stats")])
+    messages = [*opening(elicitation={}), report, unhashable, cancel, tool_call(2, "memory_stats")]
+    answers = serve_to_the_end(tmp_path, messages)
     assert time.monotonic() - started < 30
     assert [answer["id"] for answer in answers if "result" in answer] == [0, 2]

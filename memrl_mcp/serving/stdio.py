@@ -212,7 +212,9 @@ class _Draining:
         elif isinstance(message, JSONRPCResponse | JSONRPCError):
             self._asking.discard(message.id)
         elif isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled":
-            self._asked.discard((message.params or {}).get("requestId"))  # type: ignore[arg-type]
+            cancelled = (message.params or {}).get("requestId")
+            if isinstance(cancelled, str | int):  # the client's to fill: a list would not hash
+                self._asked.discard(cancelled)
 
     def __aiter__(self) -> _Draining:
         return self
