@@ -264,21 +264,38 @@ def serve_to_the_end(
     return [json.loads(line) for line in written.decode().splitlines()]
 
 
-@pytest.mark.parametrize("stdout", ["pipe", "file"])
-@pytest.mark.parametrize("stdin", ["pipe", "file"])
-def test_every_request_before_the_end_of_stdin_is_answered(tmp_path: Path, stdin: str, stdout: str) -> None:
+MODERN = {  # the 2026-07-28 envelope each request carries instead of a handshake
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "file", "version": "1"},
+}
+
+
+@pytest.mark.parametrize(
+    ("stdin", "stdout", "era"),
+    [("pipe", "pipe", "handshake"), ("pipe", "file", "handshake"), ("file", "pipe", "handshake"),
+     ("file", "file", "handshake"), ("pipe", "pipe", "2026-07-28")],
+)  # fmt: skip
+def test_every_request_before_the_end_of_stdin_is_answered(tmp_path: Path, stdin: str, stdout: str, era: str) -> None:
     """A client may write its requests and close stdin at once (``memrl-mcp < requests.jsonl``, a shell pipe): each
     is answered, and each write made, before the server exits. The SDK cancels the calls still running at the end of
-    its read stream: 9-19 of 21 such requests were answered, and the last answer written could be lost on a pipe.
-    A file is served by the SDK's threaded transport, a pipe by the event loop's."""
-    stores = [tool_call(i, "store_experience", task=f"{TASK} number {i}", experience=f"way {i}") for i in range(1, 41)]
-    answers = serve_to_the_end(tmp_path, [*opening(), *stores, tool_call(41, "tools/list")], stdin, stdout)
+    its read stream: 9-19 of 21 such requests were answered. A file is served by the SDK's threaded transport, a
+    pipe by the event loop's; both protocol eras."""
+    requests = [tool_call(i, "store_experience", task=f"{TASK} {i}", experience=f"way {i}") for i in range(1, 41)]
+    requests.append({"jsonrpc": "2.0", "id": 41, "method": "tools/list", "params": {}})
+    if era == "handshake":
+        answers = serve_to_the_end(tmp_path, [*opening(), *requests], stdin, stdout)
+        assert answers[0]["result"]["serverInfo"]["name"] == "memrl-mcp"  # type: ignore[index]
+    else:
+        for request in requests:
+            request["params"]["_meta"] = MODERN  # type: ignore[index]
+        answers = [{"id": 0}, *serve_to_the_end(tmp_path, requests, stdin, stdout)]
     by_id = {answer["id"]: answer for answer in answers}
     assert sorted(by_id) == list(range(42)) and len(answers) == 42
-    assert by_id[0]["result"]["serverInfo"]["name"] == "memrl-mcp"  # type: ignore[index]
     for i in range(1, 41):
         stored = json.loads(by_id[i]["result"]["content"][0]["text"])  # type: ignore[index]
         assert stored["memory"]["experience"] == f"way {i}"
+    assert {tool["name"] for tool in by_id[41]["result"]["tools"]} == TOOLS  # type: ignore[index]
     stats = serve_to_the_end(tmp_path, [*opening(), tool_call(1, "memory_stats")])[-1]
     assert json.loads(stats["result"]["content"][0]["text"])["memories"] == 40  # type: ignore[index]
 
