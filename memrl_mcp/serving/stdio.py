@@ -25,7 +25,7 @@ import os
 import stat
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, Self
 
 import anyio
 from mcp.server.stdio import stdio_server
@@ -149,28 +149,45 @@ class _Answers:
         await self._flow.ready.wait()
 
 
-class _Draining:
+class _Wrapped:
+    """One of the SDK's streams, wrapped: closing the wrapper closes it."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class _Draining(_Wrapped):
     """The read stream the SDK's session reads, which ends only once every request read from it is answered.
 
     It counts what crosses the wire: the ids of the client's requests not yet answered (an answer, or the client's
     ``notifications/cancelled``, settles one) and of the server's requests to the client not yet answered. At the
     end of stdin it first answers each of the server's open requests with a ``CONNECTION_CLOSED`` error, as the
-    client would never answer them, and then ends once the client's requests are all answered (module docstring).
+    client would never answer them, and then ends once the client's requests are all answered, or at the latest
+    ``DRAIN_SECONDS`` after the end of stdin (module docstring).
     """
 
     def __init__(self, reads: Any, writes: Any) -> None:
-        self._reads = reads
+        super().__init__(reads)
         self.writes = _Written(writes, self)
         self._asked: set[str | int] = set()  # the client's requests not yet answered
         self._asking: set[str | int] = set()  # the server's requests to the client not yet answered
         self._closed: set[str | int] = set()  # the server's requests answered here at the end of stdin
         self._changed = anyio.Event()
-        self._ended = False
+        self._deadline: float | None = None  # set at the end of stdin
 
     @property
     def last_context(self) -> Any:
         """The sender's context of the last message (the SDK's context-carrying streams have one)."""
-        return getattr(self._reads, "last_context", None)
+        return getattr(self._inner, "last_context", None)
 
     def sent(self, message: Any) -> None:
         """Count a message the server writes."""
@@ -184,15 +201,15 @@ class _Draining:
         self._changed = anyio.Event()
 
     async def receive(self) -> SessionMessage | Exception:
-        if not self._ended:
+        if self._deadline is None:
             try:
-                item = await self._reads.receive()
+                item = await self._inner.receive()
             except anyio.EndOfStream:
-                self._ended = True
+                self._deadline = anyio.current_time() + DRAIN_SECONDS
             else:
                 self._read(item)
                 return item
-        with anyio.move_on_after(DRAIN_SECONDS):
+        with anyio.CancelScope(deadline=self._deadline):
             while self._asked:
                 unanswerable = self._asking - self._closed
                 if unanswerable:
@@ -225,31 +242,14 @@ class _Draining:
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
 
-    async def aclose(self) -> None:
-        await self._reads.aclose()
 
-    async def __aenter__(self) -> _Draining:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-class _Written:
+class _Written(_Wrapped):
     """The write stream the SDK's session writes, each message counted by :class:`_Draining` as it is taken."""
 
     def __init__(self, writes: Any, draining: _Draining) -> None:
-        self._writes, self._draining = writes, draining
+        super().__init__(writes)
+        self._draining = draining
 
     async def send(self, item: SessionMessage) -> None:
-        await self._writes.send(item)
+        await self._inner.send(item)
         self._draining.sent(item.message)  # only once the writer took it: the session's end cancels what still sends
-
-    async def aclose(self) -> None:
-        await self._writes.aclose()
-
-    async def __aenter__(self) -> _Written:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
