@@ -279,7 +279,7 @@ MODERN = {  # the 2026-07-28 envelope each request carries instead of a handshak
 def test_every_request_before_the_end_of_stdin_is_answered(tmp_path: Path, stdin: str, stdout: str, era: str) -> None:
     """A client may write its requests and close stdin at once (``memrl-mcp < requests.jsonl``, a shell pipe): each
     is answered, and each write made, before the server exits. The SDK cancels the calls still running at the end of
-    its read stream: 9-19 of 21 such requests were answered. A file is served by the SDK's threaded transport, a
+    its read stream: 9-16 of 21 such requests were answered. A file is served by the SDK's threaded transport, a
     pipe by the event loop's; both protocol eras."""
     requests = [tool_call(i, "store_experience", task=f"{TASK} {i}", experience=f"way {i}") for i in range(1, 41)]
     requests.append({"jsonrpc": "2.0", "id": 41, "method": "tools/list", "params": {}})
