@@ -116,12 +116,12 @@ INDEXES: dict[Table, dict[str, IndexKind]] = {
     # nearest is out of date (an unindexed count read every record's payload: 5.4 ms at 2,000, 0.3 ms indexed).
     "steps": {"namespace": "keyword", "nearest": "float", "nearest_weight": "float"},
     "episodes": {"namespace": "keyword", "status": "keyword"},
-    # memory: the events of the memories deleted (by id), whatever ring size they were written with.
+    # memory: the chunks of a deleted memory (by its id), whatever q_history_size they were written with.
     "history": {"namespace": "keyword", "memory": "keyword"},
 }
 
 
-PLACEHOLDER = np.ones(1, dtype=np.float32)  # the vector of an episode record or a Q event: only looked up by id
+PLACEHOLDER = np.ones(1, dtype=np.float32)  # the vector of an episode record or a history chunk: looked up by id
 
 
 def vector_size(table: Table, dim: int) -> int:
@@ -130,7 +130,8 @@ def vector_size(table: Table, dim: int) -> int:
 
 
 def is_dot(table: Table) -> bool:
-    """Steps, episodes and Q events are scored by dot product (module docstring); memories and recalls by cosine."""
+    """Steps, episodes and history chunks are scored by dot product (module docstring); memories and recalls by
+    cosine."""
     return table in ("steps", "episodes", "history")
 
 
