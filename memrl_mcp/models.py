@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, StrictFloat, StrictInt, StrictStr, with_config
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
+from memrl_mcp.requests import RecallQuery
 from memrl_mcp.storage.numbers import KeptFloat, KeptJson
 from memrl_mcp.storage.tally import Q_STEP, Counts
 from memrl_mcp.validation import Outcome
@@ -113,21 +114,6 @@ class SearchResult(BaseModel):
     candidates: int = Field(description="Size of the Phase-A pool the memories were chosen from.")
     explored: bool = Field(description="True when epsilon-greedy exploration picked the memories.")
     memories: list[RecalledMemory]
-
-
-@with_config(ConfigDict(extra="forbid"))  # as a JSON body (the inspector): no stray key; no coercion (Strict*)
-@dataclass(frozen=True)
-class RecallQuery:
-    """What a recall (or a search, or a preview of either) is asked: the task, and optionally the namespace and
-    Phase A and B's numbers; ``None`` is the server's setting. The service checks every field and fills in the
-    settings: the query it hands on is resolved (no ``None``)."""
-
-    task: StrictStr
-    namespace: StrictStr | None = None
-    k1: StrictInt | None = None
-    k2: StrictInt | None = None
-    q_weight: StrictFloat | None = None
-    delta: StrictFloat | None = None
 
 
 class PoolCandidate(MemoryView):

@@ -30,6 +30,7 @@ from memrl_mcp.embeddings import MiniLMEmbedder, embed_scoped, embed_tasks
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.memory.steps import embedded_text
+from memrl_mcp.requests import TrajectoryReport
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
 
@@ -74,7 +75,9 @@ def measure(embedder: MiniLMEmbedder, capacity: int, steps: int, runs: int) -> d
         service = MemoryService.open(settings, embedder, store)
         fill = [{"observation": text, "action": "look", "reward": 0.0} for text in texts[:capacity]]
         for start in range(0, capacity, 100):
-            service.report_trajectory(TASK, fill[start : start + 100], f"fill-{start}", access=EVERYTHING)
+            service.report_trajectory(
+                TrajectoryReport(TASK, fill[start : start + 100], f"fill-{start}"), access=EVERYTHING
+            )
         task = embed_tasks(embedder, [TASK], "default")[0]
         old_ms, new_ms, report_ms, agreed = [], [], [], 0
         for n, text in enumerate(texts[capacity:]):
@@ -94,7 +97,7 @@ def measure(embedder: MiniLMEmbedder, capacity: int, steps: int, runs: int) -> d
             new_ms.append(statistics.median(new_runs))
             start = time.perf_counter()
             step = [{"observation": text, "action": "look", "reward": 0.0}]
-            service.report_trajectory(TASK, step, f"new-{n}", access=EVERYTHING)
+            service.report_trajectory(TrajectoryReport(TASK, step, f"new-{n}"), access=EVERYTHING)
             report_ms.append((time.perf_counter() - start) * 1000)
         service.close()
     return {

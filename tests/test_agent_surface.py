@@ -31,8 +31,9 @@ from memrl_mcp.models import (
     StoreResult,
     TrajectoryResult,
 )
+from memrl_mcp.requests import StatsQuery
 from memrl_mcp.serving.schema import compact_schema
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import TOOL_PROFILES, SettingsError, load_settings
 from memrl_mcp.validation import CandidateCount, NamespaceName, Outcome, SortKey
 from tests.support.mcp import call
@@ -131,7 +132,7 @@ async def test_each_profile_offers_its_tools_teaches_only_those_and_serves_no_ot
     writer.close()
     service = MemoryService.open(load_settings(data_dir=tmp_path / "data", tool_profile=profile), embedder)
     try:
-        before = service.stats(access=EVERYTHING)
+        before = service.stats(StatsQuery(), access=EVERYTHING)
         async with Client(create_server(service)) as client:
             tools = (await client.list_tools()).tools
             prompt = (await client.get_prompt("memory_loop", {"task": TASK})).messages[0].content.text
@@ -141,7 +142,7 @@ async def test_each_profile_offers_its_tools_teaches_only_those_and_serves_no_ot
             for hidden in set(HIDDEN_CALLS) - offered:
                 result = await client.call_tool(hidden, HIDDEN_CALLS[hidden])
                 assert result.is_error and f"Unknown tool: {hidden}" in result.content[0].text, hidden
-        assert service.stats(access=EVERYTHING) == before
+        assert service.stats(StatsQuery(), access=EVERYTHING) == before
     finally:
         service.close()
     assert offered == set(TOOL_PROFILES[profile])

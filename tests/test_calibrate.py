@@ -18,6 +18,7 @@ from memrl_mcp.embeddings.calibrate import MIN_TASKS, same_task_key
 from memrl_mcp.embeddings.minilm import MINILM_FOLDER
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.requests import NewExperience
 from memrl_mcp.settings import load_settings
 
 GOAL = re.compile(r"Your task is to: ([^\"\n]+)")
@@ -94,9 +95,9 @@ def test_calibrate_a_namespace_of_the_store(
     service = MemoryService.open(load_settings(data_dir=tmp_path / "data"), embedder)
     try:
         for goal in goals[:25]:
-            service.store_experience(goal, "did it", namespace="kitchen", access=EVERYTHING)
+            service.store_experience(NewExperience(goal, "did it", namespace="kitchen"), access=EVERYTHING)
         for goal in goals[25:60]:
-            service.store_experience(goal, "did it", namespace="garden", access=EVERYTHING)
+            service.store_experience(NewExperience(goal, "did it", namespace="garden"), access=EVERYTHING)
     finally:
         service.close()
     status, out, err = run(capsys, tmp_path, "--namespace", "kitchen")

@@ -21,9 +21,10 @@ from mcp import Client, types
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.requests import StatsQuery
 from memrl_mcp.serving.distill import distill_request
 from memrl_mcp.serving.feedback import MAX_NOTE_CHARS, Budget
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import SettingsError, load_settings
 from tests.harness.fake_llm import FakeLLMServer, FakeReply
 from tests.support.mcp import call, make_service, refused
@@ -130,12 +131,12 @@ async def test_the_user_gives_the_reward_the_agent_left_out(service: MemoryServi
 async def test_a_declined_or_dismissed_question_changes_nothing(service: MemoryService, mode: str, action: str) -> None:
     async with connect(service, mode, User(action)) as client:
         memory_id, recall_id = await recalled(client)
-        before = service.stats(access=EVERYTHING)
+        before = service.stats(StatsQuery(), access=EVERYTHING)
         report = await call(client, "report_outcome", recall_id=recall_id, experience="never stored")
         assert (report["reported"], report["reward"], report["updated"], report["stored"]) == (False, None, [], None)
         what = "declined to answer" if action == "decline" else "dismissed the question"
         assert f"the user {what}: nothing was reported. The recall stays reportable until" in report["message"]
-        assert service.stats(access=EVERYTHING) == before and history(service, memory_id) == []
+        assert service.stats(StatsQuery(), access=EVERYTHING) == before and history(service, memory_id) == []
     async with connect(service, mode) as client:  # the recall stays reportable
         assert (await call(client, "report_outcome", recall_id=recall_id, reward=-1.0))["reward_source"] == "agent"
     assert [e["source"] for e in history(service, memory_id)] == ["agent"]
@@ -249,7 +250,7 @@ async def test_a_declined_trajectory_question_leaves_the_episode_reportable(serv
         report = await call(client, "report_trajectory", task=TASK, steps=STEPS, episode_id="e-1")
         assert (report["reported"], report["updated"], report["already_applied"]) == (False, 0, False)
         assert "nothing was reported. Report episode_id 'e-1' again" in report["message"]
-        assert service.stats(access=EVERYTHING).steps == 0
+        assert service.stats(StatsQuery(), access=EVERYTHING).steps == 0
         assert "reward: required: this client does not" not in report["message"]
     async with connect(service, mode) as client:
         message = await refused(client, "report_trajectory", task=TASK, steps=STEPS, episode_id="e-1")
@@ -388,7 +389,7 @@ async def test_a_models_answer_is_checked_as_any_experience(
         message = await refused(client, "report_outcome", recall_id=recall_id, reward=1.0, trajectory=TRAJECTORY)
         assert problem in message and "(written by the client's model); nothing stored" in message
         assert f"Nothing was reported: recall {recall_id} stays reportable." in message
-        assert history(service, memory_id) == [] and service.stats(access=EVERYTHING).memories == 1
+        assert history(service, memory_id) == [] and service.stats(StatsQuery(), access=EVERYTHING).memories == 1
 
 
 TOOL_USE = types.CreateMessageResultWithTools(
@@ -462,7 +463,7 @@ async def test_thousands_of_sampling_requests_get_the_budget_and_no_more(
                     assert "this token had 5 experiences written in the last minute" in result.content[0].text
                     refusals += 1
             assert (len(model.asked), refusals) == (5, 1995)
-            assert service.stats(access=EVERYTHING).memories == 5
+            assert service.stats(StatsQuery(), access=EVERYTHING).memories == 5
             # An experience the agent writes itself costs nothing of the budget.
             assert (await call(client, "store_experience", task=TASK, experience=LESSON))["memory"]["q"] == 0.0
     finally:
@@ -605,7 +606,7 @@ async def test_a_hostile_or_broken_endpoint_stores_nothing(
                     client, "report_outcome", recall_id=recall_id, reward=1.0, trajectory=TRAJECTORY
                 )
             assert problem in message and "Nothing was reported" in message
-            assert history(service, memory_id) == [] and service.stats(access=EVERYTHING).memories == 1
+            assert history(service, memory_id) == [] and service.stats(StatsQuery(), access=EVERYTHING).memories == 1
     finally:
         service.close()
 

@@ -11,7 +11,7 @@ from qdrant_client import models
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery, StatsQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import QdrantClientStore
 
@@ -45,14 +45,18 @@ def test_every_write_is_strongly_ordered_and_every_read_a_majority_read(embedder
     store._client = recording
     service = MemoryService.open(settings, embedder, store)
     try:
-        kept = service.store_experience("water the plants", "use the blue can", "garden", access=EVERYTHING)
-        service.store_experience("water the plants", "use the green can", "garden", access=EVERYTHING)  # a merge
+        kept = service.store_experience(
+            NewExperience("water the plants", "use the blue can", "garden"), access=EVERYTHING
+        )
+        service.store_experience(
+            NewExperience("water the plants", "use the green can", "garden"), access=EVERYTHING
+        )  # a merge
         recall = service.recall(RecallQuery("water the plants", "garden"), access=EVERYTHING)
-        service.report(recall.recall_id, 1.0, "filled the can first", access=EVERYTHING)
+        service.report(OutcomeReport(recall.recall_id, 1.0, "filled the can first"), access=EVERYTHING)
         service.search(RecallQuery("water the plants", "garden"), access=EVERYTHING)
-        service.stats("garden", access=EVERYTHING)
-        service.forget(kept.id, access=EVERYTHING)
-        service.forget(namespace="garden", access=EVERYTHING)
+        service.stats(StatsQuery("garden"), access=EVERYTHING)
+        service.forget(ForgetRequest(kept.id), access=EVERYTHING)
+        service.forget(ForgetRequest(namespace="garden"), access=EVERYTHING)
         service.housekeeping(stale_after=0.0)
     finally:
         service.close()

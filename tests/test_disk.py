@@ -26,7 +26,7 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import open_store
 from tests.support.crashes import DiesAtWrite
@@ -129,7 +129,7 @@ def write_store(embedder: Embedder, data_dir: Path, memories: int, **overrides: 
     service = make_service(embedder, data_dir, **overrides)
     try:
         ids = [
-            service.store_experience(task_text(random.Random(i), i), f"lesson {i}", access=EVERYTHING).id
+            service.store_experience(NewExperience(task_text(random.Random(i), i), f"lesson {i}"), access=EVERYTHING).id
             for i in range(memories)
         ]
         service.recall(RecallQuery(task_text(random.Random(0), 0)), access=EVERYTHING)
@@ -191,7 +191,7 @@ def write_store_with_an_interrupted_report(embedder: Embedder, data_dir: Path) -
         recall = service.recall(RecallQuery(task_text(random.Random(0), 0)), access=EVERYTHING)
         with pytest.raises(KeyboardInterrupt):
             dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # type: ignore[arg-type]
-            dying.report(recall.recall_id, 1.0, access=EVERYTHING)
+            dying.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
     finally:
         service.close()
     return ids

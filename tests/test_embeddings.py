@@ -44,7 +44,7 @@ from memrl_mcp.embeddings.minilm import MINILM_FILES, MINILM_FOLDER, MINILM_PROF
 from memrl_mcp.embeddings.providers import OPENAI_PROFILE
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryRequestError, MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import NewExperience, RecallQuery
 from memrl_mcp.settings import load_settings
 
 NATIVE_DIM = 64  # the fake model's output size when the request names no ``dimensions``
@@ -542,9 +542,11 @@ def test_service_over_openai_recalls_by_shared_words_and_refuses_another_vector_
     try:
         assert service.embedder.dim == NATIVE_DIM  # probed
         soup = service.store_experience(
-            "heat some soup in the microwave", "open the microwave, put the soup in", access=EVERYTHING
+            NewExperience("heat some soup in the microwave", "open the microwave, put the soup in"), access=EVERYTHING
         )
-        code = service.store_experience("sort a python list of numbers", "use sorted(numbers)", access=EVERYTHING)
+        code = service.store_experience(
+            NewExperience("sort a python list of numbers", "use sorted(numbers)"), access=EVERYTHING
+        )
         assert not soup.merged and not code.merged
         result = service.recall(RecallQuery("warm the soup in the microwave"), access=EVERYTHING)
         assert result.memories, result
@@ -573,7 +575,7 @@ def test_service_over_openai_handles_a_punctuation_only_task(fake_api: FakeEmbed
     try:
         # Accepted by the task check (not blank): each call must work or be refused as a bad request.
         with contextlib.suppress(MemoryRequestError):
-            service.store_experience("...", "nothing to do", access=EVERYTHING)
+            service.store_experience(NewExperience("...", "nothing to do"), access=EVERYTHING)
         with contextlib.suppress(MemoryRequestError):
             service.recall(RecallQuery("?"), access=EVERYTHING)
     finally:

@@ -26,8 +26,9 @@ from mcp import Client
 
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.requests import NewExperience, StatsQuery
 from memrl_mcp.serving.auth import TokenTable
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import TokenGrant
 from tests.support.mcp import call, refused
 from tests.support.servers import (
@@ -367,7 +368,7 @@ async def test_a_server_with_tokens_serves_no_call_that_carries_none(service: Me
     """Every tool and resource takes its caller from the request that carried the call, through one function:
     called where there is no request (an in-process client) on a server that requires tokens, each one refuses.
     A tool that looked its caller up anywhere else would answer here."""
-    memory = service.store_experience(ALICE_TASK, ALICE_SECRET, namespace="alice", access=EVERYTHING).id
+    memory = service.store_experience(NewExperience(ALICE_TASK, ALICE_SECRET, namespace="alice"), access=EVERYTHING).id
     valid_calls = {
         "recall_experience": {"task": ALICE_TASK},
         "search_experience": {"task": ALICE_TASK},
@@ -390,4 +391,4 @@ async def test_a_server_with_tokens_serves_no_call_that_carries_none(service: Me
             with pytest.raises(Exception, match="authorization: a valid bearer token is required"):
                 await client.read_resource(uri)
     assert service.get(memory, access=EVERYTHING).experience == ALICE_SECRET
-    assert service.stats(access=EVERYTHING).memories == 1
+    assert service.stats(StatsQuery(), access=EVERYTHING).memories == 1

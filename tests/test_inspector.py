@@ -21,7 +21,7 @@ from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import NewExperience, RecallQuery, StatsQuery
 from memrl_mcp.serving.inspector import CONTENT_SECURITY_POLICY, preview
 from tests.support.inspector import (
     ALICE,
@@ -241,8 +241,8 @@ def test_bad_requests_are_named(with_tokens: Seeded) -> None:
 
 def test_preview_gives_algorithms_numbers_and_logs_no_recall(service: MemoryService) -> None:
     for task, q in ((CLOSEST, -0.8), (FARTHER, 0.9), (UNRELATED, 0.0)):
-        service.store_experience(task, "steps", q=q, access=EVERYTHING)
-    before = service.stats(access=EVERYTHING)
+        service.store_experience(NewExperience(task, "steps", q=q), access=EVERYTHING)
+    before = service.stats(StatsQuery(), access=EVERYTHING)
     for q_weight in (0.0, 0.5, 1.0):
         shown = preview(service, RecallQuery(task=CLOSEST, k1=5, k2=1, q_weight=q_weight), access=EVERYTHING)
         pool = [algorithm.Candidate(c.similarity, c.q) for c in shown.candidates]
@@ -267,7 +267,7 @@ def test_preview_gives_algorithms_numbers_and_logs_no_recall(service: MemoryServ
     assert farther.reason.startswith("chosen for its utility")
     closest = next(c for c in utility_wins.candidates if c.task == CLOSEST)
     assert closest.reason.startswith("displaced by higher utility")
-    assert service.stats(access=EVERYTHING) == before  # no recall logged, no Q moved
+    assert service.stats(StatsQuery(), access=EVERYTHING) == before  # no recall logged, no Q moved
     with pytest.raises(MemoryRequestError, match=r"^k2: 3 exceeds k1"):
         preview(service, RecallQuery(task=CLOSEST, k1=2, k2=3), access=EVERYTHING)
 

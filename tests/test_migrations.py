@@ -20,8 +20,9 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.records import operation_token
-from memrl_mcp.models import QEvent, RecallQuery
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.models import QEvent
+from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, new_id, open_store
 from memrl_mcp.storage.migrations import SCHEMA_POINT, SCHEMA_VERSION, schema_version
@@ -290,7 +291,9 @@ def test_records_of_version_3_go_on_and_an_operation_they_applied_is_not_applied
     new forms, their histories read whole."""
     data_dir = tmp_path / "data"
     service = make_service(embedder, data_dir, engine, k1=2, k2=2)
-    first, second = (service.store_experience(task, f"how to {task}", "team", access=EVERYTHING) for task in TASKS[:2])
+    first, second = (
+        service.store_experience(NewExperience(task, f"how to {task}", "team"), access=EVERYTHING) for task in TASKS[:2]
+    )
     recall = service.recall(RecallQuery(TASKS[0], "team", delta=-1.0), access=EVERYTHING)
     service.close()
     assert {m.id for m in recall.memories} == {first.id, second.id}
@@ -315,9 +318,9 @@ def test_records_of_version_3_go_on_and_an_operation_they_applied_is_not_applied
         assert (detail.visits, detail.q) == (1, pytest.approx(0.3))
         assert [event.event for event in detail.history] == ["reset", "reward"]
         with pytest.raises(MemoryRequestError, match="already reported"):
-            service.report(recall.recall_id, 1.0, access=EVERYTHING)
+            service.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
         again = service.recall(RecallQuery(TASKS[0], "team", delta=-1.0), access=EVERYTHING)
-        service.report(again.recall_id, -1.0, access=EVERYTHING)
+        service.report(OutcomeReport(again.recall_id, -1.0), access=EVERYTHING)
         for memory_id, events in ((first.id, 3), (second.id, 3)):
             assert len(service.get(memory_id, access=EVERYTHING).history) == events
     finally:

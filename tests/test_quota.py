@@ -24,7 +24,7 @@ import yaml
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery
 from memrl_mcp.settings import SettingsError, load_settings
 from memrl_mcp.storage import EdgeStore, Point, Store, Table
 from memrl_mcp.storage.quota import MeteredStore
@@ -150,7 +150,7 @@ def test_concurrent_writers_never_overshoot_the_quota_and_the_count_is_exact(
             for i in range(40):
                 try:
                     service.store_experience(
-                        f"job {n}-{i}", text(n * 100 + i, 8000), namespace="busy", access=EVERYTHING
+                        NewExperience(f"job {n}-{i}", text(n * 100 + i, 8000), namespace="busy"), access=EVERYTHING
                     )
                 except MemoryRequestError as error:
                     refusals.append(str(error))
@@ -165,7 +165,7 @@ def test_concurrent_writers_never_overshoot_the_quota_and_the_count_is_exact(
         assert used is not None and used <= MB
         assert used == recount(store, "busy")
         service.store_experience(
-            "elsewhere", "another namespace has its own quota", namespace="calm", access=EVERYTHING
+            NewExperience("elsewhere", "another namespace has its own quota", namespace="calm"), access=EVERYTHING
         )
     finally:
         service.close()
@@ -179,16 +179,15 @@ def recount(store: Store, namespace: str) -> int:
 KILLED_WRITER = """
 import os, signal, sys
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.models import RecallQuery
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
+from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery
 service = MemoryService.open(load_settings(data_dir=sys.argv[1]))
 for i in range(30):
-    service.store_experience(f"job {i}", "lesson " * (50 * i + 1), namespace="ns", access=EVERYTHING)
+    service.store_experience(NewExperience(f"job {i}", "lesson " * (50 * i + 1), namespace="ns"), access=EVERYTHING)
 recall = service.recall(RecallQuery("job 3", namespace="ns"), access=EVERYTHING)
-service.report(recall.recall_id, 1.0, experience="more " * 500, access=EVERYTHING)
-service.forget(namespace="gone", access=EVERYTHING)
+service.report(OutcomeReport(recall.recall_id, 1.0, experience="more " * 500), access=EVERYTHING)
+service.forget(ForgetRequest(namespace="gone"), access=EVERYTHING)
 print(service._store.usage("ns"), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -198,8 +197,10 @@ def test_the_usage_is_counted_again_after_a_crash(embedder: Embedder, tmp_path: 
     """A writer killed without closing saves no usage: the next open counts it again, to the byte."""
     data_dir = tmp_path / "data"
     service = make_service(embedder, data_dir)
-    service.store_experience("kept", "from before", namespace="ns", access=EVERYTHING)
-    service.store_experience("gone", "forgotten by the killed writer", namespace="gone", access=EVERYTHING)
+    service.store_experience(NewExperience("kept", "from before", namespace="ns"), access=EVERYTHING)
+    service.store_experience(
+        NewExperience("gone", "forgotten by the killed writer", namespace="gone"), access=EVERYTHING
+    )
     service.close()
     assert (data_dir / "memrl" / "edge" / "usage.json").exists()  # a clean close saved it
 
@@ -346,20 +347,24 @@ def test_the_q_histories_chunks_are_counted_and_given_back(embedder: Embedder, t
     store = service._store
     try:
         assert isinstance(store, MeteredStore)
-        mug = service.store_experience("put a clean mug in the coffee machine", "rinse", "ns", access=EVERYTHING)
-        cup = service.store_experience("wash the cup and dry it", "soap, then towel", "ns", access=EVERYTHING)
+        mug = service.store_experience(
+            NewExperience("put a clean mug in the coffee machine", "rinse", "ns"), access=EVERYTHING
+        )
+        cup = service.store_experience(
+            NewExperience("wash the cup and dry it", "soap, then towel", "ns"), access=EVERYTHING
+        )
         for task in ["put a clean mug in the coffee machine", "wash the cup and dry it"] * 20:
             recall = service.recall(RecallQuery(task, "ns", k1=1, k2=1), access=EVERYTHING)
-            service.report(recall.recall_id, 1.0, access=EVERYTHING)
+            service.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
         chunks = store.count("history", {"namespace": "ns"})
         assert chunks == 4  # 20 updates of each memory: two tails of 8 copied
         assert store.usage("ns") == recount(store, "ns")
         with_chunks = store.usage("ns")
-        service.forget(memory_id=mug.id, access=EVERYTHING)
+        service.forget(ForgetRequest(memory_id=mug.id), access=EVERYTHING)
         assert store.count("history", {"namespace": "ns"}) == 2
         assert store.usage("ns") == recount(store, "ns") < with_chunks
         assert service.get(cup.id, access=EVERYTHING).visits == 20
-        service.forget(namespace="ns", access=EVERYTHING)
+        service.forget(ForgetRequest(namespace="ns"), access=EVERYTHING)
         assert store.count("history") == 0 and store.usage("ns") == recount(store, "ns") == 0
     finally:
         service.close()

@@ -21,7 +21,8 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import QChange, RecallQuery
+from memrl_mcp.models import QChange
+from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery, StatsQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
 
@@ -60,7 +61,7 @@ def run_together(jobs: list[Callable[[], Any]]) -> list[Any]:
 
 def test_concurrent_reports_on_two_replicas_lose_no_update(replicas: tuple[MemoryService, MemoryService]) -> None:
     first, second = replicas
-    ids = [first.store_experience(task, "look around first", access=EVERYTHING).id for task in TASKS]
+    ids = [first.store_experience(NewExperience(task, "look around first"), access=EVERYTHING).id for task in TASKS]
     rng = random.Random(7)
     work = []
     for i in range(48):
@@ -69,7 +70,9 @@ def test_concurrent_reports_on_two_replicas_lose_no_update(replicas: tuple[Memor
         assert {m.id for m in recall.memories} == set(ids)
         work.append((replica, recall.recall_id, rng.choice((-1.0, 0.5, 1.0))))
 
-    results = run_together([lambda r=r, rid=rid, w=w: r.report(rid, w, access=EVERYTHING) for r, rid, w in work])
+    results = run_together(
+        [lambda r=r, rid=rid, w=w: r.report(OutcomeReport(rid, w), access=EVERYTHING) for r, rid, w in work]
+    )
     assert not [r for r in results if isinstance(r, Exception)]
 
     for memory_id in ids:
@@ -91,11 +94,11 @@ def test_a_recall_reported_on_both_replicas_at_once_counts_once(
     replicas: tuple[MemoryService, MemoryService],
 ) -> None:
     first, second = replicas
-    memory_id = first.store_experience(TASKS[0], "pull the handle", access=EVERYTHING).id
+    memory_id = first.store_experience(NewExperience(TASKS[0], "pull the handle"), access=EVERYTHING).id
     recalls = [first.recall(RecallQuery(TASKS[0], k1=1, k2=1), access=EVERYTHING).recall_id for _ in range(16)]
 
     jobs = [
-        lambda rid=rid, r=r: r.report(rid, 1.0, experience="it worked", access=EVERYTHING)
+        lambda rid=rid, r=r: r.report(OutcomeReport(rid, 1.0, experience="it worked"), access=EVERYTHING)
         for rid in recalls
         for r in replicas
     ]
@@ -117,12 +120,14 @@ def test_a_memory_forgotten_on_one_replica_is_not_revived_by_a_report_on_the_oth
     replicas: tuple[MemoryService, MemoryService],
 ) -> None:
     first, second = replicas
-    keep, drop = (first.store_experience(task, "step by step", access=EVERYTHING).id for task in TASKS[:2])
+    keep, drop = (
+        first.store_experience(NewExperience(task, "step by step"), access=EVERYTHING).id for task in TASKS[:2]
+    )
     recall = first.recall(RecallQuery(TASKS[0], k1=2, k2=2), access=EVERYTHING)
-    second.forget(memory_id=drop, access=EVERYTHING)
-    result = first.report(recall.recall_id, 1.0, access=EVERYTHING)
+    second.forget(ForgetRequest(memory_id=drop), access=EVERYTHING)
+    result = first.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
     assert [c.id for c in result.updated] == [keep]
     assert result.missing == [drop]
     with pytest.raises(MemoryRequestError, match="no memory"):
         second.get(drop, access=EVERYTHING)
-    assert second.stats(access=EVERYTHING).memories == 1
+    assert second.stats(StatsQuery(), access=EVERYTHING).memories == 1

@@ -18,7 +18,8 @@ from memrl_mcp.embeddings import Embedder, embed_scoped, embed_tasks
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.memory.steps import embedded_text
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.requests import TrajectoryReport
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
 from tests.support.crashes import CountingStore
@@ -93,7 +94,7 @@ def test_a_long_running_server_reuses_the_space_of_what_it_rewrites(embedder: Em
     sizes = []
     try:
         for i in range(4000):
-            service.report_trajectory("tidy the data", step, f"e-{i}", access=EVERYTHING)
+            service.report_trajectory(TrajectoryReport("tidy the data", step, f"e-{i}"), access=EVERYTHING)
             if i + 1 in (2000, 4000):
                 sizes.append((segments_bytes(edge, "steps"), segments_bytes(edge, "episodes")))
     finally:
@@ -178,7 +179,9 @@ def add_one(
     expected = expected_eviction(counting, "default", stored_vector(embedder, "default", task, text), weight)
     counting.reset()
     steps = [{"observation": text, "action": "look", "reward": 0.0}]
-    result = service.report_trajectory(task, steps, f"new-{len(before)}-{text[:20]}", access=EVERYTHING)
+    result = service.report_trajectory(
+        TrajectoryReport(task, steps, f"new-{len(before)}-{text[:20]}"), access=EVERYTHING
+    )
     read = counting.records_read["steps"]
     after = {r.id for r in service.step_records()}
     if expected is None:
@@ -202,7 +205,10 @@ async def test_at_capacity_a_new_step_reads_a_few_records_and_evicts_as_the_pape
     fill = synthetic_trajectory(1, capacity, 200, 40)
     newcomers = [step["observation"] for step in synthetic_trajectory(2, 9, 200, 40)]
     try:
-        assert service.report_trajectory("tidy the data", fill, "fill", access=EVERYTHING).created == capacity
+        assert (
+            service.report_trajectory(TrajectoryReport("tidy the data", fill, "fill"), access=EVERYTHING).created
+            == capacity
+        )
         for text in newcomers[:6]:
             evicted, read = add_one(service, counting, embedder, text, 0.6)
             assert evicted is not None and read <= 12, f"{read} step records read at a capacity of {capacity}"

@@ -13,8 +13,19 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.requests import (
+    ForgetRequest,
+    ListQuery,
+    MemoryEdit,
+    NewExperience,
+    OutcomeReport,
+    RecallQuery,
+    StatsQuery,
+    StepQuery,
+    TrajectoryReport,
+)
+from memrl_mcp.serving.server import create_server
+from memrl_mcp.validation import TrajectoryStep
 from tests.support.mcp import call, make_service, refused
 from tests.support.servers import TOOLS
 
@@ -259,28 +270,32 @@ def test_non_finite_rewards_are_refused_by_the_service(service: MemoryService) -
     recall = service.recall(RecallQuery(MUG), access=EVERYTHING)
     for reward in (float("nan"), float("inf"), -float("inf")):
         with pytest.raises(MemoryRequestError, match="reward: Input should be a finite number"):
-            service.report(recall.recall_id, reward, access=EVERYTHING)
+            service.report(OutcomeReport(recall.recall_id, reward), access=EVERYTHING)
     for reward in ("0.5", True):  # the Python API is as strict as the tools
         with pytest.raises(MemoryRequestError, match="reward: Input should be a valid number"):
-            service.report(recall.recall_id, reward, access=EVERYTHING)  # type: ignore[arg-type]
-    assert service.report(recall.recall_id, 0.5, access=EVERYTHING).reward == 0.5
+            service.report(OutcomeReport(recall.recall_id, reward), access=EVERYTHING)  # type: ignore[arg-type]
+    assert service.report(OutcomeReport(recall.recall_id, 0.5), access=EVERYTHING).reward == 0.5
 
 
 def test_every_caller_facing_method_requires_the_callers_access(service: MemoryService) -> None:
     """Fail-closed tenancy: a new tool that forgets to pass its caller's access gets a TypeError, never every
     tenant's memories."""
     calls = {
-        "recall": (MUG,),
-        "search": (MUG,),
-        "report": ("3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", 1.0),
-        "store_experience": (MUG, MUG_PROCEDURE),
-        "forget": (None, "default"),
-        "get": ("3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11",),
-        "stats": (),
+        "recall": RecallQuery(MUG),
+        "search": RecallQuery(MUG),
+        "report": OutcomeReport("3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", 1.0),
+        "store_experience": NewExperience(MUG, MUG_PROCEDURE),
+        "recall_step_advice": StepQuery(MUG, "You are in the kitchen."),
+        "report_trajectory": TrajectoryReport(MUG, [TrajectoryStep(observation="o", action="a", reward=1.0)], "e"),
+        "forget": ForgetRequest(namespace="default"),
+        "get": "3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11",
+        "stats": StatsQuery(),
+        "list_memories": ListQuery(),
+        "update_memory": MemoryEdit("3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", reset_q=True),
     }
-    for name, arguments in calls.items():
+    for name, request in calls.items():
         with pytest.raises(TypeError, match="access"):
-            getattr(service, name)(*arguments)
+            getattr(service, name)(request)
 
 
 async def test_an_expired_recall_is_refused(embedder: Embedder, tmp_path: Path) -> None:

@@ -112,6 +112,7 @@ class Settings(BaseModel):
             (learning.reward_min, learning.reward_max),
             (limits.max_trajectory_steps, limits.max_observation_chars, limits.max_action_chars),
             limits.max_list_page,
+            limits.max_trajectory_chars,
         )
 
 

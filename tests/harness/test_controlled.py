@@ -23,7 +23,7 @@ from memrl_harness.benchmarks.controlled import (
 from memrl_harness.benchmarks.options import OptionError
 from memrl_mcp.embeddings import Embedder, SimilarityProfile
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery
 from tests.support.mcp import make_service
 
 # The paper's ALFWorld constants (configs/alfworld.yaml), spelled out so the experiment does not move
@@ -244,14 +244,13 @@ def simulate(bench: ControlledBenchmark, mode: str, seed: int, epochs: int, embe
                 outcome = "success" if episode.success else "failure"
                 if mode == "memrl":
                     service.report(
-                        recall.recall_id,
-                        episode.reward,
-                        experience=episode.experience,
-                        outcome=outcome,
+                        OutcomeReport(recall.recall_id, episode.reward, experience=episode.experience, outcome=outcome),
                         access=EVERYTHING,
                     )
                 elif mode == "rag":
-                    service.store_experience(task.intent, episode.experience, outcome=outcome, access=EVERYTHING)
+                    service.store_experience(
+                        NewExperience(task.intent, episode.experience, outcome=outcome), access=EVERYTHING
+                    )
             success.append(wins / len(tasks))
             csr.append(len(solved) / len(tasks))
     finally:
