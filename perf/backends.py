@@ -14,7 +14,7 @@ latency; and, in the same process over the same vectors, a numpy brute-force sea
 
     .venv/bin/python perf/backends.py [--sizes 1000,10000,100000] [--queries 200]
 
-qdrant-client's local mode is slow (pure Python/numpy: ~1.6 s per 1k points to load with a path),
+qdrant-client's local mode is slow (pure Python/numpy: docs/performance.md, "The embedded engines compared"),
 so its search is timed on fewer queries when they would exceed ``--budget`` seconds per cell,
 and ``--qdrant-max-size`` can leave it out of the largest sizes; the table says when either happened.
 """

@@ -5,7 +5,7 @@ peer's, on the same task text), so both see the same machine load; the ratio is 
 length over the same queries.
 
 - Ours: ``python -m memrl_mcp.cli`` on the default embedded engine (qdrant-edge) and the default embedder.
-- The peer: ``mcp-server-qdrant`` (0.8.1 measured), installed in a virtualenv of its own (``--peer``, its
+- The peer: ``mcp-server-qdrant`` (0.8.1 when last compared), installed in a virtualenv of its own (``--peer``, its
   console script), on a local-path Qdrant (``QDRANT_LOCAL_PATH``: qdrant-client's local mode, its embedded
   option) with FastEmbed's all-MiniLM-L6-v2, fp32, and ``QDRANT_SEARCH_LIMIT`` = our k1. FastEmbed cannot
   download here: the fp32 model is rebuilt from the published weights (``memrl_mcp.embeddings.minilm_build``) into the

@@ -1,5 +1,5 @@
 """A million memories in the embedded engine: HNSW against exact search, recalls during an index build, start-up,
-resident memory, ``memory_stats`` and import throughput (a benchmark; issue 16 items 1 and 2).
+resident memory, ``memory_stats`` and import throughput (a benchmark; its figures: docs/performance.md).
 
 The store holds the benchmarks' real task texts (ALFWorld goals, LLB instructions, BigCodeBench prompts, embedded
 with the shipped MiniLM) and perturbed copies of them up to ``--size`` (replicated vectors: each copy is its text's
@@ -159,7 +159,7 @@ def preload(args: argparse.Namespace, pairs: list[tuple[str, str]], base: np.nda
         rng = np.random.default_rng(args.seed)
         prng = random.Random(args.seed)
         now = time.time()
-        # One payload per text, varied per copy in the fields that vary (building each from scratch: 2 ms).
+        # One payload per text, varied per copy in the fields that vary (building each from scratch is slow at 1M).
         templates = [B.memory_payload(prng, namespace, text, now) for namespace, text in pairs]
         start = time.perf_counter()
         for first in range(have, args.size, BATCH):

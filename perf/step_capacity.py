@@ -1,4 +1,4 @@
-"""What a new step costs the step memory at its record capacity (issue 22): Rememberer's rule decided the old way
+"""What a new step costs the step memory at its record capacity: Rememberer's rule decided the old way
 (read every record of the namespace, build the similarity matrix of all pairs) against the way the service decides
 it now (the new record's nearest neighbour, and the closest stored pair through each record's indexed ``nearest``:
 ``StepMemory.room``), on the same store, in one process.

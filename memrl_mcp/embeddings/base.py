@@ -32,7 +32,7 @@ class UncalibratedModelError(MemrlError):
 
 @dataclass(frozen=True)
 class SimilarityProfile:
-    """Similarity constants of one embedder (MEMRL.md, Phase A and B, and the merge rule).
+    """Similarity constants of one embedder (docs/algorithm.md: Phase A and B, and the merge rule).
 
     - ``mean``, ``std``: corpus statistics of query-vs-memory cosine similarity. Phase B
       scores ``z(sim) = (sim - mean) / std`` with these fixed constants, as the official

@@ -15,12 +15,12 @@ class CachedEmbedder:
     """An embedder with a least-recently-used cache of ``size`` texts.
 
     Agents come back to the same tasks (a retry, the next epoch of a benchmark, a recurring chore); a
-    repeated task then costs a dictionary lookup instead of a model run (~6-15 ms of CPU with MiniLM here)
-    or a paid API call. Thread-safe; vectors are returned as copies.
+    repeated task then costs a dictionary lookup instead of a model run or a paid API call. Thread-safe; vectors are
+    returned as copies.
 
     Entries are keyed by ``scope`` too (the memory passes the namespace, its unit of tenancy): a hit skips a
-    model run, so a cache shared across tenants let one tenant learn by timing which task texts another sent
-    recently (40 of 40 trials over HTTP, 7.5 ms median gap; issue 11). Within a scope a text is embedded once;
+    model run, so a cache shared across tenants would let one tenant learn by timing which task texts another sent
+    recently (docs/security.md, "Tenancy fails closed"). Within a scope a text is embedded once;
     across scopes never shared. ``hits`` and ``misses`` count texts, per scope (a metric, and what the tests
     assert instead of timing)."""
 

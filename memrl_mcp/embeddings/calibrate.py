@@ -1,6 +1,6 @@
 """``memrl-mcp calibrate``: measure the similarity constants of the configured embedder on the user's own tasks.
 
-Every embedder has its own similarity scale, and the constants of retrieval depend on it (MEMRL.md,
+Every embedder has its own similarity scale, and the constants of retrieval depend on it (docs/algorithm.md,
 Phase A and B; :class:`memrl_mcp.embeddings.SimilarityProfile`). This measures them from the task
 texts an agent actually sends, by the method that fixed the shipped MiniLM constants
 (``perf/embedders.py``), and writes them as YAML settings:
@@ -8,7 +8,7 @@ texts an agent actually sends, by the method that fixed the shipped MiniLM const
 - ``sim_mean``, ``sim_std``: mean and standard deviation of the cosine similarity over all pairs of
   distinct task texts (the corpus statistics that z(sim) uses).
 - ``delta``: the largest multiple of 0.05 that still lets at least 95% of the tasks recall their
-  nearest other task (the shipped MiniLM delta, 0.5, kept 96-100% per benchmark).
+  nearest other task (the shipped MiniLM delta meets it in every benchmark: docs/embeddings.md).
 - ``merge_threshold``: the smallest multiple of 0.01 above the highest similarity of two different
   tasks, so that no two different tasks of the sample merge (1.0: only identical texts do). Texts equal up to case,
   spacing and trailing punctuation count as one task here: those should merge.

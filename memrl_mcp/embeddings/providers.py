@@ -18,9 +18,8 @@ from memrl_mcp.embeddings.minilm import MINILM_PROFILE
 # MEMRL_SIM_MEAN, MEMRL_SIM_STD and MEMRL_DELTA (and MEMRL_MERGE_THRESHOLD) for it.
 OPENAI_PROFILE = SimilarityProfile(mean=0.1857, std=0.0941, delta=0.5, merge=0.90)
 
-# FastEmbed models whose constants were measured (perf/embedders.py): the same model in fp32 (its
-# graph from minilm_build; same texts: mean 0.263, std 0.152; calibrate's rules on all texts mixed: delta
-# 0.5, closest different tasks 0.987 so merge 0.99), i.e. MINILM_PROFILE.
+# FastEmbed models whose constants were measured (perf/embedders.py): the same model in fp32 (its graph from
+# minilm_build), whose constants on the same texts round to the int8 model's (docs/embeddings.md): MINILM_PROFILE.
 FASTEMBED_PROFILES = {"sentence-transformers/all-MiniLM-L6-v2": MINILM_PROFILE}
 FASTEMBED_DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -1,7 +1,7 @@
 """The learning rules, pure and small: MemRL's two-phase retrieval scores and Monte-Carlo Q update for the
 episode memory, and Rememberer's n-step Q-learning for the step memory (second half of this module).
 
-Notation follows the paper (and ../shared/design/MEMRL.md):
+Notation follows the paper (docs/algorithm.md tells it in words):
 
 - Phase A recalls a candidate pool C of memories whose cosine similarity to the query task is
   at least delta (top-k1). That step needs the vector index, so the store does it.

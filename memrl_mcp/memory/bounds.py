@@ -16,8 +16,8 @@ class OldestBeyond:
     """At most ``bound`` points of one kind (those of ``table`` matching ``where``) per namespace: once a namespace has
     more, the oldest by ``age`` go, down to :data:`EVICT_DOWN_TO` of the bound.
 
-    Counting is a scan in qdrant-client's local mode (160 ms at 1000 recalls, against 0.2 ms on qdrant-edge), so a
-    process counts a namespace only once the points it added since the last count could have reached the bound
+    Counting is a scan in qdrant-client's local mode, slow against qdrant-edge's indexed count (docs/performance.md),
+    so a process counts a namespace only once the points it added since the last count could have reached the bound
     (nothing else adds them). Replicas on one Qdrant server may each add that many between counts."""
 
     def __init__(self, store: Store, table: Table, where: Where, age: str, bound: int) -> None:

@@ -1,8 +1,8 @@
 """A memory's Q history: its newest events in the memory's payload (the tail), the older ones in the history table.
 
 Why not all of it in the memory: qdrant-edge reads and rewrites a point's whole payload at every write, even of two
-fields, so with the history in the memory each Q update cost more as the history filled (docs/performance.md, the
-flat cycle of issue 25). The payload keeps at most
+fields, so with the history in the memory each Q update cost more as the history filled (docs/performance.md). The
+payload keeps at most
 :data:`HISTORY_TAIL` events (``history``: JSON text, one event per line), and ``history_chunks`` counts the tails
 that left it. When the tail is full, the next Q update first copies the tail into the history table, as one point
 (a chunk), then writes the memory with its new event alone in the tail: conditionally, as every Q update
@@ -37,9 +37,9 @@ from typing import Any
 from memrl_mcp.models import QEvent
 from memrl_mcp.storage import PLACEHOLDER, Point, Store
 
-# Events the memory's payload keeps before they move to the history table, as one point: a copy is paid once per
-# this many updates, 40-80 us of CPU (qdrant-edge's price is per point: 8 points of one event cost 250-340 us), and
-# the payload keeps under ~1.5 KB of history.
+# Events the memory's payload keeps before they move to the history table, as one point (qdrant-edge's price is
+# per point, so one point of 8 events, not 8 of one): a copy is paid once per this many updates, and the payload
+# keeps a short history to rewrite at each update.
 HISTORY_TAIL = 8
 
 

@@ -61,8 +61,8 @@ def keyset_page(
 
 def tie(value: float) -> float:
     """How far apart two sort values may be and count as equal (a tie group). qdrant-edge reads some floats back
-    one ulp off the value its index holds (measured: 63 of 500 timestamps), so an exact match on a value read back
-    can miss its own point."""
+    one ulp off the value its index holds (docs/storage.md, "Numbers read back as written"), so an exact match on a
+    value read back can miss its own point."""
     return 4 * math.ulp(value)
 
 

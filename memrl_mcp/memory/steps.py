@@ -25,9 +25,9 @@ decision of a long episode went wrong. The step memory learns per decision:
 
 **The closest pair without the matrix.** The paper's code keeps the similarity matrix of all stored records; a
 store has no such matrix, and building it read every record of the namespace and took 500x500 products per new
-record at the capacity (40 s of one report's server time; issue 22). Instead each record stores its nearest other
-record (``nearest``, an indexed number, and ``nearest_id``), looked up after its insert, and again when that
-neighbour turns out to be gone. Every pair of stored records then has one record, the later one looked up, whose
+record at the capacity, for every new step of a report (docs/performance.md). Instead each record stores its
+nearest other record (``nearest``, an indexed number, and ``nearest_id``), looked up after its insert, and again when
+that neighbour turns out to be gone. Every pair of stored records then has one record, the later one looked up, whose
 ``nearest`` is at least the pair's similarity, and each ``nearest`` is the similarity of a real pair unless its
 neighbour was deleted since. So the record with the highest ``nearest`` whose neighbour still exists holds the
 closest pair: an ordered look-up of one record, one read of its neighbour, and a re-look-up for each stale one

@@ -1,17 +1,17 @@
 """The embedded engine's shards rebuilt in a child process: the HNSW index of the memories, and the compaction of
 any table.
 
-qdrant-edge builds an index only in ``EdgeShard.optimize()``, which holds the GIL until it is done (measured: a
-Python thread got no tick in 8.7 s of building 10,000 points; 1M take minutes): run in the server's process it
-would stop every recall and report. So the server streams a table's points (ids, vectors, payloads) to a child
+qdrant-edge builds an index only in ``EdgeShard.optimize()``, which holds the GIL until it is done (no other Python
+thread runs meanwhile, and a million points take minutes): run in the server's process it would stop every recall
+and report. So the server streams a table's points (ids, vectors, payloads) to a child
 process that writes them into a new shard folder, indexes it if asked and exits; the server then opens that shard,
 replays the writes it made meanwhile and swaps it in (:class:`memrl_mcp.storage.edge.EdgeStore`). The child runs at a
 lower priority with one indexing thread, so that one core stays with the server.
 
 The same rebuild, without the index, is how deleted points give their disk back: qdrant-edge only marks a deleted
-point (deleting 90% of a 135 MB shard freed nothing, measured), and its ``optimize()``, which would vacuum it,
-holds the GIL for the whole rewrite (1.4 s for 250 MB, without indexing). A new shard holds only the live points,
-and the old folder, write-ahead log included, is removed.
+point (its bytes stay on disk), and its ``optimize()``, which would vacuum it, holds the GIL for the whole rewrite. A
+new shard holds only the live points, and the old folder, write-ahead log included, is removed (the figures:
+docs/performance.md, "Sizes on disk and in memory").
 
 Shard configurations are defined here, once (:func:`shard_config`): the server creates and opens its tables with
 them too (:func:`open_shard`).
@@ -47,10 +47,10 @@ BUILD_NICENESS = 10
 PAGE_OUT_EVERY = 32_768  # points the child writes between two page-outs of its shard
 PR_SET_PDEATHSIG = 1  # Linux prctl: the signal this process gets when its parent dies
 INT8_QUANTILE = 0.99  # Qdrant's usual choice: the int8 range covers 99% of the components, outliers are clipped
-RESCORE_OVERSAMPLING = 4.0  # candidates per result found on the int8 copies and rescored: recall@5 0.997 at 1M
+RESCORE_OVERSAMPLING = 4.0  # candidates per result found on the int8 copies and rescored (2 lost recall on near-copies)
 # A shard without an index searches and counts on the calling thread: qdrant-edge's default search pool (a thread per
-# CPU, woken for each call) cost 70 us of CPU per filtered top-5 over 20 points against 8 us, 214 against 125 over
-# 1,980, and a count 14 us against 1.6 (one segment each). An indexed shard keeps the pool.
+# CPU, woken for each call) costs more CPU than a small search or a count itself (docs/performance.md, "Why the
+# embedded engine is configured as it is"). An indexed shard keeps the pool.
 EXACT_SEARCH_THREADS = 1
 
 
@@ -87,7 +87,7 @@ def payload_schema(edge: Any, field: str, kind: str, mapped: bool = False) -> An
     """qdrant-edge's index parameters for a payload index of ``storage.INDEXES``. In a plain shard the graph's
     fields are held in RAM (every filtered search reads them); the others, and every index of an indexed shard
     (``mapped``: loaded at a swap, warmed up by :func:`warm_up`), are memory-mapped and read on demand: held in RAM,
-    the sort keys of a million memories took 3 s of CPU to load at every open, and the namespace 0.15 s."""
+    the sort keys of a million memories cost seconds of CPU to load at every open."""
     graph = field in GRAPH_FIELDS
     memory = edge.Memory.Pinned if graph and not mapped else edge.Memory.Cold
     if kind == "keyword":
@@ -157,7 +157,7 @@ def indexed_config(edge: Any, params: ShardParams) -> Any:
     int8 copies of the vectors (a quarter of their size) and rescores only the few best candidates with their
     original vectors (:data:`RESCORE_OVERSAMPLING`); :func:`warm_up` keeps the graph, the int8 copies and the
     namespace index resident. None of it is read at load: the server loads a new generation holding the GIL, which
-    stops every request (at 1M, with the int8 copies in RAM: 3.3 s from disk, 0.8 s from the page cache)."""
+    stops every request (for seconds at a million memories when the int8 copies were read into RAM at load)."""
     int8 = edge.ScalarQuantizationConfig(type=edge.ScalarType.Int8, quantile=INT8_QUANTILE, memory=edge.Memory.Cold)
     vectors = edge.EdgeVectorParams(
         size=params.size, distance=edge.Distance.Cosine, memory=edge.Memory.Cold, quantization_config=int8
@@ -187,16 +187,15 @@ def warm_up(folder: Path) -> int:
     """Make the files :data:`WARM` names of the shard at ``folder`` resident, then map their pages in the engine's
     own mappings of them; returns the bytes of those mappings.
 
-    Done in a thread while the server serves: it holds the GIL only between reads (measured at 1M, 430 MB from a
-    cold page cache: 0.27 s, no gap over 8 ms). Reading the files in order takes 0.26 s where the engine's own
-    faults, one 4 KB page at a time, took 9.4 s. Mapped pages stay resident: this VM's DAMON reclaim pages out
-    file pages no process maps once unused for a minute, and an unmapped int8 copy made the next searches read it
-    from disk (50-100 ms each instead of 1-3 ms). On a system without /proc or MADV_POPULATE_READ the files are
-    only read into the page cache."""
+    Done in a thread while the server serves: it holds the GIL only between reads, for short gaps. Reading the files
+    in order is far faster than the engine's own faults, one 4 KB page at a time. Mapped pages stay resident: this
+    VM's DAMON reclaim pages out file pages no process maps once unused for a minute, and an unmapped int8 copy made
+    the next searches read it from disk, an order of magnitude slower (the figures: docs/performance.md). On a system
+    without /proc or MADV_POPULATE_READ the files are only read into the page cache."""
     mappings = [mapping for mapping in _mappings(folder) if WARM.search(mapping.path)]
     # The engine maps the vector chunks of a segment without an index twice, to read and to write, and searches read
-    # through either (which one depends on the filter): populating both counted each page twice in the RSS at once
-    # (the unindexed 200k memories: 640 MB for 320 MB of files). A file mapped both ways is warmed through the second.
+    # through either (which one depends on the filter): populating both counted each page twice in the RSS at once.
+    # A file mapped both ways is warmed through the second.
     writable = {mapping.path for mapping in mappings if mapping.writable}
     mappings = [mapping for mapping in mappings if mapping.writable or mapping.path not in writable]
     chunk = bytearray(1 << 22)
@@ -208,8 +207,8 @@ def warm_up(folder: Path) -> int:
         except OSError:  # a retired generation, removed meanwhile
             return 0
     warm = _advise(mappings, MADV_POPULATE_READ)
-    # What the load read besides (the write-ahead log, pages of an unindexed segment's full-text indexes): a process
-    # holding the unindexed 200k memories, 1,152 MB resident without this, 1,040 MB with it.
+    # What the load read besides (the write-ahead log, pages of an unindexed segment's full-text indexes) is given
+    # back: no search needs it resident.
     release(folder)
     return warm
 
@@ -219,7 +218,7 @@ def release(folder: Path) -> int:
     :data:`WARM`'s: the payloads, the original vectors, the other indexes, the write-ahead log), as memory pressure
     would; returns the bytes of those mappings. A full read of a table maps every page it reads, and they count
     in the process's RSS until unmapped: the first open of a million memories (a recount and a schema check, each
-    reading every payload) took it from 0.8 to 1.5 GB, a rebuild's stream reads the vectors too."""
+    reading every payload) nearly doubled it, and a rebuild's stream reads the vectors too."""
     return _advise([mapping for mapping in _mappings(folder) if not WARM.search(mapping.path)], MADV_PAGEOUT)
 
 

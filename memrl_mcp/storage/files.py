@@ -43,8 +43,8 @@ def sync_folder(folder: Path) -> None:
 
 def copy_sparse(source: Path, target: Path) -> None:
     """Copy the folder tree ``source`` to ``target`` (which must not exist), keeping the holes of sparse files:
-    qdrant-edge preallocates its write-ahead log and page files as 32 MB files that are mostly holes (an empty
-    store is 0.3 MB on disk and 700 MB apparent), which a plain copy would write out in full."""
+    qdrant-edge preallocates its write-ahead log and page files as 32 MB files that are mostly holes (an empty store
+    is almost all holes), which a plain copy would write out in full."""
     target.mkdir()
     for entry in os.scandir(source):
         destination = target / entry.name

@@ -3,11 +3,11 @@
 Qdrant keeps a payload as JSON text and reads it with serde_json's fast number parser, which is not correctly
 rounded: it reads the shortest digits of the float as an integer and multiplies or divides that by a power of ten,
 so a float of 16 or 17 significant digits, or one far from 1, can come back a unit or a few in the last place
-away (qdrant-edge moved 4,654 of 26,003 floats measured: timestamps, Q values, tiny and huge numbers). A write
+away (timestamps, Q values, tiny and huge numbers: docs/storage.md, "Numbers read back as written"). A write
 whose result differs from the next read is a lie a client can see (an ``updated_at`` or a ``q`` that changed by
 itself), and a value that moves at every rewrite drifts. So the stores write, and the tools return, the nearest
-float that the parser reads back as itself: :func:`kept_float`. The move is a few units in the last place (42 at
-worst measured, near 1e-12), far below anything the algorithm can see."""
+float that the parser reads back as itself: :func:`kept_float`. The move is a few units in the last place (tens at
+worst, near 1e-12), far below anything the algorithm can see."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _nearest_kept(x: float) -> float:
         for candidate in (below, above):
             if _as_parsed(candidate) == candidate:
                 return candidate
-    return x  # not met in any measured float; kept as it is rather than moved far
+    return x  # met by no float tried; kept as it is rather than moved far
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the same floats recur from write to write (a Q, a time, a reward)
@@ -56,8 +56,8 @@ def kept_float(x: float) -> float:
 
 
 def kept(value: Any) -> Any:
-    """A JSON value with each float replaced by :func:`kept_float` (a payload, before it is written): 1.9 us of CPU
-    for a Q update's fields (perf/write_costs.py)."""
+    """A JSON value with each float replaced by :func:`kept_float` (a payload, before it is written; its cost:
+    perf/write_costs.py)."""
     if type(value) is float:
         return kept_float(value)
     if isinstance(value, dict):

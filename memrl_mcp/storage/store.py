@@ -113,7 +113,7 @@ INDEXES: dict[Table, dict[str, IndexKind]] = {
     },
     "recalls": {"namespace": "keyword", "status": "keyword", EXPIRY: "float"},
     # nearest: the record capacity's ordered look-up of the closest pair; nearest_weight: counting the records whose
-    # nearest is out of date (an unindexed count read every record's payload: 5.4 ms at 2,000, 0.3 ms indexed).
+    # nearest is out of date (without the index a count reads every record's payload).
     "steps": {"namespace": "keyword", "nearest": "float", "nearest_weight": "float"},
     "episodes": {"namespace": "keyword", "status": "keyword"},
     # memory: the chunks of a deleted memory (by its id), whatever q_history_size they were written with.
@@ -188,7 +188,7 @@ class Hit:
 
 def as_set(payload: Mapping[str, Any]) -> dict[str, Any]:
     """The fields a ``set_payload`` of ``payload`` leaves, as the engine keeps them: floats kept
-    (:func:`~memrl_mcp.storage.numbers.kept`), and a field set to null removed (both engines, measured: qdrant-edge
+    (:func:`~memrl_mcp.storage.numbers.kept`), and a field set to null removed (what both engines do: qdrant-edge
     0.9, qdrant-client's local mode), while an upsert keeps a null."""
     return {key: value for key, value in kept(payload).items() if value is not None}
 
