@@ -15,6 +15,8 @@ from memrl_mcp.storage.numbers import KeptFloat, KeptJson
 from memrl_mcp.storage.tally import Q_STEP, Counts
 from memrl_mcp.validation import Outcome
 
+Q_DIGITS = 6  # a tally's Q is exact to Q_STEP (1e-4); two more digits keep the quartiles' interpolation
+
 
 def iso_time(seconds: float) -> str:
     """A Unix time as ISO 8601 in UTC, to the microsecond: ``2026-11-26T01:02:03.123456Z``."""
@@ -180,6 +182,11 @@ class ForgetResult(BaseModel):
     steps_deleted: int = Field(0, description="Step records deleted with the namespace.")
 
 
+def as_q(steps: float) -> float:
+    """A count of :data:`Q_STEP` as a Q, to the digits the tally holds: 0.2, not 0.20000000000000001."""
+    return round(steps * Q_STEP, Q_DIGITS)
+
+
 class QSummary(BaseModel):
     """The spread of the learned utilities: quartiles and mean."""
 
@@ -206,15 +213,15 @@ class QSummary(BaseModel):
             low, high = int(np.floor(rank)), int(np.ceil(rank))
             value_low = steps[np.searchsorted(ends, low, side="right")]
             value_high = steps[np.searchsorted(ends, high, side="right")]
-            return float(value_low + (value_high - value_low) * (rank - low)) * Q_STEP
+            return as_q(float(value_low + (value_high - value_low) * (rank - low)))
 
         return cls(
-            min=float(steps[0]) * Q_STEP,
+            min=as_q(float(steps[0])),
             p25=at(0.25),
             median=at(0.5),
             p75=at(0.75),
-            max=float(steps[-1]) * Q_STEP,
-            mean=float((steps * weights).sum()) / n * Q_STEP,
+            max=as_q(float(steps[-1])),
+            mean=as_q(float((steps * weights).sum()) / n),
         )
 
 

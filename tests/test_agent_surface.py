@@ -39,7 +39,9 @@ from memrl_mcp.validation import CandidateCount, NamespaceName, Outcome, SortKey
 from tests.support.mcp import call
 from tests.support.servers import child_env, http_server, run_cli
 
-DEFAULT_LIST_BUDGET = 8 * 1024  # characters of compact JSON: about 2,000 tokens on every turn of the agent
+DEFAULT_LIST_BUDGET = 5 * 1024  # characters of compact JSON: about 1,300 tokens on every turn of the agent
+RECALL_TEXT_BUDGET = 1.35  # the text a recall's model reads, against its memories' own experiences
+NOISY_NUMBER = re.compile(r"\d\.\d{3,}")  # more than two decimals: float noise, or precision no model needs
 JARGON = re.compile(r"Phase [AB]|lambda|λ|z\(|Q_init", re.I)
 ISO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 TASK = "Rotate the logs of a web server every night"
@@ -248,6 +250,48 @@ async def default_client(embedder: Embedder, tmp_path: Path) -> AsyncIterator[Cl
             yield client
     finally:
         service.close()
+
+
+LOG_TASKS = [f"Rotate the logs of the {name} server every night" for name in ("web", "mail", "database")]
+LOG_EXPERIENCES = [
+    f"For the {name} server: install logrotate, add a file under /etc/logrotate.d with daily, rotate 14, compress, "
+    "missingok and notifempty, then run logrotate -d to check it before the first night; "
+    f"{extra}"
+    for name, extra in (
+        ("web", "reload nginx in postrotate so it reopens its files."),
+        ("mail", "keep postfix's own maillog rotation out of the way."),
+        ("database", "never rotate the live binary logs this way."),
+    )
+]
+
+
+async def test_a_recall_reads_in_little_more_than_its_memories(default_client: Client) -> None:
+    """The text the model reads of a recall: each experience, whether it worked, how far to trust it, the recall
+    id, numbers rounded, within RECALL_TEXT_BUDGET of the experiences' own length; every field stays structured."""
+    for task, experience in zip(LOG_TASKS, LOG_EXPERIENCES, strict=True):
+        await call(default_client, "store_experience", task=task, experience=experience)
+    for reward in (1.0, 0.7, -0.3):  # q values with float noise
+        recall = await call(default_client, "recall_experience", task=LOG_TASKS[0])
+        await call(default_client, "report_outcome", recall_id=recall["recall_id"], reward=reward)
+    result = await default_client.call_tool("recall_experience", {"task": LOG_TASKS[0]})
+    (content,) = result.content
+    memories = result.structured_content["memories"]  # type: ignore[index]
+    assert len(memories) == 3 and all(200 <= len(m["experience"]) <= 250 for m in memories)
+    own = sum(len(m["experience"]) for m in memories)
+    text = content.text  # type: ignore[union-attr]
+    assert len(text) <= RECALL_TEXT_BUDGET * own, (len(text) / own, text)
+    assert result.structured_content["recall_id"] in text  # type: ignore[index]
+    for memory in memories:
+        assert memory["experience"] in text and f"q {round(memory['q'], 2):g}" in text
+        assert memory["q"] != round(memory["q"], 2)  # the exact value is structured
+    assert not NOISY_NUMBER.search(text), text
+    report = await default_client.call_tool(
+        "report_outcome",
+        {"recall_id": result.structured_content["recall_id"], "reward": 1.0, "experience": LOG_EXPERIENCES[0]},
+    )  # type: ignore[index]
+    said = report.content[0].text  # type: ignore[union-attr]
+    assert said.startswith("reported reward 1: q of the recalled memories ") and "memory" in said, said
+    assert len(said) < 300 and not NOISY_NUMBER.search(said), said
 
 
 async def test_results_are_structured_with_iso_times_without_an_output_schema(default_client: Client) -> None:

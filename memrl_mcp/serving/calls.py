@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, get_type_hints
 
 import anyio.to_thread
-import pydantic_core
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -26,6 +25,7 @@ from memrl_mcp.serving.asking import Asking, InputRequired
 from memrl_mcp.serving.feedback import Feedback
 from memrl_mcp.serving.observability import Metrics
 from memrl_mcp.serving.schema import Arguments
+from memrl_mcp.serving.text import text
 
 F = TypeVar("F", bound=Callable[..., Any])
 OnLoop = Callable[[MemoryService, Any, Access], bool]
@@ -100,8 +100,9 @@ def served(
     must answer first (2026-07-28) the call answers its ``InputRequiredResult``. Each call is timed, counted and
     logged; a refused request reaches the client as a tool error with its message (which names the field).
 
-    The result, a model built and checked by the service, is handed to the SDK as its wire form (structured
-    content, and the same JSON as text): the SDK would validate it again against the model and dump it twice."""
+    The result, a model built and checked by the service, is handed to the SDK as its wire form: structured content,
+    and the short text its model reads (:mod:`~memrl_mcp.serving.text`); the SDK would validate it again against the
+    model and dump it twice."""
     on_loop = tool.on_loop if single_client else None
 
     async def run(ctx: Context[Any, Any], **given: Any) -> CallToolResult | InputRequiredResult:
@@ -124,9 +125,8 @@ def served(
                 call.status = "refused"
                 raise ToolError(str(error)) from None
         assert isinstance(result, BaseModel)
-        structured = result.model_dump(mode="json")
-        text = pydantic_core.to_json(structured, indent=2).decode()
-        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
+        content = [TextContent(type="text", text=text(result))]
+        return CallToolResult(content=content, structured_content=result.model_dump(mode="json"))
 
     parameters = arguments.parameters(tool.request)
     context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context[Any, Any])
