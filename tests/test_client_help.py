@@ -7,7 +7,6 @@ answers and state."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -527,7 +526,8 @@ async def test_unasked_answers_and_forged_state_count_for_nothing(service: Memor
             request_state=first.request_state,
             allow_input_required=True,
         )
-        assert json.loads(done.content[0].text)["reward_source"] == "user"
+        assert done.structured_content["reward_source"] == "user"  # type: ignore[index]
+        assert done.content[0].text.startswith("reported reward 1 (the user's)")  # type: ignore[union-attr]
         replayed = await session.call_tool(
             "report_outcome",
             arguments,

@@ -293,18 +293,18 @@ def test_every_request_before_the_end_of_stdin_is_answered(tmp_path: Path, stdin
     by_id = {answer["id"]: answer for answer in answers}
     assert sorted(by_id) == list(range(42)) and len(answers) == 42
     for i in range(1, 41):
-        stored = json.loads(by_id[i]["result"]["content"][0]["text"])  # type: ignore[index]
+        stored = by_id[i]["result"]["structuredContent"]  # type: ignore[index]
         assert stored["memory"]["experience"] == f"way {i}"
     assert {tool["name"] for tool in by_id[41]["result"]["tools"]} == TOOLS  # type: ignore[index]
     stats = serve_to_the_end(tmp_path, [*opening(), tool_call(1, "memory_stats")])[-1]
-    assert json.loads(stats["result"]["content"][0]["text"])["memories"] == 40  # type: ignore[index]
+    assert stats["result"]["structuredContent"]["memories"] == 40  # type: ignore[index]
 
 
 def test_a_client_that_reads_late_gets_every_answer_whole(tmp_path: Path) -> None:
     """Answers larger than the pipe holds, to a client that closed stdin and reads only later: the server waits for
     the pipe to take each answer. The event loop's transport kept up to 64 KB the pipe did not take yet, and dropped
     it when it closed: the client read the second answer cut off in its middle, and not the third."""
-    way = "Check the rotated files. " * 700  # each answer is about 36 KB; a pipe takes 62-64 KB of them
+    way = "Check the rotated files. " * 1400  # each answer is about 36 KB; a pipe takes 62-64 KB of them
     stores = [tool_call(i, "store_experience", task=f"{TASK} number {i}", experience=way) for i in range(1, 4)]
     lines = "".join(json.dumps(message) + "\n" for message in [*opening(), *stores]).encode()
     server = subprocess.Popen(
@@ -312,7 +312,7 @@ def test_a_client_that_reads_late_gets_every_answer_whole(tmp_path: Path) -> Non
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        env=child_env(**EVERY_TOOL),
+        env=child_env(**EVERY_TOOL, MEMRL_MAX_EXPERIENCE_CHARS="40000"),
     )
     assert server.stdin is not None and server.stdout is not None
     try:
@@ -328,7 +328,7 @@ def test_a_client_that_reads_late_gets_every_answer_whole(tmp_path: Path) -> Non
     finally:
         server.kill()
     assert sorted(answer["id"] for answer in answers) == list(range(4))
-    assert all(way in answer["result"]["content"][0]["text"] for answer in answers if answer["id"])
+    assert all(way in json.dumps(answer["result"]["structuredContent"]) for answer in answers if answer["id"])
 
 
 def pipe_holds(fd: int) -> int:
@@ -355,7 +355,7 @@ def test_a_question_to_a_client_that_closed_stdin_fails_at_once(tmp_path: Path) 
     text = answer["result"]["content"][0]["text"]  # type: ignore[index]
     assert "the client answered elicitation/create with an error: the client closed stdin" in text
     stats = serve_to_the_end(tmp_path, [*opening(), tool_call(1, "memory_stats")])[-1]
-    assert json.loads(stats["result"]["content"][0]["text"])["steps"] == 0  # type: ignore[index]
+    assert stats["result"]["structuredContent"]["steps"] == 0  # type: ignore[index]
 
 
 def test_a_call_the_client_cancelled_does_not_hold_the_end(tmp_path: Path) -> None:
