@@ -39,7 +39,7 @@ def make_run(
                     position=i,
                     task_id=f"t{i}",
                     success=won,
-                    reward=1.0 if won else -1.0,
+                    checker_reward=1.0 if won else -1.0,
                     steps=4,
                     prompt_tokens=100,
                     completion_tokens=20,
@@ -195,7 +195,9 @@ def test_transfer_runs_report_their_held_out_success(tmp_path: Path) -> None:
     held = run.transfer
     held.path.mkdir()
     for i, won in enumerate([True, True, False, True]):
-        held.append(EpisodeRecord(epoch=1, position=i, task_id=f"h{i}", success=won, reward=1.0, steps=1, wall_s=0.1))
+        held.append(
+            EpisodeRecord(epoch=1, position=i, task_id=f"h{i}", success=won, checker_reward=1.0, steps=1, wall_s=0.1)
+        )
     report = build_report([path], tmp_path / "out").read_text()
     row = table(report, "run")["memp, transfer"]
     assert row["held-out success"] == "0.750" and row["last-epoch success"] == "0.333"
