@@ -22,6 +22,10 @@ reward -> the memory learns:
   LLM's reflection on the trajectory) put before the next attempt as a "mistake to avoid". Every epoch
   starts afresh, so its curve is flat by design.
 
+The agent's discipline (``RunConfig.discipline``, mode ``memrl``; :mod:`memrl_harness.discipline`): disciplined, every
+recall and report; forgetful, forgetting one of them in a seeded share of its tasks; hooked, the same forgetful agent
+with the plugin's hooks, whose UserPromptSubmit recalls for it and whose Stop hook holds it to every report.
+
 Transfer (``RunConfig.transfer``): the memory is built by the epochs above on the training tasks; then
 the server closes and a second memrl-mcp opens the same store with ``MEMRL_TOOL_PROFILE=read_only``, offering
 no tool that writes, and the held-out tasks run once with recall only (into the sub-folder ``transfer/``).
@@ -426,16 +430,10 @@ class Runner:
             return learned
         outcome = "success" if succeeded else "failure"
         if mode in EPISODE_Q_MODES and not recall_reported:
-            recall_id: str | None = recall["recall_id"]
-            reporter: ReportBy = "agent"
-            if session is not None and forgets != "report":
-                session.report_made(recall["recall_id"])
-            elif session is not None:  # the model's turn ends; the Stop hook names the recall it left unreported
-                recall_id, reporter = session.stop(stop_hook_active=False), "stop hook"
-            elif forgets == "report":
-                recall_id = None
-            if recall_id is None:
+            reporting = _who_reports(recall["recall_id"], forgets, session)
+            if reporting is None:
                 return learned
+            recall_id, reporter = reporting
             written, learned.usage = await self._written(task, episode)
             arguments = {"recall_id": recall_id, **written, "metadata": {"task_id": task.id}}
             if said is None:  # else memrl-mcp asks the user, and takes the outcome from the answer
@@ -596,6 +594,17 @@ def _step_hook(client: Client, task: Task) -> Steps:
         return StepAdvice(encouraged=actions("encouraged"), discouraged=actions("discouraged"))
 
     return Steps(recall)
+
+
+def _who_reports(recall_id: str, forgets: Lapse | None, session: HookedSession | None) -> tuple[str, ReportBy] | None:
+    """Who reports the episode's recall, and which recall: the agent, unless it forgets; then, with the hooks, the
+    agent all the same, held to it when its turn ends by the Stop hook, whose reason names the recall; else nobody."""
+    if forgets != "report":
+        if session is not None:
+            session.report_made(recall_id)
+        return recall_id, "agent"
+    blocked = session.stop(stop_hook_active=False) if session is not None else None
+    return None if blocked is None else (blocked, "stop hook")
 
 
 def _trajectory_report(
