@@ -61,11 +61,3 @@ class HookedSession:
                 self.blocked_for.add(recall_id)
                 return recall_id
         return None
-
-
-@dataclass(frozen=True)
-class LoopConduct:
-    """Who ran each half of one episode's loop (None: nobody)."""
-
-    recall_by: RecallBy | None = None
-    report_by: ReportBy | None = None
