@@ -196,7 +196,7 @@ def test_the_inspector_of_a_read_only_server_refuses_edits_naming_the_setting(
             assert answer.status_code == 403, answer.text
             assert answer.json() == {
                 "error": "read_only",
-                "error_description": "this server is read-only (tool_profile: read_only): nothing can be changed",
+                "error_description": "this server is read-only (tool_profile: read_only): nothing can change",
             }
         assert httpx.get(memory, timeout=DEADLINE_S).json()["experience"] == "use the blue can"
     assert snapshot(data_dir) == before
