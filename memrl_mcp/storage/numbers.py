@@ -7,7 +7,9 @@ away (qdrant-edge moved 4,654 of 26,003 floats measured: timestamps, Q values, t
 whose result differs from the next read is a lie a client can see (an ``updated_at`` or a ``q`` that changed by
 itself), and a value that moves at every rewrite drifts. So the stores write, and the tools return, the nearest
 float that the parser reads back as itself: :func:`kept_float`. The move is a few units in the last place (42 at
-worst measured, near 1e-12), far below anything the algorithm can see."""
+worst measured, near 1e-12), far below anything the algorithm can see.
+
+And the other way: a stored value that a read computes with passes :func:`finite` first, whoever wrote it."""
 
 from __future__ import annotations
 
@@ -72,3 +74,16 @@ KeptFloat = Annotated[float, AfterValidator(kept_float)]
 
 KeptJson = Annotated[dict[str, Any], AfterValidator(kept)]
 """Metadata a tool returns that is also stored, with its floats as the next read will show them."""
+
+
+def finite(value: Any) -> float | None:
+    """A stored value as a number a read can compute with: a finite float, or None for anything else (text, null, a
+    boolean, NaN, an infinity, an integer too large for a float). A payload may come from another version of this
+    server or another replica, or be damaged: what a read computes with is never taken on trust."""
+    if type(value) is not float and type(value) is not int:
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
