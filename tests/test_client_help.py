@@ -415,9 +415,10 @@ USER_TURN = types.CreateMessageResult(
         (USER_TURN, "the client's model answered with a message of role 'user', not the assistant's"),
     ],
 )
-async def test_a_model_answering_with_tool_use_an_image_or_a_user_turn_is_refused(
+async def test_a_model_answering_with_tool_use_or_an_image_is_refused(
     service: MemoryService, mode: str, answer: Any, problem: str
 ) -> None:
+    """Nor a message in the user's role: only the assistant's text is the model's answer."""
     async with connect(service, mode, model=Model(result=answer)) as client:
         memory_id, recall_id = await recalled(client)
         message = await refused(client, "report_outcome", recall_id=recall_id, reward=1.0, trajectory=TRAJECTORY)

@@ -152,6 +152,7 @@ async def test_a_token_has_at_most_its_open_questions(embedder: Embedder, tmp_pa
         service.close()
 
 
+@pytest.mark.slow  # a server process
 async def test_one_tokens_open_questions_do_not_lock_out_another_over_http(tmp_path: Path) -> None:
     """Streamable HTTP, 2026-07-28 (each question ends the call; the client comes back with the answer, carrying the
     report's conversation in the sealed state). alice holds her one place with a question her user does not answer

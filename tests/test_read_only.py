@@ -181,6 +181,7 @@ def test_a_read_only_server_refuses_a_store_that_needs_a_migration(embedder: Emb
     assert snapshot(data_dir) == before
 
 
+@pytest.mark.slow  # a server process
 def test_the_inspector_of_a_read_only_server_refuses_edits_naming_the_setting(
     embedder: Embedder, tmp_path: Path
 ) -> None:

@@ -103,6 +103,7 @@ def write_damaged_store(embedder: Embedder, data_dir: Path, engine: str) -> dict
     return ids
 
 
+@pytest.mark.slow  # a server process, the export command
 @pytest.mark.parametrize("engine", ["edge", "qdrant-local"])
 async def test_a_stored_value_no_read_can_use_never_fails_a_read(
     embedder: Embedder, tmp_path: Path, engine: str
@@ -167,6 +168,7 @@ async def test_a_stored_value_no_read_can_use_never_fails_a_read(
     assert [line["created_at"] for line in lines if line["kind"] == "step"] == [1e300]
 
 
+@pytest.mark.slow  # the import command
 async def test_an_import_of_a_time_no_date_can_show_is_refused_by_name(embedder: Embedder, tmp_path: Path) -> None:
     """``memrl-mcp import`` refuses a time past 9999 as it refuses a negative one, in memories and step records, and
     writes nothing."""

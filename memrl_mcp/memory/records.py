@@ -160,15 +160,17 @@ def memory_detail(memory_id: str, payload: Mapping[str, Any], history: list[dict
     except ValidationError:
         pass
     events = [event for event in map(_event, history) if event is not None]
-    return MemoryDetail.model_validate({**readable(memory_id, fields), "history": events})
+    dropped = ["history"] if len(events) < len(history) else []
+    return MemoryDetail.model_validate({**readable(memory_id, fields, dropped), "history": events})
 
 
-def readable(memory_id: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+def readable(memory_id: str, fields: Mapping[str, Any], also: list[str] | None = None) -> dict[str, Any]:
     """A stored memory's fields with each value a read cannot use replaced by the field's neutral value (:data:`READ`),
     so that one damaged record (another replica's or version's values, a hand edit, an import of a version that let
-    a time past 9999 in) never fails the reads of its namespace: it is shown, and can be corrected or forgotten."""
+    a time past 9999 in) never fails the reads of its namespace: it is shown, and can be corrected or forgotten. The
+    log names the fields (and ``also``, what the caller left out)."""
     repaired = {name: rule(fields.get(name)) for name, rule in READ.items()}
-    changed = sorted(name for name, value in repaired.items() if not _same(value, fields.get(name)))
+    changed = sorted(name for name, value in repaired.items() if not _same(value, fields.get(name))) + (also or [])
     log.warning("memory %s holds values no read can use (%s): shown with neutral values", memory_id, ", ".join(changed))
     return {**fields, **repaired}
 
