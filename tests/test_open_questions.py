@@ -56,13 +56,6 @@ async def connect(service: MemoryService, mode: str, held: Held) -> AsyncIterato
         yield client
 
 
-@pytest.fixture
-def service(embedder: Embedder, tmp_path: Path) -> AsyncIterator[MemoryService]:
-    svc = make_service(embedder, tmp_path / "data")
-    yield svc
-    svc.close()
-
-
 async def all_at_once(client: Client, held: Held, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
     """Make every call at once; once each has either asked the client or returned, release the answers."""
     results: list[Any] = [None] * len(calls)
