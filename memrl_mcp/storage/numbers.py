@@ -7,9 +7,7 @@ away (qdrant-edge moved 4,654 of 26,003 floats measured: timestamps, Q values, t
 whose result differs from the next read is a lie a client can see (an ``updated_at`` or a ``q`` that changed by
 itself), and a value that moves at every rewrite drifts. So the stores write, and the tools return, the nearest
 float that the parser reads back as itself: :func:`kept_float`. The move is a few units in the last place (42 at
-worst measured, near 1e-12), far below anything the algorithm can see.
-
-And the other way: a stored value that a read computes with passes :func:`finite` first, whoever wrote it."""
+worst measured, near 1e-12), far below anything the algorithm can see."""
 
 from __future__ import annotations
 
