@@ -178,9 +178,12 @@ def readable(memory_id: str, fields: Mapping[str, Any], also: list[str] | None =
 def _usable(view: MemoryView) -> bool:
     """The fast path's check: what validation lets through that a read still cannot use (NaN, an infinity, a time
     no date shows)."""
-    numbers = (view.q, 0.0 if view.last_reward is None else view.last_reward)
-    return all(map(math.isfinite, numbers)) and all(
-        0.0 <= t <= MAX_TIMESTAMP for t in (view.created_at, view.updated_at)
+    last = view.last_reward
+    return (
+        math.isfinite(view.q)
+        and (last is None or math.isfinite(last))
+        and 0.0 <= view.created_at <= MAX_TIMESTAMP
+        and 0.0 <= view.updated_at <= MAX_TIMESTAMP
     )
 
 

@@ -167,14 +167,14 @@ class OpenQuestions:
     """The reports waiting for their client's answer (its user's, or its model's): at most one per :class:`Subject`
     and at most ``per_token`` per token.
 
-    Each question holds a request to the client for up to its timeout (``elicitation_timeout_seconds``: 600 s), and
-    of the reports of one recall only one can ever apply: unbounded, 300 concurrent reports of one recall sent 300
-    questions. A report holds its subjects from before its first question to its end. Over the handshake protocols
-    that is while its call runs. On a 2026-07-28 connection each question ends the call (an ``InputRequiredResult``)
-    and the client calls again with the answer: the hold then stays until the round that finishes the report, or
-    for ``hold_seconds`` (a client may never come back); the rounds of one report carry its conversation id in the
-    state the SDK seals, so they pass, and no other call can claim it. Kept by this process, on the event loop only
-    (no lock): each replica of a server keeps its own."""
+    Each question holds a request to the client for up to its timeout, and of the reports of one recall only one can
+    ever apply: unbounded, a client's concurrent reports of one recall would each send a question. A report holds its
+    subjects while it asks, from before its first question until its answers are in. Over the handshake protocols that
+    is while its call waits. On a 2026-07-28 connection each question ends the call (an ``InputRequiredResult``) and
+    the client calls again with the answer: the hold then stays until the round that brings the last answer, or for
+    ``hold_seconds`` (a client may never come back); the rounds of one report carry its conversation id in the state
+    the SDK seals, so they pass, and no other call can claim it. Kept by this process, on the event loop only (no
+    lock): each replica of a server keeps its own."""
 
     def __init__(self, per_token: int, hold_seconds: float, clock: Callable[[], float]) -> None:
         self._per_token = per_token

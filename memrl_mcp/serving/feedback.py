@@ -17,9 +17,9 @@ one. MCP gives the server both (:mod:`~memrl_mcp.serving.asking`):
   else the configured endpoint (``distill_base_url``), else the call is refused. Each token may have at most
   ``max_samplings_per_minute`` experiences written (:class:`Budget`); a model's answer is checked as any experience.
 
-A report that asks holds its recall (and its episode_id) until it ends, and one of its token's
-``max_open_questions_per_token`` places: another report of the same recall, or one beyond the token's places, is
-refused before its client is asked (:class:`~memrl_mcp.serving.asking.OpenQuestions`).
+While a report asks, it holds its recall (or episode_id) and one of its token's ``max_open_questions_per_token``
+places: another report of the same recall, or one beyond the token's places, is refused before its client is asked
+(:class:`~memrl_mcp.serving.asking.OpenQuestions`).
 
 A report is all or nothing: if the model's answer is refused, or no answer comes within the time allowed, nothing
 is reported (the user's answer too is dropped: the recall stays reportable, and is asked about again).
@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -177,42 +177,38 @@ class Feedback:
         if reward is None:
             self._can_ask_user(client)
         recall = await self._run(self._service.reportable, recall_id, access=access)
-        with self._questions.held(client, access.client or "", [Subject("recall_id", recall_id)]):
-            provenance, verdict = AGENT, None
-            with _unreported(f"recall {recall_id} stays reportable"):
-                if reward is None:
-                    verdict = await self._ask_user(client, _recall_question(recall))
-                    if verdict.reward is None:
-                        return ReportResult(
-                            recall_id=recall_id,
-                            reported=False,
-                            reward=None,
-                            updated=[],
-                            missing=[],
-                            stored=None,
-                            message=f"the user {ANSWERS[verdict.answer]}: nothing was reported. The recall stays "
-                            f"reportable until {iso_time(recall.record.expires_at)}: report it again, with a reward if "
-                            "you can tell how the task went.",
-                        )
-                    reward, provenance = verdict.reward, Provenance(reward="user", note=verdict.note)
-                if trajectory is not None:
-                    outcome = outcome or outcome_of(reward)
-                    task = recall.record.task
-                    experience, source = await self._distill(client, access, task, trajectory, outcome, provenance)
-                    provenance = dataclasses.replace(provenance, experience=source)
-            result = await self._run(
-                self._service.report,
-                recall_id,
-                reward,
-                experience,
-                outcome,
-                metadata,
-                access=access,
-                provenance=provenance,
-            )
-            if verdict is not None:
-                result.message = verdict.said
-            return result
+        provenance, verdict = AGENT, None
+        subject = Subject("recall_id", recall_id)
+        with (
+            self._questions.held(client, access.client or "", [subject]),
+            _unreported(f"recall {recall_id} stays reportable"),
+        ):
+            if reward is None:
+                verdict = await self._ask_user(client, _recall_question(recall))
+                if verdict.reward is None:
+                    return ReportResult(
+                        recall_id=recall_id,
+                        reported=False,
+                        reward=None,
+                        updated=[],
+                        missing=[],
+                        stored=None,
+                        message=f"the user {ANSWERS[verdict.answer]}: nothing was reported. The recall stays "
+                        f"reportable until {iso_time(recall.record.expires_at)}: report it again, with a reward if "
+                        "you can tell how the task went.",
+                    )
+                reward, provenance = verdict.reward, Provenance(reward="user", note=verdict.note)
+            if trajectory is not None:
+                outcome = outcome or outcome_of(reward)
+                task = recall.record.task
+                experience, source = await self._distill(client, access, task, trajectory, outcome, provenance)
+                provenance = dataclasses.replace(provenance, experience=source)
+        result = await self._run(
+            self._service.report, recall_id, reward, experience, outcome, metadata, access=access, provenance=provenance
+        )
+        if verdict is not None:
+            result.message = verdict.said
+        return result
 
     async def store(
         self,
@@ -262,49 +258,48 @@ class Feedback:
     ) -> TrajectoryResult:
         """``report_trajectory``: the last step's reward, else the user's; then the report."""
         provenance, verdict = AGENT, None
-        with ExitStack() as asking:
-            if steps and steps[-1].reward is None:
-                check_step_rewards(steps, last_may_lack=True)
-                self._can_ask_user(client)
-                already = await self._run(self._service.applied_trajectory, episode_id, namespace, access=access)
-                if already is not None:
-                    return already
-                recall = (
-                    None if recall_id is None else await self._run(self._service.reportable, recall_id, access=access)
+        if steps and steps[-1].reward is None:
+            check_step_rewards(steps, last_may_lack=True)
+            self._can_ask_user(client)
+            already = await self._run(self._service.applied_trajectory, episode_id, namespace, access=access)
+            if already is not None:
+                return already
+            recall = None if recall_id is None else await self._run(self._service.reportable, recall_id, access=access)
+            question = _episode_question(task, steps, recall)
+            subjects = [Subject("episode_id", episode_id, self._service.namespace_of(namespace, access))]
+            subjects += [] if recall_id is None else [Subject("recall_id", recall_id)]
+            with (
+                self._questions.held(client, access.client or "", subjects),
+                _unreported(f"episode_id {episode_id!r} stays reportable"),
+            ):
+                verdict = await self._ask_user(client, question)
+            if verdict.reward is None:
+                return TrajectoryResult(
+                    episode_id=episode_id,
+                    namespace=self._service.namespace_of(namespace, access),
+                    already_applied=False,
+                    reported=False,
+                    steps=len(steps),
+                    updated=0,
+                    created=0,
+                    merged=0,
+                    dropped=0,
+                    changes=[],
+                    message=f"the user {ANSWERS[verdict.answer]}: nothing was reported. Report episode_id "
+                    f"{episode_id!r} again, with the last step's reward if you can tell how the episode went.",
                 )
-                subjects = [Subject("episode_id", episode_id, self._service.namespace_of(namespace, access))]
-                subjects += [] if recall_id is None else [Subject("recall_id", recall_id)]
-                asking.enter_context(self._questions.held(client, access.client or "", subjects))
-                question = _episode_question(task, steps, recall)
-                with _unreported(f"episode_id {episode_id!r} stays reportable"):
-                    verdict = await self._ask_user(client, question)
-                if verdict.reward is None:
-                    return TrajectoryResult(
-                        episode_id=episode_id,
-                        namespace=self._service.namespace_of(namespace, access),
-                        already_applied=False,
-                        reported=False,
-                        steps=len(steps),
-                        updated=0,
-                        created=0,
-                        merged=0,
-                        dropped=0,
-                        changes=[],
-                        message=f"the user {ANSWERS[verdict.answer]}: nothing was reported. Report episode_id "
-                        f"{episode_id!r} again, with the last step's reward if you can tell how the episode went.",
-                    )
-                steps = [*steps[:-1], steps[-1].model_copy(update={"reward": verdict.reward})]
-                provenance = Provenance(reward="user", note=verdict.note)
-            result = await self._run(
-                self._service.report_trajectory,
-                task,
-                steps,
-                episode_id,
-                namespace,
-                recall_id,
-                access=access,
-                provenance=provenance,
-            )
+            steps = [*steps[:-1], steps[-1].model_copy(update={"reward": verdict.reward})]
+            provenance = Provenance(reward="user", note=verdict.note)
+        result = await self._run(
+            self._service.report_trajectory,
+            task,
+            steps,
+            episode_id,
+            namespace,
+            recall_id,
+            access=access,
+            provenance=provenance,
+        )
         if provenance.reward == "user" and not result.already_applied:
             result.message = f"{verdict.said}; {result.message}"
         return result

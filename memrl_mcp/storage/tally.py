@@ -104,5 +104,7 @@ class Tally:
 
 
 def _bounded(value: Any, bound: float) -> float:
+    if (type(value) is float or type(value) is int) and -bound <= value <= bound:
+        return value  # what every write of this server stores: no conversion on the write path
     number = finite(value) or 0.0
     return min(max(number, -bound), bound)
