@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.node import CLIENTS, inspector, ts_clients
+from tests.support.node import CLIENT, inspector, node_with_sdk
 from tests.support.servers import ALICE, INITIALIZE, MCP_HEADERS, base_url, child_env, http_server, tokens_file
 
 pytestmark = pytest.mark.slow  # server processes and node
@@ -91,11 +91,11 @@ def test_what_the_typescript_sdk_client_and_the_mcp_inspector_show(tmp_path: Pat
     """The TypeScript SDK's client (a static token in its headers) raises the 401 with the body's words; the
     Inspector's CLI (2.12) takes any 401 of an HTTP server for an OAuth server and starts OAuth, which a run without a
     terminal refuses: with ``--stored-auth-only`` (no interactive OAuth) it shows the body's words too."""
-    node = ts_clients()
+    node = node_with_sdk()
     with http_server(tmp_path / "data", tmp_path, MEMRL_TOKENS_FILE=str(tokens_file(tmp_path))) as server:
         env = child_env(MCP_TEST_URL=server.url, MCP_TEST_TOKEN=ALICE)
         done = subprocess.run(
-            [node, "token.mjs"], cwd=CLIENTS, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+            [node, "token.mjs"], cwd=CLIENT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
         )
         assert done.returncode == 0, done.stderr
         shown = json.loads(done.stdout)

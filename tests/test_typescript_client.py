@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.node import CLIENTS, ts_clients
+from tests.support.node import CLIENT, node_with_sdk
 from tests.support.servers import CLI, child_env
 
 pytestmark = pytest.mark.slow  # node and a server process
@@ -21,12 +21,12 @@ TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    return ts_clients()
+    return node_with_sdk()
 
 
 def test_a_typescript_client_gives_the_users_reward_and_its_models_experience(node: str, tmp_path: Path) -> None:
     env = child_env(tmp_path / "data", MCP_TEST_SERVER=json.dumps(CLI))
-    done = subprocess.run([node, "report.mjs"], cwd=CLIENTS, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = subprocess.run([node, "report.mjs"], cwd=CLIENT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["tools"] == ["recall_experience", "report_outcome", "store_experience"]  # the default profile

@@ -1,5 +1,5 @@
-"""The TypeScript MCP clients of the tests (tests/ts_client: the official SDK, the MCP Inspector and the node it runs
-on), installed by ``make node``, or here from the lock file when missing."""
+"""The TypeScript SDK's MCP client (npm @modelcontextprotocol/sdk, pinned in tests/ts_client/): node, and the SDK
+installed from the lock file when it is missing (``make node`` installs both)."""
 
 from __future__ import annotations
 
@@ -7,25 +7,31 @@ import shutil
 import subprocess
 from pathlib import Path
 
-CLIENTS = Path(__file__).resolve().parents[1] / "ts_client"
-INSTALL_TIMEOUT_S = 600
-PACKAGES = ("@modelcontextprotocol/sdk", "@modelcontextprotocol/inspector", "node")
+CLIENT = Path(__file__).parent.parent / "ts_client"
+INSTALL_S = 300
 
 
-def ts_clients() -> str:
-    """Debian's node (the SDK's scripts run on it), after installing tests/ts_client's packages if one is missing
-    (``npm ci``: the lock file's versions, nothing else); fails, saying what to do, without node or npm."""
+def node_with_sdk() -> str:
+    """The ``node`` command, once the SDK is installed (``npm ci``: the lock file's versions); fails without node."""
     found = shutil.which("node")
     assert found is not None, "node is missing: `make node` (apt-get install -y nodejs npm)"
-    if not all((CLIENTS / "node_modules" / package).is_dir() for package in PACKAGES):
+    if not (CLIENT / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
         npm = shutil.which("npm")
         assert npm is not None, "npm is missing: `make node` (apt-get install -y nodejs npm)"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLIENTS, check=True, timeout=INSTALL_TIMEOUT_S)
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLIENT, check=True, timeout=INSTALL_S)
     return found
 
 
+INSPECTOR_PACKAGES = ("@modelcontextprotocol/inspector", "node")  # the Inspector, and the node 22 its CLI needs
+
+
 def inspector() -> list[str]:
-    """The MCP Inspector's command line (its CLI needs node 22, which the packages bring)."""
-    ts_clients()
-    bin_folder = CLIENTS / "node_modules" / ".bin"
+    """The MCP Inspector's command line (npm @modelcontextprotocol/inspector and node 22, pinned in tests/ts_client/:
+    Debian's node is 20), installed from the lock file when missing as the SDK is."""
+    node_with_sdk()
+    if not all((CLIENT / "node_modules" / package).is_dir() for package in INSPECTOR_PACKAGES):
+        npm = shutil.which("npm")
+        assert npm is not None, "npm is missing: `make node` (apt-get install -y nodejs npm)"
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLIENT, check=True, timeout=INSTALL_S)
+    bin_folder = CLIENT / "node_modules" / ".bin"
     return [str(bin_folder / "node"), str(bin_folder / "mcp-inspector")]
