@@ -100,6 +100,12 @@ node:
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm; }
 	cd tests/ts_client && npm ci --no-audit --no-fund
 
+# The Claude Desktop bundle, dist/memrl-mcp-VERSION.mcpb (integrations/claude-desktop/build.sh): the server's wheel
+# and a uv.lock of its dependencies, validated and packed by the official @anthropic-ai/mcpb (npm ci in that folder).
+.PHONY: desktop-bundle
+desktop-bundle: setup
+	PYTHON=$(PY) UV=$(VENV)/bin/uv integrations/claude-desktop/build.sh dist
+
 serve: setup
 	$(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
 

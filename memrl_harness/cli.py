@@ -21,6 +21,7 @@ from memrl_harness.backends.sql import SQLServerError
 from memrl_harness.benchmarks import REGISTRY, load_benchmark, memory_config, options_model
 from memrl_harness.benchmarks.base import Benchmark
 from memrl_harness.benchmarks.options import OptionError
+from memrl_harness.discipline import DEFAULT_LAPSE_RATE, DISCIPLINES
 from memrl_harness.install import shared_data_root
 from memrl_harness.llm import LLM, LLMError
 from memrl_harness.metrics import write_summary
@@ -79,6 +80,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--client-model",
         action="store_true",
         help="hand over trajectories: the run's LLM writes the experiences memrl-mcp asks for (sampling)",
+    )
+    agent = run.add_argument_group(
+        "the agent's discipline",
+        "how faithfully the agent recalls and reports (mode memrl; memrl_harness/discipline.py)",
+    )
+    agent.add_argument(
+        "--discipline",
+        nargs="+",
+        choices=DISCIPLINES,
+        default=["disciplined"],
+        help="one run per discipline: disciplined (every recall and report, the default), forgetful (forgets the "
+        "recall or the report in a share of its tasks), hooked (the same forgetful agent, with the Claude Code "
+        "plugin's hooks recalling before every task and holding it to every report)",
+    )
+    agent.add_argument(
+        "--lapse-rate",
+        type=float,
+        metavar="SHARE",
+        help=f"forgetful, hooked: the share of tasks in which the agent forgets one of the two (default "
+        f"{DEFAULT_LAPSE_RATE})",
     )
     run.add_argument("--workers", type=int, default=1, help="episodes in parallel within an epoch")
     run.add_argument(
@@ -146,13 +167,18 @@ def run_command(args: argparse.Namespace) -> int:
     options = _options(args.option) | ({"data": args.data} if args.data else {})
     eval_options = _options(args.eval_option)
     modes, seeds = list(dict.fromkeys(args.mode)), list(dict.fromkeys(args.seed))
+    disciplines = list(dict.fromkeys(args.discipline))
     try:
         if args.config and args.memory_url:
             raise ValueError("--config sets up the harness's own memory server; a --memory-url server has its own")
         if args.config and not Path(args.config).is_file():
             raise ValueError(f"--config: no settings file at {args.config}")
-        if args.run_dir and len(modes) * len(seeds) > 1:
-            raise ValueError("--run-dir names one run's folder; several modes or seeds go under --runs")
+        if args.run_dir and len(modes) * len(seeds) * len(disciplines) > 1:
+            raise ValueError("--run-dir names one run's folder; several modes, seeds or disciplines go under --runs")
+        if disciplines != ["disciplined"] and modes != ["memrl"]:
+            raise ValueError("--discipline: only --mode memrl recalls and reports, so only it can forget to")
+        if args.lapse_rate is not None and disciplines == ["disciplined"]:
+            raise ValueError("--lapse-rate: only a forgetful or hooked agent (--discipline) has lapses")
         if args.trials is not None and modes != ["reflexion"]:
             raise ValueError("--trials: only --mode reflexion retries")
         transfer = (
@@ -181,8 +207,11 @@ def run_command(args: argparse.Namespace) -> int:
                 transfer=transfer,
                 user_rewards=args.user_rewards,
                 client_model=args.client_model,
+                discipline=discipline,
+                lapse_rate=None if discipline == "disciplined" else args.lapse_rate,
             )
             for mode in modes
+            for discipline in disciplines
             for seed in seeds
         ]
     except OptionError as error:

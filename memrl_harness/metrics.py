@@ -34,7 +34,7 @@ class EpochMetrics(BaseModel):
     forgetting: float | None = Field(
         None, description="Rate of the transition from epoch t-1 into t; None for the first."
     )
-    mean_reward: float
+    mean_checker_reward: float
     mean_steps: float
     prompt_tokens: int
     completion_tokens: int
@@ -88,6 +88,9 @@ class RunSummary(BaseModel):
     task_types: dict[str, list[TypeEpochMetrics]] = Field(default_factory=dict)
     q_critic: QCriticQuality | None = None
     episodes: int
+    recalls: int = Field(0, description="Episodes that logged a recall (recall_experience).")
+    recalls_reported: int = Field(0, description="Of those, the episodes whose recall was reported.")
+    q_updates: int = Field(0, description="Q values moved by the reports: what the memory learned from.")
     mean_steps: float
     prompt_tokens: int
     completion_tokens: int
@@ -202,7 +205,7 @@ def summarize(
                 success_rate=successes / len(rows),
                 csr=len(solved) / n_tasks,
                 forgetting=forgetting_into.get(epoch),
-                mean_reward=_mean([r.reward for r in rows]),
+                mean_checker_reward=_mean([r.checker_reward for r in rows]),
                 mean_steps=_mean([r.steps for r in rows]),
                 prompt_tokens=sum(r.prompt_tokens for r in rows),
                 completion_tokens=sum(r.completion_tokens for r in rows),
@@ -240,6 +243,9 @@ def summarize(
         task_types=dict(sorted(types.items())),
         q_critic=q_critic_quality(kept, q_values, min_injections=min_injections) if q_values is not None else None,
         episodes=len(kept),
+        recalls=sum(r.recall_by is not None for r in kept),
+        recalls_reported=sum(r.report_by is not None for r in kept),
+        q_updates=sum(r.q_updates for r in kept),
         mean_steps=_mean([r.steps for r in kept]),
         prompt_tokens=sum(r.prompt_tokens for r in kept),
         completion_tokens=sum(r.completion_tokens for r in kept),
@@ -340,7 +346,7 @@ CSV_COLUMNS = [
     "success_rate",
     "csr",
     "forgetting",
-    "mean_reward",
+    "mean_checker_reward",
     "mean_steps",
     "prompt_tokens",
     "completion_tokens",

@@ -199,6 +199,8 @@ def run_table(runs: Sequence[LoadedRun]) -> list[str]:
         "forgetting",
         "Q-critic r",
         "held-out success",
+        "recalls reported",
+        "Q updates",
         "mean steps",
         "tokens (prompt + completion)",
         "wall s (sum)",
@@ -220,6 +222,8 @@ def run_table(runs: Sequence[LoadedRun]) -> list[str]:
                 _rate(s.forgetting_rate),
                 _q_cell(s),
                 _rate(run.transfer.last_success) if run.transfer else NA,
+                f"{s.recalls_reported}/{s.recalls}" if s.recalls else NA,
+                s.q_updates,
                 f"{s.mean_steps:.2f}",
                 f"{s.prompt_tokens + s.completion_tokens} ({s.prompt_tokens} + {s.completion_tokens})",
                 f"{s.wall_s:.1f}",
@@ -313,12 +317,20 @@ def similarity_table(settings: Sequence[Setting]) -> list[str]:
     by_tasks: dict[str, list[Setting]] = defaultdict(list)
     for setting in settings:
         if setting.config.transfer is None:
-            same = setting.config.model_copy(update={"seed": 0, "mode": "none", "trials": None, "memory_config": None})
+            baseline = {"mode": "none", "trials": None, "discipline": "disciplined", "lapse_rate": None}
+            same = setting.config.model_copy(update={"seed": 0, "memory_config": None, **baseline})
             by_tasks[same.model_dump_json()].append(setting)
     header = ["benchmark", "tasks", "embedder", "mean pairwise similarity", "memrl last-epoch success", "gain over"]
     rows = []
     for group in by_tasks.values():
-        memrl = next((s for s in group if s.config.mode == "memrl" and s.aggregate.last_success), None)
+        memrl = next(
+            (
+                s
+                for s in group
+                if s.config.mode == "memrl" and s.config.discipline == "disciplined" and s.aggregate.last_success
+            ),
+            None,
+        )
         similarity = next((r.similarity for s in group for r in s.runs if r.similarity), None)
         if memrl is None or similarity is None:
             continue

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from memrl_harness.discipline import DEFAULT_LAPSE_RATE, Discipline, RecallBy, ReportBy
+
 Mode = Literal["none", "rag", "memrl", "memp", "reflexion", "rememberer", "both"]
 MODES: tuple[Mode, ...] = ("none", "rag", "memrl", "memp", "reflexion", "rememberer", "both")
 MEMORY_MODES: tuple[Mode, ...] = ("rag", "memrl", "memp", "rememberer", "both")  # the modes with a memory server
@@ -84,11 +86,26 @@ class RunConfig(BaseModel):
         description="The experiences come from the client's model: reports hand over the trajectory, memrl-mcp asks "
         "its client for the experience (MCP sampling), and the harness's LLM writes it.",
     )
+    discipline: Discipline = Field(
+        "disciplined",
+        description="How the agent runs the loop (memrl_harness/discipline.py): every recall and report; forgetful, "
+        "forgetting one of them in a share of its tasks; hooked, the same forgetful agent with the plugin's hooks.",
+    )
+    lapse_rate: float | None = Field(
+        None, ge=0.0, le=1.0, description=f"forgetful, hooked: share of the tasks with a lapse ({DEFAULT_LAPSE_RATE})."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         if self.trials is not None and self.mode != "reflexion":
             raise ValueError(f"trials: only reflexion retries, not mode {self.mode}")
+        if self.discipline == "disciplined" and self.lapse_rate is not None:
+            raise ValueError("lapse_rate: only a forgetful or hooked agent has lapses")
+        if self.discipline != "disciplined":
+            if self.mode != "memrl":
+                raise ValueError(f"discipline {self.discipline}: mode memrl recalls and reports, not mode {self.mode}")
+            if self.lapse_rate is None:
+                self.lapse_rate = DEFAULT_LAPSE_RATE
         if self.transfer is not None and self.memory_url:
             raise ValueError("transfer: the evaluation runs its own read-only memrl-mcp; it cannot use memory_url")
         return self
@@ -106,6 +123,9 @@ class RunConfig(BaseModel):
             label += f", user rewards ({self.user_rewards:.0%} wrong)"
         if self.client_model:
             label += ", client-model experiences"
+        if self.discipline != "disciplined":
+            hooks = " with the hooks" if self.discipline == "hooked" else ""
+            label += f", forgetful agent ({self.lapse_rate:.0%} lapses){hooks}"
         return f"{label}, transfer" if self.transfer else label
 
     @property
@@ -121,20 +141,30 @@ class EpisodeRecord(BaseModel):
     epoch: int = Field(ge=1)
     position: int = Field(ge=0, description="Place of the task in this epoch's seeded order.")
     task_id: str
-    success: bool
-    reward: float
+    success: bool = Field(description="The benchmark checker's verdict (what the success rates count).")
+    checker_reward: float = Field(description="The benchmark checker's reward (not always what the memory learned).")
+    learned_reward: float | None = Field(
+        None,
+        description="The reward the memory folded into the recalled memories' Q: the checker's, or with user_rewards "
+        "the one memrl-mcp took from the simulated user's answer; None: no Q update.",
+    )
     steps: int
     prompt_tokens: int = 0
     completion_tokens: int = 0
     wall_s: float
     recall_id: str | None = None
     memory_ids: list[str] = Field(default_factory=list, description="Memories injected into the prompt.")
-    user_said: bool | None = Field(None, description="user_rewards: whether the simulated user said it succeeded.")
+    user_said_success: bool | None = Field(
+        None, description="user_rewards: whether the simulated user said it succeeded (None: no user was asked)."
+    )
     stored_id: str | None = None
     task_type: str | None = Field(None, description="Benchmark-specific group for per-type results.")
     trials: int = Field(1, ge=1, description="Attempts made (reflexion stops at the first success).")
     advised_steps: int = Field(0, ge=0, description="Step-memory modes: decisions that were given some advice.")
     reported_steps: int = Field(0, ge=0, description="Step-memory modes: steps whose Q the trajectory report updated.")
+    recall_by: RecallBy | None = Field(None, description="Who called recall_experience (None: no recall was logged).")
+    report_by: ReportBy | None = Field(None, description="Who reported that recall (None: it was left unreported).")
+    q_updates: int = Field(0, ge=0, description="Memories whose Q the episode's report moved.")
 
 
 class GivenMemory(BaseModel):
@@ -154,7 +184,7 @@ class Attempt(BaseModel):
     memories: list[GivenMemory]
     trajectory: str = Field(description=f"Bounded: a longer one keeps its head and tail ({TRAJECTORY_CHARS} chars).")
     success: bool
-    reward: float
+    checker_reward: float
     steps: int
     reflection: str | None = Field(None, description="What the agent concluded from this failed attempt.")
 
@@ -168,7 +198,7 @@ class TrajectoryRecord(BaseModel):
     attempts: list[Attempt]
     experience: str | None = Field(None, description="The experience stored in memory (None: nothing stored).")
     stored_id: str | None = None
-    reward: float
+    checker_reward: float
     success: bool
 
 

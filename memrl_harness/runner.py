@@ -22,6 +22,10 @@ reward -> the memory learns:
   LLM's reflection on the trajectory) put before the next attempt as a "mistake to avoid". Every epoch
   starts afresh, so its curve is flat by design.
 
+The agent's discipline (``RunConfig.discipline``, mode ``memrl``; :mod:`memrl_harness.discipline`): disciplined, every
+recall and report; forgetful, forgetting one of them in a seeded share of its tasks; hooked, the same forgetful agent
+with the plugin's hooks, whose UserPromptSubmit recalls for it and whose Stop hook holds it to every report.
+
 Transfer (``RunConfig.transfer``): the memory is built by the epochs above on the training tasks; then
 the server closes and a second memrl-mcp opens the same store with ``MEMRL_TOOL_PROFILE=read_only``, offering
 no tool that writes, and the held-out tasks run once with recall only (into the sub-folder ``transfer/``).
@@ -46,7 +50,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +73,7 @@ from memrl_harness.benchmarks.base import (
     Task,
 )
 from memrl_harness.client_help import ClientModel, SimulatedUser
+from memrl_harness.discipline import HookedSession, Lapse, ReportBy, lapse
 from memrl_harness.llm import LLM, TRAJECTORY_CHARS, Usage, summarize_experience, truncate_middle
 from memrl_harness.metrics import TaskSimilarity, mean_pairwise_similarity, write_curve
 from memrl_harness.results import (
@@ -327,9 +332,13 @@ class Runner:
     ) -> tuple[EpisodeRecord, TrajectoryRecord]:
         mode = self.config.mode
         started = time.perf_counter()
+        learn = phase.learn and client is not None
+        forgets = lapse(self.config.discipline, self.config.lapse_rate or 0.0, self._rng(epoch, task, "lapse"))
+        # The plugin's hooks: UserPromptSubmit recalls whatever the agent forgets; Stop holds it to its reports.
+        session = HookedSession() if self.config.discipline == "hooked" and learn else None
         recall: dict[str, Any] | None = None
         memories: list[Memory] = []
-        if client is not None and mode != "rememberer":
+        if client is not None and mode != "rememberer" and (forgets != "recall" or session is not None):
             arguments: dict[str, Any] = {"task": task.intent}
             if mode in ("rag", "memp"):
                 arguments["q_weight"] = 0.0
@@ -340,71 +349,105 @@ class Runner:
                 Memory(m["id"], m["task"], m["experience"], m["outcome"], m["q"], m["similarity"])
                 for m in recall["memories"]
             ]
+            if session is not None:
+                session.recalled(recall["recall_id"])
         given = [GivenMemory.model_validate(m) for m in recall["memories"]] if recall else []
         rng = random.Random(f"{self.config.seed}:{epoch}:{task.id}")
         steps = _step_hook(client, task) if client is not None and mode in STEP_MODES else None
         attempts, episode, usage = await self._attempts(phase.benchmark, task, memories, given, rng, steps)
-        stored_id = experience = None
-        reported_steps = 0
-        recall_reported = False
-        learn = phase.learn and client is not None
         # What the simulated user says of the episode: memrl-mcp asks it in the reports; the agent, in the chat.
-        said = None if self.user is None or not learn else self.user.says(episode.success, self._user_rng(epoch, task))
-        succeeded = episode.success if said is None else said
-        if learn and steps is not None and steps.taken:
+        said = None
+        if self.user is not None and learn:
+            said = self.user.says(episode.success, self._rng(epoch, task, "user"))
+        learned = _Learned()
+        if learn:
             assert client is not None
-            arguments = _trajectory_report(task, steps, episode, recall, ask_user=said is not None)
-            async with self._asking(said):
-                report = await _call(client, "report_trajectory", arguments)
-            if report.get("outcome_error"):
-                raise RunError(f"memrl-mcp report_trajectory could not report the recall: {report['outcome_error']}")
-            reported_steps, recall_reported = report["updated"], recall is not None
-        if learn and recall is not None and (mode != "memp" or succeeded):
-            assert client is not None
-            written, summary_usage = await self._written(task, episode)
-            usage = usage + summary_usage
-            outcome = "success" if succeeded else "failure"
-            if mode in EPISODE_Q_MODES and not recall_reported:
-                arguments = {"recall_id": recall["recall_id"], **written, "metadata": {"task_id": task.id}}
-                if said is None:  # else memrl-mcp asks the user, and takes the outcome from the answer
-                    arguments |= {"reward": episode.reward, "outcome": outcome}
-                async with self._asking(said):
-                    report = await _call(client, "report_outcome", arguments)
-                stored = report["stored"]
-            else:  # rag, memp; both, whose report_trajectory reported the recall but takes no experience
-                arguments = {"task": task.intent, **written, "outcome": outcome, "metadata": {"task_id": task.id}}
-                stored = await _call(client, "store_experience", arguments)
-            stored_id, experience = stored["id"], stored["memory"]["experience"]
+            learned = await self._learn(client, task, episode, recall, steps, said, forgets, session)
+            usage = usage + learned.usage
         record = EpisodeRecord(
             epoch=epoch,
             position=position,
             task_id=task.id,
             task_type=task.type,
             success=episode.success,
-            reward=episode.reward,
+            checker_reward=episode.reward,
+            learned_reward=learned.reward,
             steps=sum(a.steps for a in attempts),
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             wall_s=time.perf_counter() - started,
             recall_id=recall.get("recall_id") if recall else None,
             memory_ids=[m.id for m in memories],
-            stored_id=stored_id,
+            stored_id=learned.stored_id,
             trials=len(attempts),
             advised_steps=steps.advised if steps else 0,
-            reported_steps=reported_steps,
-            user_said=said,
+            reported_steps=learned.reported_steps,
+            user_said_success=said,
+            recall_by=("hook" if session is not None else "agent") if recall and "recall_id" in recall else None,
+            report_by=learned.report_by,
+            q_updates=learned.q_updates,
         )
         trajectory = TrajectoryRecord(
             epoch=epoch,
             task_id=task.id,
             intent=task.intent,
             attempts=attempts,
-            experience=experience,
-            stored_id=stored_id,
-            reward=episode.reward,
+            experience=learned.experience,
+            stored_id=learned.stored_id,
+            checker_reward=episode.reward,
             success=episode.success,
         )
         return record, trajectory
+
+    async def _learn(
+        self,
+        client: Client,
+        task: Task,
+        episode: Episode,
+        recall: dict[str, Any] | None,
+        steps: Steps | None,
+        said: bool | None,
+        forgets: Lapse | None,
+        session: HookedSession | None,
+    ) -> _Learned:
+        """What the memory learns from an episode: its steps (step modes), its recall's report (the agent's, or the
+        one the Stop hook holds it to), or its experience stored (rag, memp). ``said``: the simulated user's answer,
+        which memrl-mcp asks for in the reports; ``forgets``: the half of the loop the agent forgets."""
+        mode = self.config.mode
+        learned = _Learned()
+        succeeded = episode.success if said is None else said
+        recall_reported = False
+        if steps is not None and steps.taken:
+            arguments = _trajectory_report(task, steps, episode, recall, ask_user=said is not None)
+            async with self._asking(said):
+                report = await _call(client, "report_trajectory", arguments)
+            if report.get("outcome_error"):
+                raise RunError(f"memrl-mcp report_trajectory could not report the recall: {report['outcome_error']}")
+            learned.reported_steps, recall_reported = report["updated"], recall is not None
+            if recall_reported:
+                learned.note_report("agent", report["outcome"])
+        if recall is None or (mode == "memp" and not succeeded):
+            return learned
+        outcome = "success" if succeeded else "failure"
+        if mode in EPISODE_Q_MODES and not recall_reported:
+            reporting = _who_reports(recall["recall_id"], forgets, session)
+            if reporting is None:
+                return learned
+            recall_id, reporter = reporting
+            written, learned.usage = await self._written(task, episode)
+            arguments = {"recall_id": recall_id, **written, "metadata": {"task_id": task.id}}
+            if said is None:  # else memrl-mcp asks the user, and takes the outcome from the answer
+                arguments |= {"reward": episode.reward, "outcome": outcome}
+            async with self._asking(said):
+                report = await _call(client, "report_outcome", arguments)
+            learned.note_report(reporter, report)
+            stored = report["stored"]
+        else:  # rag, memp; both, whose report_trajectory reported the recall but takes no experience
+            written, learned.usage = await self._written(task, episode)
+            arguments = {"task": task.intent, **written, "outcome": outcome, "metadata": {"task_id": task.id}}
+            stored = await _call(client, "store_experience", arguments)
+        learned.stored_id, learned.experience = stored["id"], stored["memory"]["experience"]
+        return learned
 
     async def _attempts(
         self,
@@ -434,7 +477,7 @@ class Runner:
                 memories=[*(GivenMemory(id=r.id, outcome=r.outcome) for r in reversed(reflections)), *given],
                 trajectory=bound(episode.trajectory),
                 success=episode.success,
-                reward=episode.reward,
+                checker_reward=episode.reward,
                 steps=episode.steps,
             )
             attempts.append(attempt)
@@ -449,8 +492,10 @@ class Runner:
         """Around a report that memrl-mcp asks the simulated user about (``said``: its answer; None: no user)."""
         return nullcontext() if self.user is None or said is None else self.user.reporting(said)
 
-    def _user_rng(self, epoch: int, task: Task) -> random.Random:
-        return random.Random(f"{self.config.seed}:{epoch}:{task.id}:user")
+    def _rng(self, epoch: int, task: Task, purpose: str) -> random.Random:
+        """A draw of its own per episode and purpose (the user's answer, the agent's lapse), apart from the
+        episode's."""
+        return random.Random(f"{self.config.seed}:{epoch}:{task.id}:{purpose}")
 
     async def _written(self, task: Task, episode: Episode) -> tuple[dict[str, str], Usage]:
         """A report's or a store's experience argument: the experience (:meth:`_experience`), or with
@@ -551,6 +596,17 @@ def _step_hook(client: Client, task: Task) -> Steps:
     return Steps(recall)
 
 
+def _who_reports(recall_id: str, forgets: Lapse | None, session: HookedSession | None) -> tuple[str, ReportBy] | None:
+    """Who reports the episode's recall, and which recall: the agent, unless it forgets; then, with the hooks, the
+    agent all the same, held to it when its turn ends by the Stop hook, whose reason names the recall; else nobody."""
+    if forgets != "report":
+        if session is not None:
+            session.report_made(recall_id)
+        return recall_id, "agent"
+    blocked = session.stop(stop_hook_active=False) if session is not None else None
+    return None if blocked is None else (blocked, "stop hook")
+
+
 def _trajectory_report(
     task: Task, steps: Steps, episode: Episode, recall: dict[str, Any] | None, ask_user: bool
 ) -> dict[str, Any]:
@@ -576,6 +632,24 @@ def _trajectory_report(
     return arguments
 
 
+@dataclass
+class _Learned:
+    """What the memory learned from one episode, for its records."""
+
+    stored_id: str | None = None
+    experience: str | None = None
+    reported_steps: int = 0
+    report_by: ReportBy | None = None
+    reward: float | None = None
+    q_updates: int = 0
+    usage: Usage = field(default_factory=Usage)
+
+    def note_report(self, reporter: ReportBy, report: dict[str, Any] | None) -> None:
+        """A report of the episode's recall (``report_outcome``'s result; None when none was applied)."""
+        if report is not None and report.get("reported", True):
+            self.report_by, self.reward, self.q_updates = reporter, report["reward"], len(report["updated"])
+
+
 class _Counter:
     """Episodes done over the run's total, for the progress callback."""
 
@@ -590,4 +664,7 @@ class _Counter:
 
 def default_run_dir(root: Path, config: RunConfig) -> Path:
     transfer = "-transfer" if config.transfer else ""
-    return root / f"{config.benchmark}-{config.mode}{transfer}-seed{config.seed}"
+    discipline = (
+        "" if config.discipline == "disciplined" else f"-{config.discipline}{round(100 * (config.lapse_rate or 0))}"
+    )
+    return root / f"{config.benchmark}-{config.mode}{discipline}{transfer}-seed{config.seed}"

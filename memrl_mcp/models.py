@@ -13,14 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 from memrl_mcp.requests import RecallQuery
 from memrl_mcp.storage.numbers import KeptFloat, KeptJson
 from memrl_mcp.storage.tally import Q_STEP, Counts
-from memrl_mcp.validation import Outcome
+from memrl_mcp.validation import MAX_TIMESTAMP, Outcome
 
 Q_DIGITS = 6  # a tally's Q is exact to Q_STEP (1e-4); two more digits keep the quartiles' interpolation
 
 
 def iso_time(seconds: float) -> str:
-    """A Unix time as ISO 8601 in UTC, to the microsecond: ``2026-11-26T01:02:03.123456Z``."""
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """A Unix time as ISO 8601 in UTC, to the microsecond: ``2026-11-26T01:02:03.123456Z``. A time outside what a store
+    accepts (1970 to the end of 9999; an import of an older version let some in) shows as the nearest end of that
+    range, not a number as 1970: one stored value must not fail a read."""
+    shown = min(max(seconds, 0.0), MAX_TIMESTAMP) if seconds == seconds else 0.0
+    return datetime.fromtimestamp(shown, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 Timestamp = Annotated[

@@ -24,7 +24,7 @@ import reprlib
 import unicodedata
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import ErrorDetails
@@ -34,6 +34,7 @@ from memrl_mcp.errors import MemoryRequestError
 T = TypeVar("T")
 
 Outcome = Literal["success", "failure"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 SortKey = Literal["q", "visits", "updated_at"]
 """What list_memories sorts by: payload fields with a range index, so the engines order them (order_by)."""
 
@@ -225,8 +226,19 @@ Q_WEIGHT = Rule[float](QWeight)
 DELTA = Rule[float](Similarity)
 NAMESPACE = Rule[str](NamespaceName)
 POINT_ID = Rule[str](Annotated[str, Field(max_length=36), AfterValidator(_uuid)])
+MAX_TIMESTAMP = 253_402_300_799.0
+"""9999-12-31T23:59:59Z as a Unix time: the last second a date of four-digit years (ISO 8601, what the tools answer,
+Python's ``datetime``) can show."""
+
+
+def _dated(seconds: float) -> float:
+    if seconds > MAX_TIMESTAMP:
+        raise ValueError(f"is after 9999-12-31T23:59:59Z (Unix time {MAX_TIMESTAMP:.0f}), the last time a date shows")
+    return seconds
+
+
 COUNT = Rule[int](Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)])
-TIMESTAMP = Rule[float](Annotated[float, Field(ge=0.0, allow_inf_nan=False)])
+TIMESTAMP = Rule[float](Annotated[float, Field(ge=0.0, allow_inf_nan=False), AfterValidator(_dated)])
 FINITE = Rule[float](Annotated[float, Field(allow_inf_nan=False)])
 
 
@@ -240,7 +252,7 @@ def is_point_id(text: str) -> bool:
 
 
 def check_outcome(outcome: str) -> Outcome:
-    if outcome not in ("success", "failure"):
+    if outcome not in OUTCOMES:
         raise MemoryRequestError(f"outcome: must be 'success' or 'failure', got {outcome!r}")
     return outcome  # type: ignore[return-value]
 

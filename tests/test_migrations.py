@@ -244,11 +244,13 @@ async def test_the_schema_point_is_no_recall(client: Client) -> None:
 @pytest.mark.parametrize(
     ("marker", "shown"),
     [
-        ({"schema_version": "abc"}, 'schema_version "abc"'),
-        ({"schema_version": None}, "schema_version null"),
-        ({"schema_version": "2"}, 'schema_version "2"'),
-        ({"schema_version": 2.9}, "schema_version 2.9"),
-        ({"schema_version": True}, "schema_version true"),
+        ({"schema_version": "abc"}, 'schema_version "abc", which is not a number'),
+        ({"schema_version": None}, "schema_version null, which is not a number"),
+        ({"schema_version": "2"}, 'schema_version "2", which is not a number'),
+        ({"schema_version": 2.9}, "schema_version 2.9, a fraction"),
+        ({"schema_version": True}, "schema_version true, which is not a number"),
+        ({"schema_version": -1}, "schema_version -1, a negative number (versions count up from 0)"),
+        ({"schema_version": 1e30}, "schema_version 1e+30, a decimal number where a version is written as an integer"),
         ({}, "no schema_version"),
     ],
 )
@@ -271,9 +273,8 @@ def test_a_damaged_schema_marker_is_refused_clearly_and_never_misread(
             timeout=120,
         )
         assert done.returncode == 2, (command, done.returncode, done.stderr)
-        assert f"schema marker (point {SCHEMA_POINT} of the recalls table) holds {shown}, not a whole number" in (
-            done.stderr
-        )
+        assert f"schema marker (point {SCHEMA_POINT} of the recalls table) holds {shown}" in done.stderr
+        assert "not a whole number" not in done.stderr  # -1 and 1e30 are whole numbers: the message says what is wrong
         assert "Traceback" not in done.stderr
     store = open_store(load_settings(data_dir=data_dir).storage, 384)
     try:

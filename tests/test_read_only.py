@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 from mcp import Client
 
@@ -20,7 +21,7 @@ from memrl_mcp.storage import Point, StoreLockedError, new_id, open_store
 from memrl_mcp.storage.migrations import SCHEMA_VERSION
 from tests.support.crashes import DiesAtWrite
 from tests.support.mcp import call, make_service
-from tests.support.servers import DEADLINE_S, child_env, run_cli, stdio_server
+from tests.support.servers import DEADLINE_S, base_url, child_env, http_server, run_cli, stdio_server
 from tests.support.stores import TASKS, old_payload, small_disk, write_old_store
 
 
@@ -177,4 +178,26 @@ def test_a_read_only_server_refuses_a_store_that_needs_a_migration(embedder: Emb
     assert f"schema version 0 and needs a migration to version {SCHEMA_VERSION}" in done.stderr
     assert "bookkeeping (to version 1), history_as_text (to version 2)" in done.stderr
     assert "a read-only server writes nothing" in done.stderr
+    assert snapshot(data_dir) == before
+
+
+@pytest.mark.slow  # a server process
+def test_the_inspector_of_a_read_only_server_refuses_edits_naming_the_setting(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    """An operator who tries to correct a memory in /ui is told which setting makes the server read-only (the old
+    ``read_only: true`` is refused at start: tests/test_agent_surface.py), and nothing changes."""
+    data_dir = tmp_path / "data"
+    memory_id = write_store_with_an_interrupted_report(embedder, data_dir, "edge")
+    before = snapshot(data_dir)
+    with http_server(data_dir, tmp_path, MEMRL_TOOL_PROFILE="read_only") as server:
+        memory = f"{base_url(server)}/ui/api/memories/{memory_id}"
+        for method, body in (("PATCH", {"experience": "rain water is better"}), ("DELETE", {})):
+            answer = httpx.request(method, memory, json=body, timeout=DEADLINE_S)
+            assert answer.status_code == 403, answer.text
+            assert answer.json() == {
+                "error": "read_only",
+                "error_description": "this server is read-only (tool_profile: read_only): nothing can change",
+            }
+        assert httpx.get(memory, timeout=DEADLINE_S).json()["experience"] == "use the blue can"
     assert snapshot(data_dir) == before

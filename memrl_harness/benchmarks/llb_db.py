@@ -51,10 +51,9 @@ import random
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from memrl_harness.backends.docker import DB_IMAGE, MariaDBContainer
 from memrl_harness.backends.mariadb import LocalMariaDB
@@ -68,7 +67,7 @@ from memrl_harness.benchmarks.base import (
     memory_sections,
     with_advice,
 )
-from memrl_harness.benchmarks.options import BenchmarkOptions, TaskIds
+from memrl_harness.benchmarks.options import LLBOptions
 from memrl_harness.install import data_hint, shared_data_root
 from memrl_harness.llm import LLM, LLMError, Usage
 
@@ -235,26 +234,14 @@ class Outcome:
     detail: str
 
 
-class LLBDBOptions(BenchmarkOptions):
+class LLBDBOptions(LLBOptions):
     """LLB DB's options; the module docstring says what the server backends are."""
 
     backend: Literal["mariadb", "docker"] = Field(
         "mariadb", description="the SQL server: a private local MariaDB, or a MariaDB container of image"
     )
-    image: str | None = Field(None, description=f"backend=docker: the container image (default {DB_IMAGE})")
-    data: Path | None = Field(None, description=f"the tasks' JSON (default: {DATA_FILE} of the shared data)")
-    ids: TaskIds | None = Field(None, description="these tasks only, comma-separated")
-    limit: int | None = Field(None, ge=1, description="the first N tasks only")
     max_rounds: int = Field(15, ge=1, description="LLM turns per episode")
-    max_output_chars: int = Field(800, ge=50, description="an action's result shown back, cut to this many characters")
     statement_timeout: float = Field(10.0, gt=0, description="seconds one action's SQL may run")
-    max_tokens: int = Field(512, ge=1, description="the length limit of one turn's answer")
-
-    @model_validator(mode="after")
-    def _image_of_a_container(self) -> LLBDBOptions:
-        if self.image is not None and self.backend != "docker":
-            raise ValueError("image: only with backend=docker")
-        return self
 
 
 def sql_server(options: LLBDBOptions) -> SQLServer:

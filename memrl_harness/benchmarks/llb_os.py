@@ -13,7 +13,7 @@ limits, a seccomp filter and no network (see that module for what it guarantees 
 
 Episode (LLB's loop): up to ``max_rounds`` (10) rounds; each round the LLM answers JSON
 ``{thought, action: bash|answer|finish, content}``; a ``bash`` command runs in the sandbox and
-its output (cut to ``output_chars``) is the next user message; ``answer`` / ``finish`` end the
+its output (cut to ``max_output_chars``) is the next user message; ``answer`` / ``finish`` end the
 episode. In the step-memory modes each round's request also carries the step memory's advice on the current
 observation (the last command's output; ``START`` before the first). Then the evaluation script runs in the same
 sandbox through :meth:`Sandbox.check`, with a shell and tools the
@@ -52,7 +52,7 @@ from memrl_harness.benchmarks.base import (
     memory_sections,
     with_advice,
 )
-from memrl_harness.benchmarks.options import BenchmarkOptions, TaskIds
+from memrl_harness.benchmarks.options import LLBOptions
 from memrl_harness.install import data_hint, default_rootfs, shared_data_root
 from memrl_harness.llm import LLM, LLMFormatError, Usage
 
@@ -81,22 +81,15 @@ ACTION_SCHEMA: dict[str, Any] = {
 }
 
 
-class LLBOSOptions(BenchmarkOptions):
+class LLBOSOptions(LLBOptions):
     """LLB OS's options; the module docstring says what the sandbox backends are."""
 
     backend: Literal["bwrap", "docker"] = Field(
         "bwrap", description="the sandbox: bubblewrap over rootfs, or a container of image"
     )
-    image: str | None = Field(None, description=f"backend=docker: the container image (default {OS_IMAGE})")
-    data: Path | None = Field(None, description=f"the tasks' JSON (default: {DATA_FILE} of the shared data)")
     rootfs: Path | None = Field(None, description="backend=bwrap: the root filesystem (default: make sandbox's)")
-    ids: TaskIds | None = Field(None, description="these tasks only, comma-separated")
-    limit: int | None = Field(None, ge=1, description="the first N tasks only")
-    max_rounds: int = Field(10, ge=1, description="LLM turns per episode")
     command_timeout: float = Field(20.0, gt=0, description="seconds one command may run")
     eval_timeout: float = Field(60.0, gt=0, description="seconds the initialisation or the evaluation may run")
-    output_chars: int = Field(800, ge=50, description="a command's output shown back, cut to this many characters")
-    max_tokens: int = Field(512, ge=1, description="the length limit of one turn's answer")
     reward_success: float = Field(1.0, description="the reward of a passed evaluation")
     reward_failure: float = Field(0.0, description="the reward of a failed one")
     memory_mb: int = Field(1024, ge=FLOORS["memory_mb"], description="memory of a sandbox, all its processes together")
@@ -168,8 +161,8 @@ class LLBOSBenchmark(StepwiseBenchmark):
 
     def _shown(self, result: CommandResult) -> str:
         text = result.output
-        if len(text) > self.options.output_chars:
-            text = text[: self.options.output_chars] + f"\n[truncated: {len(result.output)} characters in all]"
+        if len(text) > self.options.max_output_chars:
+            text = text[: self.options.max_output_chars] + f"\n[truncated: {len(result.output)} characters in all]"
         timeout = self.options.command_timeout
         status = f"timed out after {timeout:g} s" if result.timed_out else f"exit code {result.exit_code}"
         return f"The output of the command ({status}):\n{text}"

@@ -131,3 +131,27 @@ def _shown(field: FieldInfo) -> str:
     if field.default is None:
         return ""
     return str(field.default).lower() if isinstance(field.default, bool) else str(field.default)
+
+
+class LLBOptions(BenchmarkOptions):
+    """What both LifelongAgentBench benchmarks (llb-os, llb-db) take: the tasks, the agent's budget, and the backend
+    that runs its actions (each benchmark names its own backends; ``docker`` is one of both)."""
+
+    backend: str = Field(description="where the agent's actions run")
+    image: str | None = Field(
+        None, description="backend=docker: the container image (default: the one make docker builds)"
+    )
+    data: Path | None = Field(
+        None, description="the tasks' JSON (default: the shared data's; memrl-harness data says where)"
+    )
+    ids: TaskIds | None = Field(None, description="these tasks only, comma-separated")
+    limit: int | None = Field(None, ge=1, description="the first N tasks only")
+    max_rounds: int = Field(10, ge=1, description="LLM turns per episode")
+    max_output_chars: int = Field(800, ge=50, description="an action's result shown back, cut to this many characters")
+    max_tokens: int = Field(512, ge=1, description="the length limit of one turn's answer")
+
+    @model_validator(mode="after")
+    def _image_of_a_container(self) -> Self:
+        if self.image is not None and self.backend != "docker":
+            raise ValueError("image: only with backend=docker")
+        return self

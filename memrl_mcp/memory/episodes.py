@@ -21,7 +21,7 @@ from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.bounds import OldestBeyond
 from memrl_mcp.memory.ledger import Ledger
-from memrl_mcp.memory.records import RecallRecord, memory_view
+from memrl_mcp.memory.records import READ, RecallRecord, memory_view
 from memrl_mcp.models import (
     ExperienceSource,
     MemoryView,
@@ -38,7 +38,7 @@ from memrl_mcp.settings import Settings
 from memrl_mcp.storage import Hit, Point, Store, new_id
 from memrl_mcp.storage.migrations import SCHEMA_POINT
 from memrl_mcp.storage.quota import Quotas, record_bytes
-from memrl_mcp.validation import is_point_id
+from memrl_mcp.validation import OUTCOMES, is_point_id
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class EpisodeMemory:
         assert query.q_weight is not None and query.delta is not None
         vector = embed_tasks(self._embedder, [query.task], query.namespace)[0]
         hits = self._store.search(vector, query.k1, query.delta, {"namespace": query.namespace})
-        pool = [algorithm.Candidate(h.similarity, float(h.payload["q"])) for h in hits]
+        pool = [algorithm.Candidate(h.similarity, READ["q"](h.payload.get("q"))) for h in hits]
         epsilon = self._retrieval.epsilon if explore else 0.0
         selection = algorithm.select(pool, query.k2, query.q_weight, self.scale.z_similarity, epsilon, self._rng)
         return Found(query, vector, hits, selection)
@@ -168,7 +168,9 @@ class EpisodeMemory:
             task=query.task,
             memory_ids=[m.id for m in result.memories],
             twins={
-                h.payload["outcome"]: h.id for h in reversed(found.hits) if h.similarity >= self.scale.merge_threshold
+                outcome: h.id
+                for h in reversed(found.hits)
+                if h.similarity >= self.scale.merge_threshold and (outcome := h.payload.get("outcome")) in OUTCOMES
             },
             status="pending",
             created_at=now,

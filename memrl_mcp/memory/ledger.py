@@ -38,6 +38,7 @@ from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.history import QHistory
 from memrl_mcp.memory.records import (
+    READ,
     ClaimedReport,
     RecallRecord,
     applied_ids,
@@ -192,7 +193,7 @@ class Ledger:
 
         def fold(memory_id: str, m: Mapping[str, Any]) -> dict[str, Any]:
             """Q <- Q + alpha (R - Q), with its event in the history: one write (after a copy of a full tail)."""
-            q_before = float(m["q"])
+            q_before = READ["q"](m.get("q"))  # as a read shows it, whoever wrote it
             q_after = algorithm.update_q(q_before, reward, learning.alpha)
             event = QEvent(
                 at=now,
@@ -206,7 +207,7 @@ class Ledger:
             )
             return {
                 "q": q_after,
-                "visits": int(m["visits"]) + 1,
+                "visits": READ["visits"](m.get("visits")) + 1,
                 "last_reward": reward,
                 "updated_at": now,
                 **self.history.append(memory_id, m, event),
@@ -222,7 +223,7 @@ class Ledger:
                 changes.append(
                     QChange(
                         id=memory_id,
-                        q_before=float(written.before["q"]),
+                        q_before=READ["q"](written.before.get("q")),
                         q_after=written.update["q"],
                         visits=written.update["visits"],
                     )

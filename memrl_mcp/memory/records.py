@@ -9,12 +9,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
+import math
 import uuid
 import zlib
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from memrl_mcp.embeddings import canonical_task
 from memrl_mcp.errors import MemoryRequestError
@@ -24,10 +26,25 @@ from memrl_mcp.models import (
     MemoryDetail,
     MemoryView,
     Outcome,
+    QEvent,
     RewardSource,
     StepRecordView,
 )
-from memrl_mcp.validation import COUNT, FINITE, NAMESPACE, POINT_ID, TIMESTAMP, Limits, check_outcome
+from memrl_mcp.storage.numbers import finite
+from memrl_mcp.validation import (
+    COUNT,
+    FINITE,
+    MAX_SAFE_INTEGER,
+    MAX_TIMESTAMP,
+    NAMESPACE,
+    OUTCOMES,
+    POINT_ID,
+    TIMESTAMP,
+    Limits,
+    check_outcome,
+)
+
+log = logging.getLogger(__name__)
 
 RecallStatus = Literal["pending", "applying", "reported"]
 """pending: issued, reportable; applying: claimed by a report, which may have been interrupted (the record is its
@@ -121,12 +138,111 @@ OPTIONAL_FIELDS: dict[str, Any] = {"merges": 0, "metadata": {}, "last_reward": N
 
 
 def memory_view(memory_id: str, payload: Mapping[str, Any]) -> MemoryView:
-    return MemoryView.model_validate({**OPTIONAL_FIELDS, **payload, "id": memory_id})
+    """A stored memory as the tools show it (read leniently: :func:`readable`)."""
+    fields = {**OPTIONAL_FIELDS, **payload, "id": memory_id}
+    try:
+        view = MemoryView.model_validate(fields)
+        if _usable(view):
+            return view
+    except ValidationError:
+        pass
+    return MemoryView.model_validate(readable(memory_id, fields))
 
 
 def memory_detail(memory_id: str, payload: Mapping[str, Any], history: list[dict[str, Any]]) -> MemoryDetail:
-    """A memory with its Q history (:meth:`memrl_mcp.memory.history.QHistory.events`)."""
-    return MemoryDetail.model_validate({**OPTIONAL_FIELDS, **payload, "history": history, "id": memory_id})
+    """A memory with its Q history (:meth:`memrl_mcp.memory.history.QHistory.events`), read leniently: an event no
+    read can use is left out (:func:`readable`)."""
+    fields = {**OPTIONAL_FIELDS, **payload, "history": history, "id": memory_id}
+    try:
+        detail = MemoryDetail.model_validate(fields)
+        if _usable(detail) and all(_usable_event(event) for event in detail.history):
+            return detail
+    except ValidationError:
+        pass
+    events = [event for event in map(_event, history) if event is not None]
+    dropped = ["history"] if len(events) < len(history) else []
+    return MemoryDetail.model_validate({**readable(memory_id, fields, dropped), "history": events})
+
+
+def readable(memory_id: str, fields: Mapping[str, Any], also: list[str] | None = None) -> dict[str, Any]:
+    """A stored memory's fields with each value a read cannot use replaced by the field's neutral value (:data:`READ`),
+    so that one damaged record (another replica's or version's values, a hand edit, an import of a version that let
+    a time past 9999 in) never fails the reads of its namespace: it is shown, and can be corrected or forgotten. The
+    log names the fields (and ``also``, what the caller left out)."""
+    repaired = {name: rule(fields.get(name)) for name, rule in READ.items()}
+    changed = sorted(name for name, value in repaired.items() if not _same(value, fields.get(name))) + (also or [])
+    log.warning("memory %s holds values no read can use (%s): shown with neutral values", memory_id, ", ".join(changed))
+    return {**fields, **repaired}
+
+
+def _usable(view: MemoryView) -> bool:
+    """The fast path's check: what validation lets through that a read still cannot use (NaN, an infinity, a time
+    no date shows)."""
+    last = view.last_reward
+    return (
+        math.isfinite(view.q)
+        and (last is None or math.isfinite(last))
+        and 0.0 <= view.created_at <= MAX_TIMESTAMP
+        and 0.0 <= view.updated_at <= MAX_TIMESTAMP
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def _usable_event(event: QEvent) -> bool:
+    return all(math.isfinite(x) for x in (event.q_before, event.q_after, event.reward or 0.0))
+
+
+def _event(event: Any) -> QEvent | None:
+    try:
+        parsed = QEvent.model_validate(event)
+    except ValidationError:
+        return None
+    return parsed if _usable_event(parsed) else None
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=repr)
+
+
+def _time(value: Any) -> float:
+    number = finite(value)
+    return 0.0 if number is None else min(max(number, 0.0), MAX_TIMESTAMP)
+
+
+def _count(value: Any) -> int:
+    number = finite(value)
+    return 0 if number is None else int(min(max(number, 0.0), MAX_SAFE_INTEGER))
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) and all(isinstance(key, str) for key in value) else {}
+
+
+READ: dict[str, Callable[[Any], Any]] = {
+    "namespace": _text,
+    "task": _text,
+    "experience": _text,
+    "outcome": lambda value: value if value in OUTCOMES else "failure",
+    "q": lambda value: finite(value) or 0.0,
+    "last_reward": finite,
+    "visits": _count,
+    "merges": _count,
+    "created_at": _time,
+    "updated_at": _time,
+    "metadata": _json_object,
+    "experience_source": lambda value: value if value in get_args(ExperienceSource) else None,
+}
+"""Each field of a stored memory as a read can use it: a time within what a date shows, a finite Q (else 0, the
+neutral utility) and last reward (else none), a count from 0 to 2^53, text (else the value's JSON), a JSON object of
+finite numbers (else empty), a known outcome (else failure: a memory to be wary of rather than one to follow) and
+writer (else unknown)."""
 
 
 def merged_metadata(old: Mapping[str, Any], new: Mapping[str, Any], max_chars: int) -> dict[str, Any]:

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context
@@ -32,7 +35,7 @@ from mcp.shared.exceptions import MCPError, NoBackChannelError
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types import CreateMessageRequest, ElicitRequest, InputRequiredResult
 from mcp_types.version import is_version_at_least
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from memrl_mcp.errors import MemoryRequestError
 
@@ -55,11 +58,13 @@ class NoAnswer(MemoryRequestError):
 
 
 class Round(BaseModel):
-    """What earlier rounds of a 2026-07-28 call asked (digests by key) and were answered (as the wire gave them)."""
+    """What earlier rounds of a 2026-07-28 call asked (digests by key) and were answered (as the wire gave them), and
+    the conversation they belong to (:class:`OpenQuestions`)."""
 
     v: int = STATE_VERSION
     asked: dict[str, str] = {}
     answers: dict[str, dict[str, Any]] = {}
+    conversation: str = Field(default_factory=lambda: uuid.uuid4().hex)
 
 
 class Asking:
@@ -76,6 +81,8 @@ class Asking:
             except ValidationError:
                 self._round = Round()
         self._responses = (ctx.input_responses or {}) if self.multi_round else {}
+        self.conversation = self._round.conversation
+        """This call, or on a 2026-07-28 connection every round of it: the rounds carry it in their sealed state."""
 
     def lacks(self, capability: Capability) -> str | None:
         """Why the client cannot be asked for ``capability`` (None: it can)."""
@@ -138,6 +145,73 @@ class Asking:
             ) from None
         except MCPError as error:
             raise NoAnswer(f"the client answered {what} with an error: {_clip(error.error.message)}") from None
+
+
+class Subject(NamedTuple):
+    """What a report asks its client about, and only one report may at a time: a recall, or an episode (its id is
+    the namespace's)."""
+
+    field: str
+    value: str
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class Hold:
+    token: str
+    subjects: frozenset[Subject]
+    until: float
+
+
+class OpenQuestions:
+    """The reports waiting for their client's answer (its user's, or its model's): at most one per :class:`Subject`
+    and at most ``per_token`` per token.
+
+    Each question holds a request to the client for up to its timeout, and of the reports of one recall only one can
+    ever apply: unbounded, a client's concurrent reports of one recall would each send a question. A report holds its
+    subjects while it asks, from before its first question until its answers are in. Over the handshake protocols that
+    is while its call waits. On a 2026-07-28 connection each question ends the call (an ``InputRequiredResult``) and
+    the client calls again with the answer: the hold then stays until the round that brings the last answer, or for
+    ``hold_seconds`` (a client may never come back); the rounds of one report carry its conversation id in the state
+    the SDK seals, so they pass, and no other call can claim it. Kept by this process, on the event loop only (no
+    lock): each replica of a server keeps its own."""
+
+    def __init__(self, per_token: int, hold_seconds: float, clock: Callable[[], float]) -> None:
+        self._per_token = per_token
+        self._hold_seconds = hold_seconds
+        self._clock = clock
+        self._holds: dict[str, Hold] = {}  # by conversation
+
+    @contextmanager
+    def held(self, client: Asking, token: str, subjects: Sequence[Subject] = ()) -> Iterator[None]:
+        """Hold ``subjects`` (and one of the token's places) while the block asks the client; a refusal names the
+        subject another report holds, or the setting."""
+        now, mine = self._clock(), client.conversation
+        self._holds = {key: hold for key, hold in self._holds.items() if hold.until > now and key != mine}
+        for hold in self._holds.values():
+            taken = next((subject for subject in subjects if subject in hold.subjects), None)
+            if taken is not None:
+                raise MemoryRequestError(
+                    f"{taken.field}: another report of {taken.field} {taken.value!r} is waiting for the client's "
+                    "answer, and only one report of it can apply: wait for that one, or pass reward (and experience) "
+                    "yourself"
+                )
+        waiting = sum(hold.token == token for hold in self._holds.values())
+        if waiting >= self._per_token:
+            raise MemoryRequestError(
+                f"reward: this token has {waiting} reports waiting for the client's answers "
+                f"(max_open_questions_per_token={self._per_token}): wait for them, or pass reward (and experience) "
+                "yourself"
+            )
+        self._holds[mine] = Hold(token, frozenset(subjects), now + self._hold_seconds)
+        try:
+            yield
+        except InputRequired:
+            raise  # the client comes back with the answer: the hold stays until then, or until it lapses
+        except BaseException:
+            self._holds.pop(mine, None)
+            raise
+        self._holds.pop(mine, None)
 
 
 def _wire(response: BaseModel) -> dict[str, Any]:

@@ -12,11 +12,14 @@ import ipaddress
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from memrl_mcp.memory.access import EVERYTHING, Access
 from memrl_mcp.settings import ALL_NAMESPACES, TokenGrant, grant_digest
 
 NAMESPACES_CLAIM = "memrl_namespaces"
+REALM = "memrl-mcp"
+HOW = "send 'Authorization: Bearer <token>' with a token from this server's operator (static tokens; no OAuth)"
 
 
 class TokenTable:
@@ -36,6 +39,27 @@ class TokenTable:
         return AccessToken(
             token=token, client_id=grant.name, scopes=[], claims={NAMESPACES_CLAIM: list(grant.namespaces)}
         )
+
+    async def problem(self, authorization: str | None) -> str | None:
+        """What is wrong with a request's ``Authorization`` header, in words a client can show its user (None: it
+        carries one of the tokens). Read as the SDK's ``BearerAuthBackend`` reads it, so the verdicts agree."""
+        if not authorization:
+            return f"a bearer token is required, and the request has none: {HOW}"
+        if not authorization.lower().startswith("bearer "):
+            return f"a bearer token is required, and the Authorization header holds another scheme: {HOW}"
+        if await self.verify_token(authorization[len("bearer ") :]) is None:
+            return f"a bearer token is required, and this one is not one of this server's tokens: {HOW}"
+        return None
+
+
+def refusal(problem: str) -> JSONResponse:
+    """The answer to a request without a valid token, as RFC 6750 (section 3) and the MCP authorization spec that
+    builds on it let a client tell a token problem: 401 with a ``Bearer`` challenge of ``error="invalid_token"`` and
+    the problem as its description, and the same in the JSON body, which is what clients show their user. (The
+    description holds no double quote or backslash, as the header's quoted string requires.)"""
+    challenge = f'Bearer realm="{REALM}", error="invalid_token", error_description="{problem}"'
+    body = {"error": "invalid_token", "error_description": problem}
+    return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": challenge})
 
 
 def caller(request: Request | None, tokens: TokenTable | None) -> Access | None:

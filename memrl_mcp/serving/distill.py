@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import reprlib
 
 import anyio
 import httpx
@@ -74,7 +75,13 @@ def distill_request(
 
 
 def answered_text(result: CreateMessageResult, rule: Rule[str], who: str) -> str:
-    """The experience a model's answer holds: its text, checked as any experience; anything else is refused."""
+    """The experience a model's answer holds: the assistant's text, checked as any experience; anything else is
+    refused. A message whose role is the user's is not the model's answer but words put in the user's mouth (a client
+    may send anything back), so it is never stored as what the model wrote."""
+    if result.role != "assistant":
+        raise MemoryRequestError(
+            f"experience: {who} answered with a message of role {result.role!r}, not the assistant's; nothing stored"
+        )
     content = result.content
     if not isinstance(content, TextContent):
         raise MemoryRequestError(f"experience: {who} answered with {content.type} content, not text; nothing stored")
@@ -118,9 +125,15 @@ class Endpoint:
         if response.status_code != 200:
             raise MemoryRequestError(f"experience: distill_base_url answered HTTP {response.status_code}")
         try:
-            text = json.loads(raw)["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            text = None
+            message = json.loads(raw)["choices"][0]["message"]
+            role, text = message.get("role", "assistant"), message["content"]
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            role, text = "assistant", None
+        if role != "assistant":
+            shown = reprlib.repr(role)
+            raise MemoryRequestError(
+                f"experience: distill_base_url answered a message of role {shown}, not the assistant's"
+            )
         if not isinstance(text, str):
             raise MemoryRequestError("experience: distill_base_url answered no chat completion text")
         return text

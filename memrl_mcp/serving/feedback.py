@@ -17,6 +17,10 @@ one. MCP gives the server both (:mod:`~memrl_mcp.serving.asking`):
   else the configured endpoint (``distill_base_url``), else the call is refused. Each token may have at most
   ``max_samplings_per_minute`` experiences written (:class:`Budget`); a model's answer is checked as any experience.
 
+While a report asks, it holds its recall (or episode_id) and one of its token's ``max_open_questions_per_token``
+places: another report of the same recall, or one beyond the token's places, is refused before its client is asked
+(:class:`~memrl_mcp.serving.asking.OpenQuestions`).
+
 A report is all or nothing: if the model's answer is refused, or no answer comes within the time allowed, nothing
 is reported (the user's answer too is dropped: the recall stays reportable, and is asked about again).
 """
@@ -49,7 +53,7 @@ from memrl_mcp.models import (
     iso_time,
 )
 from memrl_mcp.requests import NewExperience, OutcomeReport, TrajectoryReport
-from memrl_mcp.serving.asking import Asking
+from memrl_mcp.serving.asking import Asking, OpenQuestions, Subject
 from memrl_mcp.serving.distill import Endpoint, answered_text, checked, distill_request
 from memrl_mcp.validation import check_step_rewards, outcome_of, plain_error, text_rule
 
@@ -136,6 +140,8 @@ class Feedback:
         self._note = text_rule(MAX_NOTE_CHARS)
         self._per_minute = settings.serving.max_samplings_per_minute
         self._budget = Budget(self._per_minute, service.clock)
+        longest_wait = self._learning.elicitation_timeout_seconds + self._learning.distill_timeout_seconds
+        self._questions = OpenQuestions(settings.serving.max_open_questions_per_token, longest_wait, service.clock)
         learning = self._learning
         self._endpoint = (
             None
@@ -163,7 +169,11 @@ class Feedback:
         recall_id, reward, outcome = report.recall_id, report.reward, report.outcome
         recall = await self._run(self._service.reportable, recall_id, access=access)
         provenance, verdict, experience = AGENT, None, report.experience
-        with _unreported(f"recall {recall_id} stays reportable"):
+        subject = Subject("recall_id", recall_id)
+        with (
+            self._questions.held(client, access.client or "", [subject]),
+            _unreported(f"recall {recall_id} stays reportable"),
+        ):
             if reward is None:
                 verdict = await self._ask_user(client, _recall_question(recall))
                 if verdict.reward is None:
@@ -199,7 +209,7 @@ class Feedback:
         source: ExperienceSource = "agent"
         if trajectory is not None:
             await self._run(self._service.namespace_of, new.namespace, access)  # a refusal before a model is asked
-            with _unreported("nothing was stored"):
+            with self._questions.held(client, access.client or ""), _unreported("nothing was stored"):
                 experience, source = await self._distill(client, access, new.task, trajectory, new.outcome, AGENT)
             new = dataclasses.replace(new, experience=experience, trajectory=None)
         return await self._run(self._service.store_experience, new, access=access, source=source)
@@ -216,7 +226,12 @@ class Feedback:
                 return already
             recall = None if recall_id is None else await self._run(self._service.reportable, recall_id, access=access)
             question = _episode_question(report.task, steps, recall)
-            with _unreported(f"episode_id {episode_id!r} stays reportable"):
+            subjects = [Subject("episode_id", episode_id, self._service.namespace_of(report.namespace, access))]
+            subjects += [] if recall_id is None else [Subject("recall_id", recall_id)]
+            with (
+                self._questions.held(client, access.client or "", subjects),
+                _unreported(f"episode_id {episode_id!r} stays reportable"),
+            ):
                 verdict = await self._ask_user(client, question)
             if verdict.reward is None:
                 return TrajectoryResult(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Literal
 
 import anyio
@@ -16,11 +16,11 @@ from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.auth import TokenTable, is_loopback
+from memrl_mcp.serving.auth import TokenTable, is_loopback, refusal
 from memrl_mcp.serving.server import create_server
 from memrl_mcp.serving.stdio import stdio_streams
 from memrl_mcp.settings import ServingSettings, SettingsError, load_grants
@@ -30,6 +30,9 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 GUARDED_ROUTES = ("/stats", "/metrics")  # /health stays open: it says nothing but "ok"
 MCP_PATH = "/mcp"
 SSE_PATH = "/sse"
+TOKEN_ROUTES = (MCP_PATH, SSE_PATH, "/messages/", *GUARDED_ROUTES, "/ui/api/")
+"""Routes that need a token (a path, or a prefix ending in /); the others (/, /health, /ui's page and assets, and
+whatever is not found) say nothing private."""
 ANONYMOUS = ""  # the one tenant of a server without tokens (loopback only)
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,8 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
 
     settings = service.settings.serving
     security = transport_security(host, settings.allowed_hosts)
+    endpoint = SSE_PATH if transport == "sse" else MCP_PATH
+    server.custom_route("/", methods=["GET"], include_in_schema=False)(home(transport, endpoint))
     per_token = settings.max_sessions_per_token
     app: ASGIApp
     if transport == "sse":
@@ -94,9 +99,24 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
     # starts from an empty context: by default uvicorn's request task copies the context of whatever callback
     # read its bytes, which after a large body or a pipelined request is the previous request's task (see
     # docs/security.md, "Identity per request").
+    if tokens is not None:
+        app = TokenCheck(app, tokens)
     uvicorn.run(
         HostCheck(app, security), host=host, port=port, log_config=None, access_log=False, reset_contextvars=True
     )
+
+
+def home(transport: Transport, endpoint: str) -> Callable[[Request], Awaitable[Response]]:
+    """``GET /``: where things are, for whoever opens the server's address in a browser (nothing private)."""
+    text = (
+        f"memrl-mcp: an MCP server of an episodic memory that learns from rewards.\n\n"
+        f"MCP endpoint ({transport}): {endpoint}\nInspector (what the memory learned): /ui\nHealth: /health\n"
+    )
+
+    async def answer(request: Request) -> Response:
+        return PlainTextResponse(text)
+
+    return answer
 
 
 async def serve_stdio(server: MCPServer) -> None:
@@ -121,6 +141,28 @@ class HostCheck:
                 await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class TokenCheck:
+    """A request to a route that needs a token (:data:`TOKEN_ROUTES`) without a valid one is answered here, the same
+    way on every such route (:func:`~memrl_mcp.serving.auth.refusal`: RFC 6750's ``invalid_token``, saying what is
+    wrong), before the SDK's transports or the server's routes see it."""
+
+    def __init__(self, app: ASGIApp, tokens: TokenTable) -> None:
+        self.app = app
+        self._tokens = tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _needs_token(scope["path"]):
+            problem = await self._tokens.problem(_header(scope["headers"], "authorization"))
+            if problem is not None:
+                await refusal(problem)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _needs_token(path: str) -> bool:
+    return any(path.startswith(route) if route.endswith("/") else path == route for route in TOKEN_ROUTES)
 
 
 class _TenantQuota:

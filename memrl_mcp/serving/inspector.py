@@ -365,7 +365,7 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
         if request.method == "GET":
             return _json(await in_thread(lambda: service.get(memory_id, access=access)))
         if service.settings.serving.read_only:
-            raise Refusal(403, "read_only", "this server is read-only (read_only: true)")
+            raise Refusal(403, "read_only", "this server is read-only (tool_profile: read_only): nothing can change")
         if request.method == "DELETE":
             await _body(request, Forget)
             return _json(await in_thread(lambda: service.forget(ForgetRequest(memory_id), access=access)))

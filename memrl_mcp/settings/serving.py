@@ -112,6 +112,15 @@ class ServingSettings(Group):
         description="Experiences one token (or all tokenless clients) may have written from trajectories per minute, "
         "by the client's model or distill_base_url (0: none); each costs a model's answer.",
     )
+    max_open_questions_per_token: int = Field(
+        8,
+        ge=1,
+        le=10_000,
+        description="Reports one token (or all tokenless clients) may have waiting at once for the client's answer: "
+        "its user asked for the reward, or its model for the experience. Beyond, a report that would ask is refused "
+        "(one that gives both asks nobody). Whatever this is, one recall or episode_id is asked about by one report at "
+        "a time: only one report of it can apply.",
+    )
     log_format: Literal["json", "text"] = Field("json", description="Logs on stderr: JSON lines or plain text.")
     log_calls: bool | None = Field(
         None,

@@ -98,22 +98,36 @@ def convert(store: Store, steps: Sequence[Callable[[Mapping[str, Any]], dict[str
 
 
 def schema_version(store: Store) -> int:
-    """The version the store records; 0 without a marker. A marker whose version is not a whole number (text,
-    null, a fraction: a damaged or hand-edited point) is refused, never rounded: ``"2"`` or ``2.9`` read as 2 would
-    let this code misread, then rewrite, records of another shape."""
+    """The version the store records; 0 without a marker. A marker whose version is not an integer from 0 up (text,
+    null, a fraction, a negative number, a number written as a decimal: a damaged or hand-edited point) is refused,
+    never rounded: ``"2"`` or ``2.9`` read as 2 would let this code misread, then rewrite, records of another shape."""
     payload = store.get("recalls", [SCHEMA_POINT]).get(SCHEMA_POINT)
     if payload is None:
         return 0
     found = payload.get("schema_version", MISSING)
-    if type(found) is not int or found < 0:
-        shown = "no schema_version" if found is MISSING else f"schema_version {json.dumps(found)}"
+    problem = marker_problem(found)
+    if problem is not None:
         raise SchemaMarkerError(
-            f"the memory store's schema marker (point {SCHEMA_POINT} of the recalls table) holds {shown}, not a "
-            "whole number: the store is damaged or was edited by hand, and the shape of its records cannot be "
-            "known. Nothing was changed; restore the data folder from a backup (or `memrl-mcp import` an export "
-            "into a new one)"
+            f"the memory store's schema marker (point {SCHEMA_POINT} of the recalls table) holds {problem}: the "
+            "store is damaged or was edited by hand, and the shape of its records cannot be known. Nothing was "
+            "changed; restore the data folder from a backup (or `memrl-mcp import` an export into a new one)"
         )
-    return found
+    return found  # type: ignore[no-any-return]
+
+
+def marker_problem(found: Any) -> str | None:
+    """What is wrong with a marker's ``schema_version`` (None: a version, an integer from 0 up), in the marker's own
+    words: the value as stored, and why it is no version."""
+    if found is MISSING:
+        return "no schema_version"
+    shown = f"schema_version {json.dumps(found)}"
+    if type(found) is int:
+        return f"{shown}, a negative number (versions count up from 0)" if found < 0 else None
+    if type(found) is not float:
+        return f"{shown}, which is not a number (a version is an integer: 0, 1, 2, ...)"
+    if not found.is_integer():
+        return f"{shown}, a fraction (a version is an integer: 0, 1, 2, ...)"
+    return f"{shown}, a decimal number where a version is written as an integer (0, 1, 2, ...)"
 
 
 def migrate(store: Store, dim: int, read_only: bool = False) -> None:

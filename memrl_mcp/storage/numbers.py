@@ -72,3 +72,16 @@ KeptFloat = Annotated[float, AfterValidator(kept_float)]
 
 KeptJson = Annotated[dict[str, Any], AfterValidator(kept)]
 """Metadata a tool returns that is also stored, with its floats as the next read will show them."""
+
+
+def finite(value: Any) -> float | None:
+    """A stored value as a number a read can compute with: a finite float, or None for anything else (text, null, a
+    boolean, NaN, an infinity, an integer too large for a float). A payload may come from another version of this
+    server or another replica, or be damaged: what a read computes with is never taken on trust."""
+    if type(value) is not float and type(value) is not int:
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None

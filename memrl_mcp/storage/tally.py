@@ -13,7 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl_mcp.storage.numbers import finite
+
 Q_STEP = 1e-4
+MAX_COUNTED = 10**12
+"""The largest count of visits and Q step a memory adds to a tally (a Q of 1e8): far beyond any reward range or
+visit count a server reaches, and a million such memories still sum within 64-bit integers."""
 FIELDS = ("namespace", "outcome", "q", "visits")
 """The payload fields a tally reads."""
 
@@ -28,13 +33,15 @@ class Counts:
     q_steps: Counter[int] = field(default_factory=Counter)
 
     def add(self, payload: Mapping[str, Any], sign: int) -> None:
-        """Count (sign 1) or uncount (-1) a memory; a field a damaged or hand-made point lacks counts as zero."""
+        """Count (sign 1) or uncount (-1) a memory; a field that a damaged, hand-made or other version's point lacks,
+        or holds as no finite number, counts as zero, and a number beyond :data:`MAX_COUNTED` as that bound (the sums
+        stay exact, and within the 64-bit integers that the summary computes with)."""
         if payload.get("outcome") == "success":
             self.successes += sign
         else:
             self.failures += sign
-        self.visits += sign * int(payload.get("visits", 0))
-        step = round(float(payload.get("q", 0.0)) / Q_STEP)
+        self.visits += sign * int(_bounded(payload.get("visits"), MAX_COUNTED))
+        step = round(_bounded(payload.get("q"), MAX_COUNTED * Q_STEP) / Q_STEP)
         self.q_steps[step] += sign
         if not self.q_steps[step]:
             del self.q_steps[step]
@@ -94,3 +101,10 @@ class Tally:
                 successes, failures, visits, Counter({int(s): int(n) for s, n in steps})
             )
         return tally
+
+
+def _bounded(value: Any, bound: float) -> float:
+    if (type(value) is float or type(value) is int) and -bound <= value <= bound:
+        return value  # what every write of this server stores: no conversion on the write path
+    number = finite(value) or 0.0
+    return min(max(number, -bound), bound)

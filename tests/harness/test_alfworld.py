@@ -137,7 +137,7 @@ async def test_a_memrl_run_stores_the_successes(fake_llm: FakeLLMServer, llm: LL
     with anyio.fail_after(150):
         records = await Runner(config, bench, RunDir(tmp_path / "run"), llm).run()
 
-    assert len(records) == 4 and all(r.success and r.reward == 1.0 for r in records)
+    assert len(records) == 4 and all(r.success and r.checker_reward == 1.0 for r in records)
     assert {r.task_type for r in records} == {"examine", "put"}
     assert all(r.steps == len(plans[t.intent]) for r in records for t in fast_tasks if t.id == r.task_id)
     assert all(r.stored_id for r in records)

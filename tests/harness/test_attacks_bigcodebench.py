@@ -265,5 +265,5 @@ unittest.TestCase.run = lambda self, result=None: result
 async def test_a_forged_verdict_does_not_pass(fake_llm: FakeLLMServer, llm: LLM, tmp_path: Path, forgery: str) -> None:
     code = WRONG + FORGERIES[forgery] if "def task_func" not in FORGERIES[forgery] else FORGERIES[forgery]
     record, trajectory = await play(fake_llm, llm, tmp_path, code)
-    assert record.success is False and record.reward == -1.0, trajectory
+    assert record.success is False and record.checker_reward == -1.0, trajectory
     assert "Unit tests: fail" in trajectory

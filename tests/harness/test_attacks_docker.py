@@ -157,7 +157,7 @@ async def test_replacing_the_shell_and_tools_does_not_pass_the_evaluation(
         **DOCKER,
     )
     assert "bash is now: #!/bin/sh\nexit 0" in played.outputs[0]
-    assert played.record.success is False and played.record.reward == 0.0
+    assert played.record.success is False and played.record.checker_reward == 0.0
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ async def test_host_kernel_settings_cannot_be_changed(fake_llm: FakeLLMServer, l
 @pytest.mark.anyio
 async def test_mountinfo_shows_no_host_folder(fake_llm: FakeLLMServer, llm: LLM, tmp_path: Path) -> None:
     commands = ["cat /proc/self/mountinfo /proc/1/mountinfo; cat /proc/mounts"]
-    played = await play(fake_llm, llm, tmp_path, commands, output_chars=100_000)
+    played = await play(fake_llm, llm, tmp_path, commands, max_output_chars=100_000)
     shown = played.outputs[0]
     assert "overlay" in shown and "upperdir=rw/upper" in shown  # it is the mount table
     bench_root = str(LLBOSBenchmark(ids=TASK).rootfs)
@@ -122,7 +122,7 @@ async def test_replacing_the_shell_and_tools_does_not_pass_the_evaluation(
         ],
     )
     assert "bash is now: #!/bin/sh\nexit 0" in played.outputs[0]
-    assert played.record.success is False and played.record.reward == 0.0
+    assert played.record.success is False and played.record.checker_reward == 0.0
 
 
 @pytest.mark.anyio

@@ -203,7 +203,7 @@ async def test_a_memrl_run_rewards_the_unit_tests(fake_llm: FakeLLMServer, llm: 
     config = RunConfig(benchmark="bigcodebench", mode="memrl", epochs=2, seed=0)
     with anyio.fail_after(150):
         records = await Runner(config, bench, RunDir(tmp_path / "run"), llm).run()
-    assert sorted((r.epoch, r.task_id, r.success, r.reward) for r in records) == sorted(
+    assert sorted((r.epoch, r.task_id, r.success, r.checker_reward) for r in records) == sorted(
         (e, i, i == SOLVED, 1.0 if i == SOLVED else -1.0) for e in (1, 2) for i in (SOLVED, GARBAGE)
     )
     prompts = [r.last_user for r in fake_llm.chat_requests if "```python code block" in r.last_user]

@@ -83,8 +83,8 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path: Path) -> None:
     assert records[: len(before)] == before  # what was done stays; only the rest ran
     # Every recorded episode has its trajectory, past the kill (a torn one was cut, a re-run one kept last).
     kept = {(t.epoch, t.task_id): t for t in RunDir(run_dir).trajectories()}
-    assert {pair: (t.stored_id, t.reward) for pair, t in kept.items()} == {
-        (r.epoch, r.task_id): (r.stored_id, r.reward) for r in records
+    assert {pair: (t.stored_id, t.checker_reward) for pair, t in kept.items()} == {
+        (r.epoch, r.task_id): (r.stored_id, r.checker_reward) for r in records
     }
 
 
@@ -182,6 +182,10 @@ def test_options_are_read_by_the_benchmarks_model(tmp_path: Path) -> None:
             ["controlled-steps", "--option", "causes=4", "--option", "fixes=4"],
             "controlled-steps: fixes: must be at least causes + 1 = 5, got 4",
         ),
+        # The two LLB benchmarks share their common options, under one name each, and the rules that go with them.
+        (["llb-os", "--option", "output_chars=90"], "llb-os: output_chars: unknown option (did you mean max_output_"),
+        (["llb-os", "--option", "image=memrl/llb-os:x"], "llb-os: image: only with backend=docker"),
+        (["llb-db", "--option", "image=memrl/mariadb:x"], "llb-db: image: only with backend=docker"),
         (["hle", "--option", "limit=0"], "hle: data: required: the questions, a jsonl or parquet file (HLE is not "
          "shipped: --option data=PATH); limit: must be at least 1, got '0'"),
     ):  # fmt: skip

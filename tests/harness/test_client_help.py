@@ -57,10 +57,18 @@ async def test_with_a_user_who_is_wrong_one_time_in_ten_memrl_still_leads(tmp_pa
     assert success["memrl"] > success["rag"] > success["none"], success
     for mode in ("memrl", "rag"):
         episodes = [r for d in runs[mode] for r in d.episodes()]
-        wrong = sum(r.user_said != r.success for r in episodes)
-        assert all(r.user_said is not None for r in episodes) and 0 < wrong < 0.2 * len(episodes), (mode, wrong)
+        wrong = sum(r.user_said_success != r.success for r in episodes)
+        assert all(r.user_said_success is not None for r in episodes) and 0 < wrong < 0.2 * len(episodes), (mode, wrong)
+        # The memory learned the user's reward (memrl-mcp's answer to it: reward_max / reward_min), which the record
+        # keeps apart from the checker's; rag folds no reward into Q.
+        learned = [r.learned_reward for r in episodes]
+        if mode == "memrl":
+            assert learned == [1.0 if r.user_said_success else -1.0 for r in episodes]
+            assert sum(r.learned_reward != r.checker_reward for r in episodes) == wrong
+        else:
+            assert learned == [None] * len(episodes)
         # What each learned from the user's answers: the outcome of the memories it stored is what the user said.
-        said = {r.stored_id: r.user_said for r in episodes}
+        said = {r.stored_id: r.user_said_success for r in episodes}
         for line in (runs[mode][0].path / "memory.jsonl").read_text().splitlines():
             memory = json.loads(line)
             if memory["id"] in said and memory["merges"] == 0:

@@ -131,7 +131,7 @@ async def test_a_memrl_run_with_the_gold_sql(fake_llm: FakeLLMServer, llm: LLM, 
     finally:
         bench.close()
     assert not bench.server.running and process.poll() is not None and not folder.exists()
-    assert sorted((r.epoch, r.task_id, r.success, r.reward) for r in records) == sorted(
+    assert sorted((r.epoch, r.task_id, r.success, r.checker_reward) for r in records) == sorted(
         (e, i, True, 1.0) for e in (1, 2) for i in (INSERT, SELECT)
     )
     episodes = [r for r in fake_llm.chat_requests if r.response_format is not None]

@@ -188,7 +188,7 @@ async def test_a_memrl_run_with_the_ground_truth(fake_llm: FakeLLMServer, llm: L
     config = RunConfig(benchmark="llb-os", mode="memrl", epochs=2, seed=0)
     with anyio.fail_after(120):
         records = await Runner(config, bench, RunDir(tmp_path / "run"), llm).run()
-    assert sorted((r.epoch, r.task_id, r.success, r.reward) for r in records) == sorted(
+    assert sorted((r.epoch, r.task_id, r.success, r.checker_reward) for r in records) == sorted(
         (e, i, i == "0", 1.0 if i == "0" else 0.0) for e in (1, 2) for i in TASKS
     )
     episodes = [r for r in fake_llm.chat_requests if "JSON object only" in r.messages[1]["content"]]

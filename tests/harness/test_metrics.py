@@ -22,7 +22,7 @@ from memrl_harness.results import EpisodeRecord, RunDir
 
 
 def rec(epoch: int, task: str, success: bool, **extra: object) -> EpisodeRecord:
-    fields: dict[str, object] = {"steps": 1, "wall_s": 1.0, "reward": 1.0 if success else -1.0}
+    fields: dict[str, object] = {"steps": 1, "wall_s": 1.0, "checker_reward": 1.0 if success else -1.0}
     fields.update(extra)
     return EpisodeRecord(epoch=epoch, position=0, task_id=task, success=success, **fields)  # type: ignore[arg-type]
 
@@ -68,7 +68,7 @@ def test_cost_figures_per_epoch() -> None:
     assert (e2.prompt_tokens, e2.completion_tokens) == (300, 60)
     assert (e2.prompt_tokens_per_episode, e2.completion_tokens_per_episode) == (100.0, 20.0)
     assert e2.wall_s == pytest.approx(6.0)
-    assert e2.mean_reward == pytest.approx(-1 / 3)
+    assert e2.mean_checker_reward == pytest.approx(-1 / 3)
     assert s.episodes == 9
     assert (s.prompt_tokens, s.completion_tokens) == (900, 180)
     assert s.wall_s == pytest.approx(18.0)

@@ -166,8 +166,8 @@ async def test_each_episode_keeps_what_it_saw_and_what_it_stored(tmp_path: Path,
         (attempt,) = trajectory.attempts
         assert [m.id for m in attempt.memories] == record.memory_ids
         assert all(m.q is not None and m.similarity is not None and m.score is not None for m in attempt.memories)
-        assert (trajectory.reward, trajectory.success, trajectory.stored_id) == (
-            record.reward,
+        assert (trajectory.checker_reward, trajectory.success, trajectory.stored_id) == (
+            record.checker_reward,
             record.success,
             record.stored_id,
         )
@@ -192,9 +192,9 @@ def test_trajectories_are_bounded_and_survive_a_torn_write(tmp_path: Path) -> No
     assert "characters cut" in kept and bound("short", 2_000) == "short"
     run = RunDir(tmp_path / "run")
     for epoch in (1, 2, 3):
-        attempt = Attempt(memories=[], trajectory=bound(long), success=True, reward=1.0, steps=3)
+        attempt = Attempt(memories=[], trajectory=bound(long), success=True, checker_reward=1.0, steps=3)
         run.append_trajectory(
-            TrajectoryRecord(epoch=epoch, task_id="t", intent="i", attempts=[attempt], reward=1.0, success=True)
+            TrajectoryRecord(epoch=epoch, task_id="t", intent="i", attempts=[attempt], checker_reward=1.0, success=True)
         )
     assert len(gzip.decompress(run.trajectories_file.read_bytes()).splitlines()) == 3
     assert run.trajectories_file.stat().st_size < 3 * 20_000 / 5  # repetitive text compresses
@@ -202,7 +202,9 @@ def test_trajectories_are_bounded_and_survive_a_torn_write(tmp_path: Path) -> No
     run.trajectories_file.write_bytes(data[:-10])  # a kill in the middle of the last member
     assert [t.epoch for t in run.trajectories()] == [1, 2]
     run.drop_torn_tail()  # as a resume does, so that what it appends is readable
-    run.append_trajectory(TrajectoryRecord(epoch=3, task_id="t", intent="i", attempts=[], reward=0.0, success=False))
+    run.append_trajectory(
+        TrajectoryRecord(epoch=3, task_id="t", intent="i", attempts=[], checker_reward=0.0, success=False)
+    )
     assert [t.epoch for t in run.trajectories()] == [1, 2, 3]
 
 

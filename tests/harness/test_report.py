@@ -39,13 +39,17 @@ def make_run(
                     position=i,
                     task_id=f"t{i}",
                     success=won,
-                    reward=1.0 if won else -1.0,
+                    checker_reward=1.0 if won else -1.0,
                     steps=4,
                     prompt_tokens=100,
                     completion_tokens=20,
                     wall_s=0.5,
                     memory_ids=[f"m{i}"] if mode == "memrl" else [],
                     task_type=("pick" if i < 2 else "clean") if typed else None,
+                    # memrl recalls every task and leaves the third's recall unreported: no Q update there.
+                    recall_by="agent" if mode == "memrl" else None,
+                    report_by="agent" if mode == "memrl" and i != 2 else None,
+                    q_updates=1 if mode == "memrl" and i != 2 else 0,
                 )
             )
     if q_values is not None:
@@ -115,12 +119,14 @@ def test_report_table_numbers(runs: list[Path], tmp_path: Path) -> None:
     # m0 on t0 (won 2 of 3 epochs), m1 on t1 (2/3), m2 on t2 (1/3); Q 1, 2, 3:
     # dx = (-1, 0, 1), dy = (1, 1, -2) / 9 -> r = (-3/9) / sqrt(2 * 6/81) = -3 / sqrt(12) = -0.866.
     assert memrl["Q-critic r"] == "-0.866 (n=3)"
+    assert memrl["recalls reported"] == "6/9" and memrl["Q updates"] == "6"
     assert memrl["mean steps"] == "4.00"
     assert memrl["tokens (prompt + completion)"] == "1080 (900 + 180)"
     assert memrl["wall s (sum)"] == "4.5"
     none = dict(zip(header, table_row(report, "none"), strict=True))
     assert none["last-epoch success"] == "0.333" and none["final CSR"] == "0.333"
     assert none["forgetting"] == "0.000" and none["Q-critic r"] == "n/a"
+    assert none["recalls reported"] == "n/a" and none["Q updates"] == "0"
     # Per-epoch and per-type tables, and each run got its summary files.
     assert "| memrl | 2 | 3/3 | 0.333 | 0.667 | 0.333 |" in report
     assert "| memrl | pick | 0.500 (1/2) | 0.500 (1/2) | 1.000 (2/2) |" in report
@@ -195,7 +201,9 @@ def test_transfer_runs_report_their_held_out_success(tmp_path: Path) -> None:
     held = run.transfer
     held.path.mkdir()
     for i, won in enumerate([True, True, False, True]):
-        held.append(EpisodeRecord(epoch=1, position=i, task_id=f"h{i}", success=won, reward=1.0, steps=1, wall_s=0.1))
+        held.append(
+            EpisodeRecord(epoch=1, position=i, task_id=f"h{i}", success=won, checker_reward=1.0, steps=1, wall_s=0.1)
+        )
     report = build_report([path], tmp_path / "out").read_text()
     row = table(report, "run")["memp, transfer"]
     assert row["held-out success"] == "0.750" and row["last-epoch success"] == "0.333"
