@@ -232,6 +232,7 @@ os._exit(0)  # no close: the counts are not saved
 """
 
 
+@pytest.mark.slow  # a child process
 def test_stats_are_recounted_after_a_crash(embedder: Embedder, tmp_path: Path) -> None:
     settings = load_settings(data_dir=tmp_path)
     service = MemoryService.open(settings, embedder)
@@ -255,6 +256,7 @@ def _assert_stats_match_a_full_count_single(service: MemoryService) -> None:
     assert stats.q == QSummary.of(Tally.of(payloads).total())
 
 
+@pytest.mark.slow  # a child process
 def test_import_reports_progress_on_stderr_and_imports_everything(tmp_path: Path, engine: str) -> None:
     export = tmp_path / "export.jsonl"
     n = 600  # three batches of the import
@@ -433,6 +435,7 @@ child.wait()
 """
 
 
+@pytest.mark.slow  # kills a server process
 def test_a_build_child_dies_with_its_server(tmp_path: Path) -> None:
     """A server killed (SIGKILL) during a build takes its child with it: left alive, the child went on writing
     into the folder that the restarted server removes as a stray, and the restart failed ("Directory not empty")."""

@@ -162,6 +162,7 @@ def test_the_qdrant_ecosystem_names_work_and_memrl_wins(tmp_path: Path) -> None:
     assert load_settings(config, environ={"QDRANT_URL": "http://q:6333"}).storage.collection == "from-yaml"
 
 
+@pytest.mark.slow  # a child process
 def test_config_prints_every_value_with_its_source_and_masks_secrets(tmp_path: Path) -> None:
     config = tmp_path / "memrl.yaml"
     config.write_text("retrieval:\n  k1: 8\nstorage:\n  qdrant_api_key: very-secret-key\n")

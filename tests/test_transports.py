@@ -23,6 +23,7 @@ from mcp import Client, StdioServerParameters
 
 from tests.support.mcp import call, refused
 from tests.support.servers import CLI, DEADLINE_S, EVERY_TOOL, TOOLS, child_env, http_server, run_cli, stdio_server
+from tests.support.stores import ENGINES
 
 TASK = "Sort a CSV file by its second column and write the result to a new file"
 EXPERIENCE = "1. Read with csv.reader. 2. sorted(rows, key=lambda r: r[1]). 3. Write with csv.writer."
@@ -69,6 +70,7 @@ async def test_stdio_console_script_round_trip(tmp_path: Path) -> None:
     assert (tmp_path / "data" / "memrl" / "edge").is_dir()
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_streamable_http_round_trip_and_two_sessions(tmp_path: Path) -> None:
     with http_server(tmp_path / "data", tmp_path) as server, anyio.fail_after(DEADLINE_S):
@@ -99,6 +101,7 @@ async def test_streamable_http_round_trip_and_two_sessions(tmp_path: Path) -> No
             assert (await call(writer, "memory_stats"))["memories"] == 3
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_memory_and_pending_recall_survive_a_restart(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
@@ -125,8 +128,9 @@ async def test_memory_and_pending_recall_survive_a_restart(tmp_path: Path) -> No
             assert (stats["recalls_pending"], stats["recalls_reported"], stats["visits"]) == (1, 1, 1)
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
-@pytest.mark.parametrize("engine", ["edge", "qdrant-local"])
+@pytest.mark.parametrize("engine", ENGINES)
 async def test_second_process_on_a_held_store_is_refused(tmp_path: Path, engine: str) -> None:
     data_dir = tmp_path / "data"
     with http_server(data_dir, tmp_path, MEMRL_EMBEDDED_ENGINE=engine) as server:
@@ -149,6 +153,7 @@ async def test_second_process_on_a_held_store_is_refused(tmp_path: Path, engine:
                 assert [m["id"] for m in recall["memories"]] == [stored["id"]]
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_http_server_stopped_by_sigterm_keeps_its_memory(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
@@ -170,6 +175,7 @@ async def test_http_server_stopped_by_sigterm_keeps_its_memory(tmp_path: Path) -
     assert server.proc.returncode == 0, server.log_path.read_text()
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_bad_environment_setting_is_refused(tmp_path: Path) -> None:
     result = run_cli(env=child_env(tmp_path / "data", MEMRL_K1="0"))
     assert result.returncode == 2
@@ -179,6 +185,7 @@ def test_bad_environment_setting_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists()  # refused before opening any store
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_inconsistent_yaml_settings_are_refused(tmp_path: Path) -> None:
     config = tmp_path / "memrl.yaml"
     config.write_text("retrieval:\n  k1: 3\n  k2: 9\n")
@@ -188,6 +195,7 @@ def test_inconsistent_yaml_settings_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_unknown_yaml_key_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "memrl.yaml"
     config.write_text("retrieval:\n  k1: 3\n  bogus_knob: 1\n")
@@ -197,6 +205,7 @@ def test_unknown_yaml_key_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_stdio_serves_large_and_concurrent_requests_on_its_own_pipes(tmp_path: Path) -> None:
     """The stdio server reads and writes its pipes on the event loop (memrl_mcp/serving/stdio.py): a request line of
@@ -300,6 +309,7 @@ def test_every_request_before_the_end_of_stdin_is_answered(tmp_path: Path, stdin
     assert json.loads(stats["result"]["content"][0]["text"])["memories"] == 40  # type: ignore[index]
 
 
+@pytest.mark.slow  # a child process
 def test_a_client_that_reads_late_gets_every_answer_whole(tmp_path: Path) -> None:
     """Answers larger than the pipe holds, to a client that closed stdin and reads only later: the server waits for
     the pipe to take each answer. The event loop's transport kept up to 64 KB the pipe did not take yet, and dropped
