@@ -3,7 +3,7 @@
 Tasks are the games of one folder (``<folder>/<task dir>/<trial>/game.tw-pddl``): by default the
 ``valid_seen`` split (140 games, ALFWorld's ``eval_in_distribution``) of the shared data,
 ``split=valid_train`` (200 games), or any folder with ``games=PATH``. The shared data lives in
-``$MEMRL_SHARED_DATA/alfworld`` (default ``<repo>/../shared/data/alfworld``); nothing is ever
+``alfworld/`` of the data folder (``memrl_harness.install.shared_data_root``); nothing is ever
 downloaded. A task's intent is the game's goal ("put a clean mug in coffeemachine."), read from
 the game file without starting the game; its type comes from the task folder's prefix (put,
 examine, clean, heat, cool, puttwo), so the report breaks results down per type.
