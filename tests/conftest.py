@@ -52,10 +52,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     WATCH.seen = None if item.get_closest_marker("slow") else []
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """After its last fixture: a fast test that started or signalled a process fails here."""
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """A fast test that started or signalled a process fails here, once its fixtures are torn down. The teardown
+    is not watched: a module's server, stopped after the module's last test, belongs to the tests that used it."""
     seen, WATCH.seen = WATCH.seen, None
+    yield
     if seen:
         pytest.fail(
             f"{item.nodeid} is not marked slow but started or signalled a process: mark it @pytest.mark.slow "

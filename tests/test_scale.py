@@ -67,6 +67,7 @@ def full_count(store: EdgeStore) -> Tally:
     return Tally.of(payload for _, payload in store.scroll("memories", fields=FIELDS))
 
 
+@pytest.mark.slow  # builds the index in a child process
 def test_hnsw_returns_what_exact_search_returns_within_the_namespace(tmp_path: Path) -> None:
     store, points = seeded_store(tmp_path / "edge")
     try:
@@ -84,6 +85,7 @@ def test_hnsw_returns_what_exact_search_returns_within_the_namespace(tmp_path: P
         store.close()
 
 
+@pytest.mark.slow  # builds the index in a child process
 def test_writes_made_during_a_build_survive_the_swap(tmp_path: Path) -> None:
     store, points = seeded_store(tmp_path / "edge")
     prng = random.Random(2)
@@ -118,6 +120,7 @@ def test_writes_made_during_a_build_survive_the_swap(tmp_path: Path) -> None:
         reopened.close()
 
 
+@pytest.mark.slow  # builds the index in a child process
 def test_writes_racing_the_swap_are_all_kept(tmp_path: Path) -> None:
     """A writer that never pauses: the shards are flushed while it writes (before each replay round), and each of
     its writes is conditional on the version its previous one left, so one lost in the swap fails the next."""
@@ -303,6 +306,7 @@ def test_import_reports_progress_on_stderr_and_imports_everything(tmp_path: Path
         store.close()
 
 
+@pytest.mark.slow  # builds the index in a child process
 def test_lists_full_text_and_edits_work_the_same_on_a_swapped_in_generation(embedder: Embedder, tmp_path: Path) -> None:
     """The child builds every payload index of the memories (the sort keys and full text too), not only the
     namespace the graph needs: list_memories orders by an indexed key, which the engine refuses without one."""
@@ -360,6 +364,7 @@ def mapped_kb(folder: Path) -> dict[str, int]:
     return resident
 
 
+@pytest.mark.slow  # builds the index in a child process
 def test_an_indexed_generation_keeps_what_searches_read_resident_and_gives_back_what_a_full_read_mapped(
     tmp_path: Path,
 ) -> None:

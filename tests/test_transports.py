@@ -56,6 +56,7 @@ async def store_recall_report(client: Client) -> None:
     assert (stats["memories"], stats["visits"], stats["recalls_reported"], stats["recalls_pending"]) == (1, 1, 1, 0)
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_stdio_console_script_round_trip(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("memrl-mcp")
@@ -280,6 +281,7 @@ MODERN = {  # the 2026-07-28 envelope each request carries instead of a handshak
 }
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.parametrize(
     ("stdin", "stdout", "era"),
     [("pipe", "pipe", "handshake"), ("pipe", "file", "handshake"), ("file", "pipe", "handshake"),
@@ -352,6 +354,7 @@ STEPS_WITHOUT_THE_LAST_REWARD = [
 ]
 
 
+@pytest.mark.slow  # a server process
 def test_a_question_to_a_client_that_closed_stdin_fails_at_once(tmp_path: Path) -> None:
     """A call asking the user (elicitation, 600 s by default) when stdin ends: the client can never answer, so the
     question fails at once, the call answers that nothing was reported, and the server exits."""
@@ -368,6 +371,7 @@ def test_a_question_to_a_client_that_closed_stdin_fails_at_once(tmp_path: Path) 
     assert json.loads(stats["result"]["content"][0]["text"])["steps"] == 0  # type: ignore[index]
 
 
+@pytest.mark.slow  # a server process
 def test_a_call_the_client_cancelled_does_not_hold_the_end(tmp_path: Path) -> None:
     """A request the client cancelled is never answered (the protocol forbids it): the end of stdin does not wait
     for its answer (``DRAIN_SECONDS``, a minute) but exits as soon as the others are answered."""
