@@ -1,17 +1,20 @@
-"""Where the harness looks for the benchmark data: ``$MEMRL_SHARED_DATA``, then ``../shared/data`` when a checkout
-has it beside it, then the user's data folder; a wheel never looks beside itself. Each case loads the real
-``memrl_harness/install.py`` from a copy laid out as a checkout (or as an installed package) in a temporary folder."""
+"""What the harness needs beyond its Python packages (memrl_harness/install.py): where it looks for the benchmark
+data, ``$MEMRL_SHARED_DATA``, then ``../shared/data`` when a checkout has it beside it, then the user's data folder
+(a wheel never looks beside itself); and what it says when an optional install is missing. The data cases load the
+real ``install.py`` from a copy laid out as a checkout (or as an installed package) in a temporary folder."""
 
 from __future__ import annotations
 
 import importlib.util
 import shutil
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 import memrl_harness.install
+from memrl_harness.benchmarks.alfworld import Game
 
 SOURCE = Path(memrl_harness.install.__file__)
 
@@ -63,3 +66,12 @@ def test_the_environment_wins(tmp_path: Path, user_data: Path, monkeypatch: pyte
     (tmp_path / "shared" / "data").mkdir(parents=True)
     monkeypatch.setenv("MEMRL_SHARED_DATA", str(tmp_path / "mine"))
     assert install.shared_data_root() == tmp_path / "mine"
+
+
+def test_a_game_without_alfworld_installed_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "textworld", None)  # what importing it does where it is not installed
+    with pytest.raises(ValueError) as missing:
+        Game("valid_seen/some-task/trial/game.tw-pddl")
+    assert str(missing.value) == (
+        "ALFWorld is not installed (no module textworld): run `make alfworld` (pip install 'memrl-mcp[alfworld]')"
+    )
