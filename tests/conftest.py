@@ -5,7 +5,7 @@ marks itself slow (``@pytest.mark.slow``, or ``pytestmark`` for a whole module) 
 (MariaDB, a Docker engine, chromium, the sandboxes, the local LLM, a wheel, the benchmark data), starts a process,
 kills one or mounts a filesystem; a test run on both embedded engines is slow on the second (qdrant-client's local
 mode is the fallback engine: ``ENGINES``). The marks are kept honest here: a test not marked slow that starts a
-process or sends a signal fails, naming what it started."""
+process fails, naming what it started."""
 
 from __future__ import annotations
 
@@ -24,14 +24,13 @@ from memrl_mcp.serving.tools import create_server
 from tests.support.mcp import make_service
 from tests.support.stores import ENGINES
 
-PROCESS_EVENTS = frozenset(
-    {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.kill", "os.killpg"}
-)
-"""The audit events (sys.addaudithook) of starting a process or signalling one: what only a slow test may do."""
+PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system"})
+"""The audit events (sys.addaudithook) of starting a process: what only a slow test may do. Signals are not watched:
+a test kills only what it started, and a transport collected late may stop its process during another test."""
 
 
 class ProcessWatch:
-    """What the running test, when it is not marked slow, started or signalled (in any thread)."""
+    """What the running test, when it is not marked slow, started (in any thread)."""
 
     def __init__(self) -> None:
         self.seen: list[str] | None = None  # None: the running test may start processes
@@ -54,13 +53,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
-    """A fast test that started or signalled a process fails here, once its fixtures are torn down. The teardown
+    """A fast test that started a process fails here, once its fixtures are torn down. The teardown
     is not watched: a module's server, stopped after the module's last test, belongs to the tests that used it."""
     seen, WATCH.seen = WATCH.seen, None
     yield
     if seen:
         pytest.fail(
-            f"{item.nodeid} is not marked slow but started or signalled a process: mark it @pytest.mark.slow "
+            f"{item.nodeid} is not marked slow but started a process: mark it @pytest.mark.slow "
             f"(tests/conftest.py). It did: {'; '.join(dict.fromkeys(seen))}",
             pytrace=False,
         )
