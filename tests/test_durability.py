@@ -24,7 +24,6 @@ from mcp import Client
 from memrl_mcp.memory.algorithm import update_q
 from tests.support.mcp import call, refused
 from tests.support.servers import http_server
-from tests.support.stores import ENGINES
 
 pytestmark = pytest.mark.slow  # kills server processes
 
@@ -195,7 +194,7 @@ async def check_namespace(client: Client, ledger: Ledger) -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", ["edge", "qdrant-local"])
 async def test_acknowledged_writes_survive_sigkill(tmp_path: Path, engine: str) -> None:
     data_dir = tmp_path / "data"
     ledgers = [Ledger(f"client-{i}", random.Random(f"{engine}-{i}")) for i in range(CLIENTS)]
