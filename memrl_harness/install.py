@@ -1,7 +1,8 @@
 """Where the harness finds what it needs beyond Python packages, and how to tell a user to install it.
 
-A checkout has the Makefile (``make llm``, ``make sandbox``) and the benchmark data beside it (``../shared/data``);
-an installed wheel has neither, so its defaults live in the user's data folder and its hints say what to run by hand.
+A checkout has the Makefile (``make llm``, ``make sandbox``), and the project's own machines keep the benchmark data
+beside it (``../shared/data``); an installed wheel has neither, and a fresh clone may have no data beside it: their
+defaults live in the user's data folder, and the hints of a wheel say what to run by hand.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ def install_hint(make_target: str, by_hand: str) -> str:
 
 
 def shared_data_root() -> Path:
-    """Benchmark data: ``$MEMRL_SHARED_DATA``, else ``../shared/data`` beside a checkout, else the data folder."""
+    """Benchmark data: ``$MEMRL_SHARED_DATA``, else ``../shared/data`` when a checkout has it beside it, else the
+    user's data folder (where docs/benchmark-data.md tells a user to put it)."""
     if env := os.environ.get(ENV_SHARED_DATA):
         return Path(env)
-    if in_checkout():
-        return CHECKOUT.parent / "shared" / "data"
+    beside = CHECKOUT.parent / "shared" / "data"
+    if in_checkout() and beside.is_dir():
+        return beside
     return Path(user_data_dir("memrl-harness")) / "data"
 
 

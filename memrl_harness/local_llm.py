@@ -126,7 +126,13 @@ def local_llm_server(
         try:
             base_url = f"http://127.0.0.1:{port}/v1"
             _wait_ready(process, base_url, startup_timeout, log)
-            yield LocalServer(base_url, model_name)
+            try:
+                yield LocalServer(base_url, model_name)
+            finally:
+                if process.poll() is not None:  # a client sees only a lost connection: say what became of it
+                    raise LocalLLMError(
+                        f"llama_cpp.server died while serving ({_exit_status(process.returncode)}):\n{_tail(log)}"
+                    )
         finally:
             _stop(process)
 
@@ -171,6 +177,15 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _exit_status(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:  # a signal number Python has no name for
+        return f"killed by signal {-returncode}"
 
 
 def _tail(log: IO[str], chars: int = 2000) -> str:

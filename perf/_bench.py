@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from memrl_harness.install import shared_data_root
 from memrl_mcp.memory import records
 from memrl_mcp.models import MemoryView
 
@@ -132,7 +133,8 @@ def memory_payload(
 
 
 def shared_data_dir() -> Path:
-    return Path(os.environ.get("MEMRL_SHARED_DATA", REPO.parent / "shared" / "data"))
+    """The benchmark data, where the harness finds it (memrl_harness.install)."""
+    return shared_data_root()
 
 
 def real_task_texts(root: Path, bcb_chars: int = 300) -> dict[str, list[str]]:

@@ -2,8 +2,8 @@
 
 Not a test: a script whose printout chose the default embedder stack and justifies the MiniLM
 ``SimilarityProfile`` constants in ``memrl_mcp/embeddings/`` (corpus mean/std for z(sim), the Phase-A
-``delta``, the ``merge`` threshold). Task texts come from the benchmark data in ``$MEMRL_SHARED_DATA``
-(default ``../shared/data`` next to the repository).
+``delta``, the ``merge`` threshold). Task texts come from the benchmark data, where the harness finds it
+(``$MEMRL_SHARED_DATA``, ``../shared/data`` next to the repository, the user data folder: docs/benchmark-data.md).
 
     .venv/bin/python perf/embedders.py [--rounds 5] [--st-python PYTHON]
     .venv/bin/python perf/embedders.py --rounds 1 --queries 5 --texts 40   # tiny: what the tests run
@@ -38,6 +38,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from memrl_harness.install import shared_data_root  # noqa: E402
 from memrl_mcp.embeddings import FastEmbedEmbedder, MiniLMEmbedder, calibrate, minilm_build  # noqa: E402
 from memrl_mcp.embeddings.minilm import MINILM_FOLDER  # noqa: E402
 
@@ -357,7 +358,7 @@ def main() -> None:
     parser.add_argument("--texts", type=int, help="keep the first N texts of each benchmark (default: all)")
     args = parser.parse_args()
 
-    root = Path(os.environ.get("MEMRL_SHARED_DATA", REPO.parent / "shared" / "data"))
+    root = shared_data_root()
     if not (root / "llb").is_dir():
         raise SystemExit(f"benchmark task texts not found under {root}: set MEMRL_SHARED_DATA")
     texts = {name: group[: args.texts] for name, group in load_texts(root).items()}

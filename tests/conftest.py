@@ -1,16 +1,19 @@
 """Shared fixtures: one real embedder per session, a fresh real store per test, both engines; and the two tiers.
 
-``make test`` runs every test. ``make test-fast`` runs those not marked ``slow``, in process, in a few minutes: a
-module that needs a service or a build (MariaDB, a Docker engine, chromium, the sandboxes, the local LLM, a wheel)
-marks itself; a test that starts a server process, kills a child or mounts a filesystem is marked here; and a test run
-on both embedded engines runs on qdrant-edge only (qdrant-client's local mode is the fallback engine; the full suite
-keeps the two in step)."""
+``make test`` runs every test. ``make test-fast`` runs those not marked ``slow``, in process, in a few minutes. A test
+marks itself slow (``@pytest.mark.slow``, or ``pytestmark`` for a whole module) when it needs a service or a build
+(MariaDB, a Docker engine, chromium, the sandboxes, the local LLM, a wheel, the benchmark data), starts a process,
+kills one or mounts a filesystem; a test run on both embedded engines is slow on the second (qdrant-client's local
+mode is the fallback engine: ``ENGINES``). The marks are kept honest here: a test not marked slow that starts a
+process fails, naming what it started."""
 
 from __future__ import annotations
 
-import inspect
+import platform
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp import Client
@@ -19,21 +22,47 @@ from memrl_mcp.embeddings import Embedder, MiniLMEmbedder
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.server import create_server
 from tests.support.mcp import make_service
+from tests.support.stores import ENGINES
 
-PROCESSES = ("http_server(", "stdio_server(", "run_cli(", "subprocess.", "small_disk(", "seeded_server(", "os.kill(")
-"""What a test calls when it starts a server process, a child that it kills, or a filesystem it mounts: seconds each,
-left to the full suite."""
+PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system"})
+"""The audit events (sys.addaudithook) of starting a process: what only a slow test may do. Signals are not watched:
+a test kills only what it started, and a transport collected late may stop its process during another test."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The fast tier's cut (module docstring): tests on the second engine, and tests that start processes, are slow."""
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and callspec.params.get("engine") == "qdrant-local":
-            item.add_marker(pytest.mark.slow)
-        function = getattr(item, "function", None)
-        if function is not None and any(call in inspect.getsource(function) for call in PROCESSES):
-            item.add_marker(pytest.mark.slow)
+class ProcessWatch:
+    """What the running test, when it is not marked slow, started (in any thread)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] | None = None  # None: the running test may start processes
+
+    def audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if self.seen is not None and event in PROCESS_EVENTS:
+            self.seen.append(f"{event} {args[:2]!r}"[:200])
+
+
+WATCH = ProcessWatch()
+platform.processor()  # runs `uname -p` once per process, cached: here, not in the first test whose client asks it
+sys.addaudithook(WATCH.audit)  # an audit hook cannot be removed: it watches only while ``seen`` is a list
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Watch the test from its first fixture on, unless it is marked slow."""
+    WATCH.seen = None if item.get_closest_marker("slow") else []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """A fast test that started a process fails here, once its fixtures are torn down. The teardown
+    is not watched: a module's server, stopped after the module's last test, belongs to the tests that used it."""
+    seen, WATCH.seen = WATCH.seen, None
+    yield
+    if seen:
+        pytest.fail(
+            f"{item.nodeid} is not marked slow but started a process: mark it @pytest.mark.slow "
+            f"(tests/conftest.py). It did: {'; '.join(dict.fromkeys(seen))}",
+            pytrace=False,
+        )
 
 
 @pytest.fixture
@@ -46,10 +75,10 @@ def embedder() -> Embedder:
     return MiniLMEmbedder()
 
 
-@pytest.fixture(params=["edge", "qdrant-local"])
+@pytest.fixture(params=ENGINES)
 def engine(request: pytest.FixtureRequest) -> str:
     """Every test that takes this runs on both embedded engines (one shared suite)."""
-    return request.param
+    return str(request.param)
 
 
 @pytest.fixture

@@ -156,6 +156,7 @@ async def test_each_profile_offers_its_tools_teaches_only_those_and_serves_no_ot
         assert "search_experience" in prompt
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_the_old_read_only_setting_is_refused_not_ignored(tmp_path: Path) -> None:
     """``read_only: true`` froze a memory; ignored, it would leave that memory writable. Its old names stop the
     server, naming the new one."""
@@ -168,6 +169,7 @@ def test_the_old_read_only_setting_is_refused_not_ignored(tmp_path: Path) -> Non
         assert not (tmp_path / "data").exists()  # refused before any store is opened
 
 
+@pytest.mark.slow  # the CLI in a child process
 async def test_a_description_can_be_replaced_and_an_unknown_tool_is_refused(embedder: Embedder, tmp_path: Path) -> None:
     mine = "Search my team's runbooks before any server change, and report whether the change worked."
     tools = await listed(embedder, tmp_path / "data", tool_descriptions={"recall_experience": mine})
@@ -304,6 +306,7 @@ async def test_results_are_structured_with_iso_times_without_an_output_schema(de
     assert [change["id"] for change in report["updated"]] == [stored["id"]]
 
 
+@pytest.mark.slow  # a server process
 async def test_log_lines_have_iso_times_and_no_colour_codes(tmp_path: Path) -> None:
     """Through the real HTTP server (uvicorn's own lines included, which carry a coloured copy of their message),
     in both log formats; a refused argument is logged by its name, without the value."""

@@ -24,6 +24,7 @@ from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery, StepQu
 from memrl_mcp.settings import load_settings
 from tests.support.mcp import make_service
 from tests.support.servers import child_env, run_cli
+from tests.support.stores import ENGINES
 
 CSV_TASK = "Sort a CSV file by its second column and write the result to a new file"
 PNG_TASK = "Resize a PNG image to 64x64 pixels"
@@ -90,7 +91,8 @@ def memory_line(memory: MemoryView, **changes: object) -> str:
     return json.dumps({**memory.model_dump(), **changes}, ensure_ascii=False)
 
 
-@pytest.mark.parametrize("engine", ["edge", "qdrant-local"])
+@pytest.mark.slow  # the CLI in a child process
+@pytest.mark.parametrize("engine", ENGINES)
 def test_export_import_export_round_trip(embedder: Embedder, tmp_path: Path, engine: str) -> None:
     original = seed(embedder, tmp_path / "a", engine)
     env = child_env(MEMRL_EMBEDDED_ENGINE=engine)
@@ -129,6 +131,7 @@ def test_export_import_export_round_trip(embedder: Embedder, tmp_path: Path, eng
         service.close()
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_export_of_chosen_namespaces(embedder: Embedder, tmp_path: Path) -> None:
     original = seed(embedder, tmp_path / "data")
     team = {i: m for i, m in original.items() if m.namespace == "team"}
@@ -140,6 +143,7 @@ def test_export_of_chosen_namespaces(embedder: Embedder, tmp_path: Path) -> None
     assert "no memory in namespace 'nobody'" in result.stderr
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_export_of_a_missing_store_creates_nothing(tmp_path: Path) -> None:
     out = tmp_path / "backup.jsonl"
     result = run_cli("export", "--out", str(out), "--data-dir", str(tmp_path / "typo"), env=child_env())
@@ -148,6 +152,7 @@ def test_export_of_a_missing_store_creates_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_malformed_lines_are_all_named_and_nothing_is_written(embedder: Embedder, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     original = seed(embedder, data_dir)
@@ -217,6 +222,7 @@ def test_malformed_lines_are_all_named_and_nothing_is_written(embedder: Embedder
     assert stored(embedder, data_dir) == original
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_import_completes_an_interrupted_one_and_keeps_other_memories(embedder: Embedder, tmp_path: Path) -> None:
     """A crash mid-import leaves some memories of the file written: running the import again completes it."""
     original = seed(embedder, tmp_path / "source")
@@ -244,6 +250,7 @@ def test_import_completes_an_interrupted_one_and_keeps_other_memories(embedder: 
     assert stored(embedder, tmp_path / "target") == {**original, kept.id: kept}
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_a_held_store_is_refused(embedder: Embedder, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     original = seed(embedder, data_dir)
@@ -323,7 +330,8 @@ def seed_steps(embedder: Embedder, data_dir: Path, engine: str) -> dict[str, Ste
         service.close()
 
 
-@pytest.mark.parametrize("engine", ["edge", "qdrant-local"])
+@pytest.mark.slow  # the CLI in a child process
+@pytest.mark.parametrize("engine", ENGINES)
 def test_steps_round_trip_with_the_memories(embedder: Embedder, tmp_path: Path, engine: str) -> None:
     steps = seed_steps(embedder, tmp_path / "a", engine)
     assert len(steps) == 6 and any(len(r.actions) == 2 for r in steps.values())
@@ -351,6 +359,7 @@ def test_steps_round_trip_with_the_memories(embedder: Embedder, tmp_path: Path, 
         service.close()
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_malformed_step_lines_are_named_and_nothing_is_written(embedder: Embedder, tmp_path: Path) -> None:
     steps = seed_steps(embedder, tmp_path / "data", "edge")
     record = next(r for r in steps.values() if len(r.actions) == 2)

@@ -1,4 +1,6 @@
-"""``memrl-mcp calibrate`` through the CLI, on real task texts of the benchmarks with the real default embedder."""
+"""``memrl-mcp calibrate`` through the CLI, with the real default embedder, on task texts these tests write in the
+style of the benchmarks' (household goals, questions about a database): the calibration's rules hold for any texts,
+and the tests need no benchmark data beside the clone."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import numpy as np
 import pytest
 import yaml
 
-from memrl_harness.install import shared_data_root
 from memrl_mcp import cli
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.embeddings.calibrate import MIN_TASKS, same_task_key
@@ -21,19 +22,45 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import NewExperience
 from memrl_mcp.settings import load_settings
 
-GOAL = re.compile(r"Your task is to: ([^\"\n]+)")
+THINGS = ("mug", "apple", "egg", "potato", "tomato", "bread", "lettuce", "bowl", "plate", "pan")
+THINGS += ("knife", "spoon", "book", "pencil", "cellphone", "keychain", "vase", "candle", "soapbar", "towel")
+PLACES = ("countertop", "cabinet", "drawer", "fridge", "shelf", "desk", "sidetable", "diningtable", "dresser", "safe")
+CHORES = (
+    "put a {} in {}.",
+    "clean some {} and put it in {}.",
+    "heat some {} and put it in {}.",
+    "cool some {} and put it in {}.",
+    "put two {} in {}.",
+)
+TABLES = ("employees", "orders", "customers", "products", "invoices", "shipments", "students", "books")
+COLUMNS = ("price", "status", "created_at", "region", "quantity")
+QUESTIONS = (
+    "How many rows of the {} table have no {}?",
+    "List every {1} of the {0} table, largest first.",
+    "Delete the rows of {} whose {} is older than 2020.",
+    "In {}, set {} to zero wherever it is negative.",
+    "What is the average {1} in the {0} table?",
+)
 
 
-def alfworld_goals() -> list[str]:
-    games = sorted(shared_data_root().glob("alfworld/valid_seen/*/*/game.tw-pddl"))
-    assert games, f"no ALFWorld games under {shared_data_root()}/alfworld (see ../shared/data/README.md)"
-    goals = (GOAL.search(json.loads(game.read_text())["grammar"]) for game in games)
-    return list(dict.fromkeys(match.group(1).strip() for match in goals if match))
+def household_goals() -> list[str]:
+    """120 distinct goals: each thing in five chores (each at its own place) and under the desk lamp."""
+    goals = [
+        chore.format(thing, PLACES[(i * len(CHORES) + j) % len(PLACES)])
+        for i, thing in enumerate(THINGS)
+        for j, chore in enumerate(CHORES)
+    ]
+    return goals + [f"look at {thing} under the desklamp." for thing in THINGS]
 
 
-def llb_instructions(count: int) -> list[str]:
-    rows = json.loads((shared_data_root() / "llb" / "db_train.json").read_text())
-    return [row["instruction"].strip() for row in rows.values()][:count]
+def database_questions(count: int) -> list[str]:
+    """Up to 40 distinct questions: each table asked each question, about one of its columns."""
+    questions = [
+        question.format(table, COLUMNS[(i + j) % len(COLUMNS)])
+        for j, question in enumerate(QUESTIONS)
+        for i, table in enumerate(TABLES)
+    ]
+    return questions[:count]
 
 
 def run(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> tuple[int, str, str]:
@@ -46,7 +73,7 @@ def run(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> tuple
 def test_calibrate_a_task_file_writes_settings_that_follow_the_documented_rules(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, embedder: Embedder
 ) -> None:
-    goals = alfworld_goals()
+    goals = household_goals()
     tasks = tmp_path / "tasks.txt"
     tasks.write_text("\n".join(goals + goals[:10]) + "\n\n")  # repeats and blank lines are ignored
     out_file = tmp_path / "memrl.yaml"
@@ -76,7 +103,7 @@ def test_calibrate_a_task_file_writes_settings_that_follow_the_documented_rules(
 
 
 def test_json_lines_and_plain_lines_give_the_same_settings(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    tasks = llb_instructions(40)
+    tasks = database_questions(40)
     plain, jsonl = tmp_path / "tasks.txt", tmp_path / "tasks.jsonl"
     plain.write_text("\n".join(tasks))
     jsonl.write_text("".join(json.dumps({"task": t, "namespace": "db", "q": 0.5}) + "\n" for t in tasks))
@@ -91,7 +118,7 @@ def test_json_lines_and_plain_lines_give_the_same_settings(capsys: pytest.Captur
 def test_calibrate_a_namespace_of_the_store(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, embedder: Embedder
 ) -> None:
-    goals = alfworld_goals()
+    goals = household_goals()
     service = MemoryService.open(load_settings(data_dir=tmp_path / "data"), embedder)
     try:
         for goal in goals[:25]:
@@ -165,7 +192,7 @@ def test_the_server_refuses_to_start_with_an_uncalibrated_model_and_calibrate_me
     assert "fastembed:BAAI/bge-small-en-v1.5: no measured similarity constants" in capsys.readouterr().err
 
     tasks = tmp_path / "tasks.txt"
-    tasks.write_text("\n".join(llb_instructions(30)))
+    tasks.write_text("\n".join(database_questions(30)))
     config = tmp_path / "calibrated.yaml"
     status, _, err = run(capsys, tmp_path, "--tasks", str(tasks), "--out", str(config))
     assert status == 0, err

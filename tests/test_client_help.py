@@ -630,6 +630,7 @@ async def test_a_hostile_or_broken_endpoint_stores_nothing(
 # -- per token, over real HTTP ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a server process
 async def test_each_token_has_its_own_sampling_budget_over_http(tmp_path: Path) -> None:
     """Two tenants of one server (2026-07-28 over streamable HTTP: InputRequiredResult rounds). At one sampling a
     minute, alice's second request is refused, and bob still gets his."""

@@ -34,6 +34,8 @@ from tests.support.mcp import call, make_service, refused
 from tests.support.servers import child_env, http_server, mcp_client, run_cli, stdio_server
 from tests.support.stores import small_disk
 
+pytestmark = pytest.mark.slow  # mounts small filesystems, servers in child processes
+
 DISK_MB, MARGIN_MB, ROOM_ABOVE_MARGIN_MB = 96, 8, 3
 EXPERIENCE_CHARS = 15_000  # a long experience: the disk fills in a few hundred writes
 WORDS = ("parse", "rotate", "index", "backup", "deploy", "compile", "join", "filter", "migrate", "cache", "render")

@@ -25,6 +25,8 @@ from memrl_mcp.memory.algorithm import update_q
 from tests.support.mcp import call, refused
 from tests.support.servers import http_server
 
+pytestmark = pytest.mark.slow  # kills server processes
+
 CLIENTS = 4
 KILL_AFTER_ACKS = 48  # acknowledged writes (stores and reports) of all clients together before the kill
 ALPHA = 0.3  # the default learning rate

@@ -79,6 +79,7 @@ def snapshot(service: MemoryService) -> dict[str, MemoryView]:
     return {m.id: m for m in service.memories()}
 
 
+@pytest.mark.slow  # the CLI in a child process
 @pytest.mark.anyio
 async def test_hostile_metadata_is_refused_everywhere_and_the_store_reopens_whole(
     embedder: Embedder, tmp_path: Path, engine: str
@@ -259,6 +260,7 @@ print(service.forget(ForgetRequest(namespace="gone"), access=EVERYTHING), flush=
 FORGET_DELETES = 5  # a namespace's recalls, episodes (the redo logs first), memories, Q history chunks, step records
 
 
+@pytest.mark.slow  # a child process
 @pytest.mark.parametrize("kill_at", [0, 1, 2, 3, 4, FORGET_DELETES])
 def test_sigkill_during_forget_never_brings_the_namespace_back(
     embedder: Embedder, tmp_path: Path, engine: str, kill_at: int
@@ -374,6 +376,7 @@ RAW_ARGUMENTS = {  # JSON text of the metadata argument, as a fuzzing client wri
 }
 
 
+@pytest.mark.slow  # a server process
 def test_raw_http_payloads_change_nothing_and_the_server_restarts(
     embedder: Embedder, tmp_path: Path, engine: str
 ) -> None:

@@ -36,6 +36,7 @@ from tests.support.servers import (
 TASK = "Sort a CSV file by its second column"
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_a_non_loopback_bind_without_a_token_is_refused(tmp_path: Path) -> None:
     result = run_cli(
         "--transport", "streamable-http", "--host", "0.0.0.0", "--data-dir", str(tmp_path), env=child_env()
@@ -45,6 +46,7 @@ def test_a_non_loopback_bind_without_a_token_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "memrl").exists()  # refused before the store was opened
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_missing_or_wrong_token_is_401_and_operators_routes_answer(tmp_path: Path) -> None:
     with http_server(tmp_path / "data", tmp_path, MEMRL_TOKENS_FILE=str(tokens_file(tmp_path))) as server:
@@ -69,6 +71,7 @@ async def test_missing_or_wrong_token_is_401_and_operators_routes_answer(tmp_pat
             assert (await http.get("/stats", headers={"Authorization": "Bearer wrong-token-123456"})).status_code == 401
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_a_tenant_never_sees_or_touches_another_tenants_memory(tmp_path: Path) -> None:
     with (
@@ -140,6 +143,7 @@ async def test_a_tenant_never_sees_or_touches_another_tenants_memory(tmp_path: P
     assert all(isinstance(e["ms"], float) and e["level"] == "info" for e in tool_calls)
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_legacy_sse_transport_requires_the_token_too(tmp_path: Path) -> None:
     tokens = json.dumps([{"name": "ci", "token": ALICE, "namespaces": ["*"]}])  # from the environment

@@ -261,6 +261,7 @@ def local_port(response: httpx.Response) -> int:
     return response.extensions["network_stream"].get_extra_info("client_addr")[1]
 
 
+@pytest.mark.slow  # the module's server processes
 async def test_a_large_authenticated_body_lends_its_identity_to_no_later_request(tenants: Tenants) -> None:
     base = base_url(tenants.server)
     ports: set[int] = set()
@@ -347,6 +348,7 @@ def pipelined(port: int, requests: list[tuple[str, str, dict[str, str]]]) -> lis
     return answers
 
 
+@pytest.mark.slow  # the module's server processes
 def test_pipelined_requests_do_not_inherit_the_first_ones_identity(tenants: Tenants) -> None:
     """No large body needed: a second request pipelined behind an authenticated one is parsed while the first
     one's answer is being sent."""

@@ -60,6 +60,7 @@ def without_tokens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]
         yield seeded
 
 
+@pytest.mark.slow  # the module's server processes
 def test_every_api_route_needs_a_valid_token(with_tokens: Seeded) -> None:
     memory = with_tokens.ids["Sort the CSV export"]
     routes = [
@@ -87,6 +88,7 @@ def test_every_api_route_needs_a_valid_token(with_tokens: Seeded) -> None:
         assert page.status_code == 200 and '<form id="login"' in page.text
 
 
+@pytest.mark.slow  # the module's server processes
 def test_a_token_sees_and_changes_only_its_own_namespaces(with_tokens: Seeded) -> None:
     alice_memory, secret = with_tokens.ids["Sort the CSV export"], with_tokens.ids[SECRET]
     with httpx.Client(base_url=with_tokens.base, timeout=10) as http:
@@ -115,6 +117,7 @@ def test_a_token_sees_and_changes_only_its_own_namespaces(with_tokens: Seeded) -
         assert alice_sees["total"] == len(VERBS) * len(OBJECTS)
 
 
+@pytest.mark.slow  # the module's server processes
 def test_every_answer_carries_the_security_headers(with_tokens: Seeded) -> None:
     with httpx.Client(base_url=with_tokens.base, timeout=10) as http:
         for path in ("/ui", "/ui/", "/ui/app.js", "/ui/charts.js", "/ui/app.css", "/ui/api/session", "/ui/api/stats"):
@@ -137,6 +140,7 @@ def test_every_answer_carries_the_security_headers(with_tokens: Seeded) -> None:
     assert "<script>" not in (ROOT / "memrl_mcp" / "serving" / "ui" / "index.html").read_text()  # no inline script
 
 
+@pytest.mark.slow  # the module's server processes
 def test_a_server_without_tokens_answers_loopback_names_only(without_tokens: Seeded) -> None:
     memory = without_tokens.ids["Sort the CSV export"]
     with httpx.Client(base_url=without_tokens.base, timeout=10) as http:
@@ -150,6 +154,7 @@ def test_a_server_without_tokens_answers_loopback_names_only(without_tokens: See
             assert http.get(path, headers={"Host": "evil.example.com"}).status_code == 421
 
 
+@pytest.mark.slow  # the module's server processes
 def test_a_memory_says_who_wrote_its_experience_and_who_gave_each_reward(with_tokens: Seeded) -> None:
     """Issue 26: the experience the client's model wrote, the reward the user gave (with the note), and an operator's
     correction, as the inspector's API shows them (the page draws them: tests/test_inspector_browser.py)."""
@@ -167,6 +172,7 @@ def test_a_memory_says_who_wrote_its_experience_and_who_gave_each_reward(with_to
         assert (edited["experience_source"], edited["history"]) == ("operator", memory["history"])
 
 
+@pytest.mark.slow  # the module's server processes
 def test_the_page_opens_on_a_namespace_that_holds_memories(without_tokens: Seeded, with_tokens: Seeded) -> None:
     """The default namespace (``default``) holds nothing here: the page opens on the fullest namespace instead, not
     on an empty table; a caller whose default namespace holds memories opens on it."""
@@ -179,6 +185,7 @@ def test_the_page_opens_on_a_namespace_that_holds_memories(without_tokens: Seede
             assert (session["default_namespace"], session["open_namespace"]) == (namespace, namespace)
 
 
+@pytest.mark.slow  # the module's server processes
 def test_no_cross_site_request_changes_anything(without_tokens: Seeded) -> None:
     """What another site's page could send to a loopback server without tokens: forms (POST, urlencoded or
     multipart or text/plain), and writes that say they come from elsewhere. None changes the memory."""
@@ -208,6 +215,7 @@ def test_no_cross_site_request_changes_anything(without_tokens: Seeded) -> None:
         assert edited.status_code == 200 and edited.json()["metadata"] == {"checked": True}
 
 
+@pytest.mark.slow  # the module's server processes
 def test_bad_requests_are_named(with_tokens: Seeded) -> None:
     memory = with_tokens.ids["Back up the CSV export"]
     with httpx.Client(base_url=with_tokens.base, timeout=10, headers=auth(ALICE)) as http:
@@ -318,6 +326,7 @@ HOSTILE_PREVIEWS = [
 ]
 
 
+@pytest.mark.slow  # the module's server processes
 def test_hostile_bodies_are_refused_by_name_and_never_crash_a_route(with_tokens: Seeded) -> None:
     """Issue 22, item 7: a deeply nested body was an HTTP 500 with a logged traceback (Python's JSON parser
     recursing past its limit). Every hostile body is now a 4xx naming the field, and changes nothing."""

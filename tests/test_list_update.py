@@ -272,6 +272,7 @@ async def test_concurrent_edits_and_reports_lose_nothing(client: Client, service
     assert memory["experience"] == f"edit {memory['metadata']['edit']}"
 
 
+@pytest.mark.slow  # a child process
 def test_the_benchmark_runs_at_a_tiny_size() -> None:
     """perf/list_memories.py (the README's figures) checks its pages against a scan-and-sort baseline."""
     printed = run("list_memories.py", "--sizes", "200", "--runs", "2")
@@ -305,6 +306,7 @@ async def tenants(tmp_path: Path) -> AsyncIterator[tuple[Client, Client]]:
             yield alice, bob
 
 
+@pytest.mark.slow  # a server process
 async def test_a_tenant_cannot_list_or_update_another_tenants_memories(tenants: tuple[Client, Client]) -> None:
     alice, bob = tenants
     mine = await call(alice, "store_experience", task=MUG, experience="alice's procedure", metadata={"a": 1})

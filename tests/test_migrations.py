@@ -177,6 +177,7 @@ def memory_payload_of(namespace: str, task: str) -> dict[str, Any]:
     return {**old_payload(namespace, task), "version": 4, "applied": ["report:a"]}
 
 
+@pytest.mark.slow  # a child process
 def test_a_migration_killed_midway_completes_at_the_next_open(embedder: Embedder, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     rng = np.random.default_rng(0)
@@ -214,6 +215,7 @@ def test_a_migration_killed_midway_completes_at_the_next_open(embedder: Embedder
     assert old_fields_left(data_dir) == (0, SCHEMA_VERSION)
 
 
+@pytest.mark.slow  # a child process
 def test_a_store_of_a_newer_schema_is_refused_untouched(embedder: Embedder, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     write_old_store(data_dir, "edge", [Point(new_id(), embedder.embed([TASKS[0]])[0], old_payload("team", TASKS[0]))])
@@ -241,6 +243,7 @@ async def test_the_schema_point_is_no_recall(client: Client) -> None:
     assert "unknown recall" in message
 
 
+@pytest.mark.slow  # a child process
 @pytest.mark.parametrize(
     ("marker", "shown"),
     [

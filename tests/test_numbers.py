@@ -21,6 +21,7 @@ from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, open_store
 from memrl_mcp.storage.numbers import kept, kept_float
 from tests.support.mcp import call
+from tests.support.stores import ENGINES
 
 MOVED_TIME = 1795468687.2779167  # a time.time() the engine read back as 1795468687.277917 (a failed CI run)
 MOVED_SHARE = 0.18878891023282363  # read back as ...365
@@ -54,7 +55,7 @@ def test_the_edge_engine_moves_floats_and_the_kept_ones_come_back_exact(tmp_path
     assert all(math.isclose(p["kept"], p["raw"], rel_tol=1e-14) for p in payloads)
 
 
-@pytest.mark.parametrize("engine", ["edge", "qdrant-local"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_every_write_of_the_store_keeps_its_floats(tmp_path: Path, engine: str) -> None:
     store = open_store(load_settings(data_dir=tmp_path, embedded_engine=engine).storage, 4)
     try:

@@ -13,6 +13,7 @@ from memrl_mcp.serving.server import create_server
 from tests.support.mcp import make_service
 
 
+@pytest.mark.slow  # a child process
 def test_the_version_is_written_once(embedder: Embedder) -> None:
     assert metadata.version("memrl-mcp") == memrl_mcp.__version__
     shown = subprocess.run(

@@ -72,6 +72,7 @@ def tokens_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_bob_fills_his_quota_alice_still_writes_and_forgetting_gives_the_disk_back(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
@@ -193,6 +194,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.slow  # a child process
 def test_the_usage_is_counted_again_after_a_crash(embedder: Embedder, tmp_path: Path) -> None:
     """A writer killed without closing saves no usage: the next open counts it again, to the byte."""
     data_dir = tmp_path / "data"
@@ -221,6 +223,7 @@ def test_the_usage_is_counted_again_after_a_crash(embedder: Embedder, tmp_path: 
         reopened.close()
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_an_import_over_the_quota_is_refused_whole(tmp_path: Path) -> None:
     lines = [
         {"kind": "memory", "id": f"00000000-0000-4000-8000-{i:012d}", "namespace": "big", "task": f"task {i}",

@@ -142,6 +142,7 @@ def test_a_read_only_open_of_a_store_a_server_holds_is_refused(embedder: Embedde
         writer.close()
 
 
+@pytest.mark.slow  # mounts a filesystem
 @pytest.mark.anyio
 async def test_a_store_on_a_read_only_volume_is_served_read_only_and_exported(
     embedder: Embedder, tmp_path: Path
@@ -168,6 +169,7 @@ async def test_a_store_on_a_read_only_volume_is_served_read_only_and_exported(
         assert [(line["kind"], line["id"]) for line in lines if line["kind"] == "memory"] == [("memory", memory_id)]
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_a_read_only_server_refuses_a_store_that_needs_a_migration(embedder: Embedder, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     point = Point(new_id(), embedder.embed([TASKS[0]])[0], old_payload("team", TASKS[0]))

@@ -106,6 +106,7 @@ async def test_the_settings_can_pin_the_namespace_or_turn_roots_off(embedder: Em
         assert stored["memory"]["namespace"] == expected
 
 
+@pytest.mark.slow  # a server process
 async def test_a_restricted_token_keeps_its_restriction(tmp_path: Path) -> None:
     """Roots only pick a default, never a namespace a token may not use."""
     grants = [

@@ -68,6 +68,7 @@ def full_count(store: EdgeStore) -> Tally:
     return Tally.of(payload for _, payload in store.scroll("memories", fields=FIELDS))
 
 
+@pytest.mark.slow  # builds the index in a child process
 def test_hnsw_returns_what_exact_search_returns_within_the_namespace(tmp_path: Path) -> None:
     store, points = seeded_store(tmp_path / "edge")
     try:
@@ -85,6 +86,7 @@ def test_hnsw_returns_what_exact_search_returns_within_the_namespace(tmp_path: P
         store.close()
 
 
+@pytest.mark.slow  # builds the index in a child process
 def test_writes_made_during_a_build_survive_the_swap(tmp_path: Path) -> None:
     store, points = seeded_store(tmp_path / "edge")
     prng = random.Random(2)
@@ -119,6 +121,7 @@ def test_writes_made_during_a_build_survive_the_swap(tmp_path: Path) -> None:
         reopened.close()
 
 
+@pytest.mark.slow  # builds the index in a child process
 def test_writes_racing_the_swap_are_all_kept(tmp_path: Path) -> None:
     """A writer that never pauses: the shards are flushed while it writes (before each replay round), and each of
     its writes is conditional on the version its previous one left, so one lost in the swap fails the next."""
@@ -236,6 +239,7 @@ os._exit(0)  # no close: the counts are not saved
 """
 
 
+@pytest.mark.slow  # a child process
 def test_stats_are_recounted_after_a_crash(embedder: Embedder, tmp_path: Path) -> None:
     settings = load_settings(data_dir=tmp_path)
     service = MemoryService.open(settings, embedder)
@@ -259,6 +263,7 @@ def _assert_stats_match_a_full_count_single(service: MemoryService) -> None:
     assert stats.q == QSummary.of(Tally.of(payloads).total())
 
 
+@pytest.mark.slow  # a child process
 def test_import_reports_progress_on_stderr_and_imports_everything(tmp_path: Path, engine: str) -> None:
     export = tmp_path / "export.jsonl"
     n = 600  # three batches of the import
@@ -305,6 +310,7 @@ def test_import_reports_progress_on_stderr_and_imports_everything(tmp_path: Path
         store.close()
 
 
+@pytest.mark.slow  # builds the index in a child process
 def test_lists_full_text_and_edits_work_the_same_on_a_swapped_in_generation(embedder: Embedder, tmp_path: Path) -> None:
     """The child builds every payload index of the memories (the sort keys and full text too), not only the
     namespace the graph needs: list_memories orders by an indexed key, which the engine refuses without one."""
@@ -366,6 +372,7 @@ def mapped_kb(folder: Path) -> dict[str, int]:
     return resident
 
 
+@pytest.mark.slow  # builds the index in a child process
 def test_an_indexed_generation_keeps_what_searches_read_resident_and_gives_back_what_a_full_read_mapped(
     tmp_path: Path,
 ) -> None:
@@ -441,6 +448,7 @@ child.wait()
 """
 
 
+@pytest.mark.slow  # kills a server process
 def test_a_build_child_dies_with_its_server(tmp_path: Path) -> None:
     """A server killed (SIGKILL) during a build takes its child with it: left alive, the child went on writing
     into the folder that the restarted server removes as a stray, and the restart failed ("Directory not empty")."""

@@ -33,6 +33,8 @@ from tests.support.servers import (
     tokens_file,
 )
 
+pytestmark = pytest.mark.slow  # server processes
+
 TASK = "Rotate the nginx logs every night and keep a week of them"
 QUOTA, IDLE_S = 3, 2.0
 

@@ -6,11 +6,13 @@ import subprocess
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import get_origin
 
 import pytest
 import yaml
 
 from memrl_mcp.settings import GROUP_OF, GROUPS, SettingsError, as_yaml, load_settings
+from memrl_mcp.settings.loading import JSON_EXAMPLES
 
 
 def test_paper_defaults() -> None:
@@ -91,6 +93,31 @@ def test_an_unknown_memrl_variable_is_an_error_naming_the_closest_setting(env: d
         load_settings(environ=env)
 
 
+@pytest.mark.parametrize("variable", ["MEMRL_FOO", "MEMRL_X", "MEMRL_PROTOCOL"])
+def test_an_unknown_variable_far_from_every_setting_gets_no_suggestion(variable: str) -> None:
+    with pytest.raises(SettingsError) as refused:
+        load_settings(environ={variable: "1"})
+    assert str(refused.value) == f"{variable}: no such environment variable"
+
+
+def test_every_json_setting_shows_an_example_the_setting_accepts() -> None:
+    """A list or an object in the environment is JSON; a value that is not shows an example that loads as it is."""
+    json_settings = {
+        name
+        for model in GROUPS.values()
+        for name, field in model.model_fields.items()
+        if get_origin(field.annotation) in (list, dict)
+    }
+    assert set(JSON_EXAMPLES) == json_settings
+    for name, example in JSON_EXAMPLES.items():
+        variable = "MEMRL_" + name.upper()
+        with pytest.raises(SettingsError) as refused:
+            load_settings(environ={variable: "not json"})
+        assert str(refused.value) == f"{variable}: not JSON; give {name} as JSON, e.g. {example}"
+        settings = load_settings(environ={variable: example})
+        assert settings.value(name) and settings.origin(name) == f"environment {variable}"
+
+
 def test_the_harness_variables_are_not_mistaken_for_settings() -> None:
     harness = {"MEMRL_LLM_BASE_URL": "http://127.0.0.1:1/v1", "MEMRL_LLM_MODEL": "m", "MEMRL_SHARED_DATA": "/data"}
     assert load_settings(environ=harness).retrieval.k1 == 5
@@ -135,6 +162,7 @@ def test_the_qdrant_ecosystem_names_work_and_memrl_wins(tmp_path: Path) -> None:
     assert load_settings(config, environ={"QDRANT_URL": "http://q:6333"}).storage.collection == "from-yaml"
 
 
+@pytest.mark.slow  # a child process
 def test_config_prints_every_value_with_its_source_and_masks_secrets(tmp_path: Path) -> None:
     config = tmp_path / "memrl.yaml"
     config.write_text("retrieval:\n  k1: 8\nstorage:\n  qdrant_api_key: very-secret-key\n")

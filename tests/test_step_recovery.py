@@ -151,6 +151,7 @@ def test_an_interrupted_trajectory_is_finished_once_on_reopen(
     assert_applied_once(settings, embedder, memory_id, recall_id, crash_at)
 
 
+@pytest.mark.slow  # kills a child process
 @pytest.mark.parametrize("kill_at", [0, 3, 6, 9, 10])
 def test_a_sigkilled_report_is_finished_once_on_reopen(
     embedder: Embedder, tmp_path: Path, engine: str, kill_at: int
@@ -254,6 +255,7 @@ def test_a_progress_point_left_behind_is_dropped_at_the_next_open(
 STEPS, LANDED = 12, 5
 
 
+@pytest.mark.slow  # kills a child process
 def test_a_report_killed_mid_episode_resumes_where_it_stopped_and_counts_each_step_once(
     embedder: Embedder, tmp_path: Path, engine: str
 ) -> None:

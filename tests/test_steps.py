@@ -291,6 +291,7 @@ async def test_forget_removes_a_namespaces_steps_and_episodes(client: Client, se
     assert advice["records"] == []
 
 
+@pytest.mark.slow  # a server process
 async def test_a_tenant_never_sees_or_updates_another_tenants_steps(tmp_path: Path) -> None:
     with (
         http_server(tmp_path / "data", tmp_path, MEMRL_TOKENS_FILE=str(tokens_file(tmp_path))) as server,

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import qdrant_edge as edge
 
 from memrl_mcp.settings import load_settings
@@ -86,6 +87,7 @@ def test_a_table_left_without_indexes_gets_them_at_the_next_open(tmp_path: Path)
     assert_whole_and_working(tmp_path)  # idempotent: a second open finds nothing to add and no error
 
 
+@pytest.mark.slow  # a child process
 def test_sigkill_during_the_first_open_never_leaves_a_table_unindexed(tmp_path: Path) -> None:
     rng = random.Random(11)
     for kill in range(KILLS):
@@ -112,6 +114,7 @@ def test_recalls_are_memory_mapped_in_new_and_older_stores(tmp_path: Path) -> No
         assert (config["payload_memory"], config["vectors"][""]["memory"]) == ("cold", "cold"), data_dir
 
 
+@pytest.mark.slow  # a child process
 def test_the_resident_memory_benchmark_runs(tmp_path: Path) -> None:
     """perf/recall_rss.py at a tiny size (its figures, at 50,000 recalls: docs/performance.md)."""
     script = Path(__file__).resolve().parents[1] / "perf" / "recall_rss.py"

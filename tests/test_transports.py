@@ -23,6 +23,7 @@ from mcp import Client, StdioServerParameters
 
 from tests.support.mcp import call, refused
 from tests.support.servers import CLI, DEADLINE_S, EVERY_TOOL, TOOLS, child_env, http_server, run_cli, stdio_server
+from tests.support.stores import ENGINES
 
 TASK = "Sort a CSV file by its second column and write the result to a new file"
 EXPERIENCE = "1. Read with csv.reader. 2. sorted(rows, key=lambda r: r[1]). 3. Write with csv.writer."
@@ -55,6 +56,7 @@ async def store_recall_report(client: Client) -> None:
     assert (stats["memories"], stats["visits"], stats["recalls_reported"], stats["recalls_pending"]) == (1, 1, 1, 0)
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_stdio_console_script_round_trip(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("memrl-mcp")
@@ -69,6 +71,7 @@ async def test_stdio_console_script_round_trip(tmp_path: Path) -> None:
     assert (tmp_path / "data" / "memrl" / "edge").is_dir()
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_streamable_http_round_trip_and_two_sessions(tmp_path: Path) -> None:
     with http_server(tmp_path / "data", tmp_path) as server, anyio.fail_after(DEADLINE_S):
@@ -99,6 +102,7 @@ async def test_streamable_http_round_trip_and_two_sessions(tmp_path: Path) -> No
             assert (await call(writer, "memory_stats"))["memories"] == 3
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_memory_and_pending_recall_survive_a_restart(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
@@ -125,8 +129,9 @@ async def test_memory_and_pending_recall_survive_a_restart(tmp_path: Path) -> No
             assert (stats["recalls_pending"], stats["recalls_reported"], stats["visits"]) == (1, 1, 1)
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
-@pytest.mark.parametrize("engine", ["edge", "qdrant-local"])
+@pytest.mark.parametrize("engine", ENGINES)
 async def test_second_process_on_a_held_store_is_refused(tmp_path: Path, engine: str) -> None:
     data_dir = tmp_path / "data"
     with http_server(data_dir, tmp_path, MEMRL_EMBEDDED_ENGINE=engine) as server:
@@ -149,6 +154,7 @@ async def test_second_process_on_a_held_store_is_refused(tmp_path: Path, engine:
                 assert [m["id"] for m in recall["memories"]] == [stored["id"]]
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_http_server_stopped_by_sigterm_keeps_its_memory(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
@@ -170,6 +176,7 @@ async def test_http_server_stopped_by_sigterm_keeps_its_memory(tmp_path: Path) -
     assert server.proc.returncode == 0, server.log_path.read_text()
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_bad_environment_setting_is_refused(tmp_path: Path) -> None:
     result = run_cli(env=child_env(tmp_path / "data", MEMRL_K1="0"))
     assert result.returncode == 2
@@ -179,6 +186,7 @@ def test_bad_environment_setting_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists()  # refused before opening any store
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_inconsistent_yaml_settings_are_refused(tmp_path: Path) -> None:
     config = tmp_path / "memrl.yaml"
     config.write_text("retrieval:\n  k1: 3\n  k2: 9\n")
@@ -188,6 +196,7 @@ def test_inconsistent_yaml_settings_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.slow  # the CLI in a child process
 def test_unknown_yaml_key_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "memrl.yaml"
     config.write_text("retrieval:\n  k1: 3\n  bogus_knob: 1\n")
@@ -197,6 +206,7 @@ def test_unknown_yaml_key_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_stdio_serves_large_and_concurrent_requests_on_its_own_pipes(tmp_path: Path) -> None:
     """The stdio server reads and writes its pipes on the event loop (memrl_mcp/serving/stdio.py): a request line of
@@ -271,6 +281,7 @@ MODERN = {  # the 2026-07-28 envelope each request carries instead of a handshak
 }
 
 
+@pytest.mark.slow  # a server process
 @pytest.mark.parametrize(
     ("stdin", "stdout", "era"),
     [("pipe", "pipe", "handshake"), ("pipe", "file", "handshake"), ("file", "pipe", "handshake"),
@@ -300,6 +311,7 @@ def test_every_request_before_the_end_of_stdin_is_answered(tmp_path: Path, stdin
     assert stats["result"]["structuredContent"]["memories"] == 40  # type: ignore[index]
 
 
+@pytest.mark.slow  # a child process
 def test_a_client_that_reads_late_gets_every_answer_whole(tmp_path: Path) -> None:
     """Answers larger than the pipe holds, to a client that closed stdin and reads only later: the server waits for
     the pipe to take each answer. The event loop's transport kept up to 64 KB the pipe did not take yet, and dropped
@@ -342,6 +354,7 @@ STEPS_WITHOUT_THE_LAST_REWARD = [
 ]
 
 
+@pytest.mark.slow  # a server process
 def test_a_question_to_a_client_that_closed_stdin_fails_at_once(tmp_path: Path) -> None:
     """A call asking the user (elicitation, 600 s by default) when stdin ends: the client can never answer, so the
     question fails at once, the call answers that nothing was reported, and the server exits."""
@@ -358,6 +371,7 @@ def test_a_question_to_a_client_that_closed_stdin_fails_at_once(tmp_path: Path) 
     assert stats["result"]["structuredContent"]["steps"] == 0  # type: ignore[index]
 
 
+@pytest.mark.slow  # a server process
 def test_a_call_the_client_cancelled_does_not_hold_the_end(tmp_path: Path) -> None:
     """A request the client cancelled is never answered (the protocol forbids it): the end of stdin does not wait
     for its answer (``DRAIN_SECONDS``, a minute) but exits as soon as the others are answered."""

@@ -23,6 +23,7 @@ from mcp.client.stdio import stdio_client
 import memrl_mcp
 from memrl_harness.install import LLB_PACKAGES
 from memrl_mcp.settings import ECOSYSTEM_VARIABLES, GROUP_OF, TOOL_PROFILES, as_yaml, load_settings
+from tests.support.benchmark_data import benchmark_data
 from tests.support.mcp import call
 from tests.support.servers import child_env
 
@@ -156,7 +157,7 @@ def test_an_installed_harness_tells_how_to_install_what_is_missing(wheel: Path, 
         *("memrl-harness", "run", "llb-os", "--mode", "none", "--epochs", "1", "--tasks", "1"),
         extra="harness",
         XDG_DATA_HOME=str(data_home),
-        MEMRL_SHARED_DATA=str(ROOT.parent / "shared" / "data"),
+        MEMRL_SHARED_DATA=str(benchmark_data("llb").parent),  # where this test found it
     )
     assert no_rootfs.returncode == 2, no_rootfs.stderr
     rootfs = data_home / "memrl-harness" / "llb-rootfs"

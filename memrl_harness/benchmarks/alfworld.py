@@ -3,7 +3,7 @@
 Tasks are the games of one folder (``<folder>/<task dir>/<trial>/game.tw-pddl``): by default the
 ``valid_seen`` split (140 games, ALFWorld's ``eval_in_distribution``) of the shared data,
 ``split=valid_train`` (200 games), or any folder with ``games=PATH``. The shared data lives in
-``$MEMRL_SHARED_DATA/alfworld`` (default ``<repo>/../shared/data/alfworld``); nothing is ever
+``alfworld/`` of the data folder (``memrl_harness.install.shared_data_root``); nothing is ever
 downloaded. A task's intent is the game's goal ("put a clean mug in coffeemachine."), read from
 the game file without starting the game; its type comes from the task folder's prefix (put,
 examine, clean, heat, cool, puttwo), so the report breaks results down per type.
@@ -57,7 +57,7 @@ from memrl_harness.benchmarks.base import (
     Task,
 )
 from memrl_harness.benchmarks.options import BenchmarkOptions
-from memrl_harness.install import data_hint, shared_data_root
+from memrl_harness.install import data_hint, install_hint, shared_data_root
 from memrl_harness.llm import LLM, LLMFormatError, Usage
 
 TYPES = {  # ALFWorld's task folders -> the example keys of alfworld_examples.json
@@ -71,6 +71,7 @@ TYPES = {  # ALFWorld's task folders -> the example keys of alfworld_examples.js
 WELCOME = "-= Welcome to TextWorld, ALFRED! =-"
 _GOAL = re.compile(r"Your task is to: ([^\"\\]+)")
 _ENV_LOCK = threading.Lock()
+INSTALL_HINT = install_hint("alfworld", "pip install 'memrl-mcp[alfworld]'")
 
 # Prompt sizes (characters; about 4 per token): all together well under 2048 tokens.
 EXAMPLE_CHARS = 1400
@@ -155,8 +156,11 @@ class Game:
     asks the planner for its plan at every state (slow: 0.1-10 s more per reset or step)."""
 
     def __init__(self, game_file: Path | str, *, policy: bool = False) -> None:
-        import textworld
-        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+        try:
+            import textworld
+            from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+        except ImportError as error:
+            raise ValueError(f"ALFWorld is not installed (no module {error.name}): {INSTALL_HINT}") from None
 
         infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=policy, extras=["gamefile"])
         with _ENV_LOCK:

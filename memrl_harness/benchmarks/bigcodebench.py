@@ -1,7 +1,7 @@
 """BigCodeBench (instruct split): write a Python function from a description; its unit tests judge it.
 
-Data: ``$MEMRL_SHARED_DATA/bigcodebench/bigcodebench_v0.1.4.jsonl`` (default ``MEMRL_SHARED_DATA``:
-``<repo>/../shared/data``), or the ``data`` option. The default task set is the 300 tasks whose
+Data: ``bigcodebench/bigcodebench_v0.1.4.jsonl`` of the data folder (``memrl_harness.install.shared_data_root``),
+or the ``data`` option. The default task set is the 300 tasks whose
 solution and tests need only the standard library (``stdlib_only_ids.json``); ``split`` takes one
 of MemRL's id splits instead, e.g. ``split=full_seed123:train`` (``splits/full_seed123.json``,
 ``train_ids``; ``:val`` for ``val_ids``). Those splits span all 1140 tasks: tasks that need

@@ -1,6 +1,6 @@
 """LifelongAgentBench DB (``llb-db``): answer a question or change a table with SQL on MariaDB.
 
-Data: ``$MEMRL_SHARED_DATA/llb/db_train.json`` (default ``MEMRL_SHARED_DATA``: ``<repo>/../shared/data``),
+Data: ``llb/db_train.json`` of the data folder (``memrl_harness.install.shared_data_root``),
 or the ``data`` option: a JSON object of tasks by id, each with ``instruction``,
 ``answer_info{direct, md5, sql}``, ``table_info{name, column_info_list, row_list}`` and ``skill_list``.
 ``Task.intent`` is the instruction; ``Task.type`` is the gold SQL's kind (select / insert / update /

@@ -34,10 +34,12 @@ class Group(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def unknown_name(name: str, known: Mapping[str, Any] | frozenset[str], kind: str) -> str:
-    """``name: no such <kind>``, with the closest known name (or its new name, when it was renamed)."""
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    hint = renamed_hint(name) or (f"; did you mean {close[0]}?" if close else "")
+def unknown_name(name: str, known: Mapping[str, Any] | frozenset[str], kind: str, prefix: str = "") -> str:
+    """``name: no such <kind>``, with the closest known name (or its new name, when it was renamed). Names are
+    compared without ``prefix``, which all of them share: it alone would make any two look close."""
+    stems = {candidate.removeprefix(prefix): candidate for candidate in known}
+    close = difflib.get_close_matches(name.removeprefix(prefix), list(stems), n=1, cutoff=0.6)
+    hint = renamed_hint(name) or (f"; did you mean {stems[close[0]]}?" if close else "")
     return f"{name}: no such {kind}{hint}"
 
 

@@ -9,7 +9,7 @@ import os
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any
 
 import yaml
 from pydantic import (
@@ -57,6 +57,13 @@ OTHER_VARIABLES = frozenset(
 )
 """``MEMRL_*`` variables that are not settings of the server: memrl-harness's own and the peer benchmark's, which the
 environment of a harness run or a test holds when it starts a server."""
+JSON_EXAMPLES = {
+    "tokens": '[{"name": "desktop", "token": "a-long-random-secret-1", "namespaces": ["alice"]}]',
+    "allowed_hosts": '["memory.example.com:*"]',
+    "tool_descriptions": '{"recall_experience": "Recall how this team solved similar tasks."}',
+    "ui_runs": '["runs/demo"]',
+}
+"""The settings given as JSON in the environment (lists and objects), each with a value it accepts."""
 
 
 GROUPS: dict[str, type[Group]] = {
@@ -192,7 +199,7 @@ def _from_environment(environ: Mapping[str, str]) -> list[tuple[str, dict[str, A
         if not variable.startswith(ENV_PREFIX) or variable == "MEMRL_CONFIG" or variable in OTHER_VARIABLES:
             continue
         if variable not in known:
-            raise SettingsError(unknown_name(variable, known, "environment variable"))
+            raise SettingsError(unknown_name(variable, known, "environment variable", prefix=ENV_PREFIX))
         name = known[variable]
         layers.append((f"environment {variable}", {name: _parse(name, variable, environ[variable])}))
     return layers
@@ -200,12 +207,11 @@ def _from_environment(environ: Mapping[str, str]) -> list[tuple[str, dict[str, A
 
 def _parse(name: str, variable: str, text: str) -> Any:
     """An environment value: JSON for a list or an object (``MEMRL_TOKENS``), else the text (pydantic converts it)."""
-    annotation = GROUPS[GROUP_OF[name]].model_fields[name].annotation
-    if get_origin(annotation) in (list, dict) or any(get_origin(arg) in (list, dict) for arg in get_args(annotation)):
+    if name in JSON_EXAMPLES:
         try:
             return json.loads(text)
         except ValueError:
-            raise SettingsError(f'{variable}: {name} is a list; give it as JSON, e.g. ["..."]') from None
+            raise SettingsError(f"{variable}: not JSON; give {name} as JSON, e.g. {JSON_EXAMPLES[name]}") from None
     return text
 
 

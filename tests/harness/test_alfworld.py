@@ -14,15 +14,12 @@ import pytest
 
 from memrl_harness.benchmarks import load_benchmark
 from memrl_harness.benchmarks.alfworld import AlfworldBenchmark, Game, task_type
-from memrl_harness.install import shared_data_root
 from memrl_harness.llm import LLM, Usage
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 
 pytestmark = pytest.mark.slow  # needs ALFWorld: `make test` runs it, `make test-fast` does not
-
-DATA = shared_data_root() / "alfworld"
 
 # Small bedroom games (fast to reset), one per type where the split has one.
 FAST = (

@@ -20,12 +20,12 @@ import pytest
 from memrl_harness.backends.sandbox import SandboxError
 from memrl_harness.benchmarks import load_benchmark
 from memrl_harness.benchmarks.bigcodebench import BigCodeBenchmark, check, extract_code
-from memrl_harness.install import shared_data_root
 from memrl_harness.llm import LLM
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
 from tests.harness.processes import alive_processes, venv_under
+from tests.support.benchmark_data import benchmark_data
 
 pytestmark = pytest.mark.slow  # needs the bubblewrap sandbox: `make test` runs it, `make test-fast` does not
 
@@ -47,7 +47,7 @@ def _sample(bench: BigCodeBenchmark, n: int, seed: int):
 
 
 def test_default_tasks_are_the_stdlib_only_ids(bench: BigCodeBenchmark) -> None:
-    ids = json.loads((shared_data_root() / "bigcodebench" / "stdlib_only_ids.json").read_text())
+    ids = json.loads(benchmark_data("bigcodebench", "stdlib_only_ids.json").read_text())
     assert [t.id for t in bench.tasks()] == ids
     task = bench.tasks()[0]
     assert len(task.intent) <= 304 and task.data["instruct_prompt"].startswith(task.intent[:200])

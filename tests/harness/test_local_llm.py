@@ -90,6 +90,28 @@ async def test_a_memrl_run_with_the_real_local_model(server: LocalServer, tmp_pa
     assert all(stored[r.task_id] in r.memory_ids for r in records if r.epoch == 2)
 
 
+def test_a_server_that_dies_while_serving_is_named_with_its_signal() -> None:
+    """What `make llm`'s check says of a build that crashes on a chat (native AMX kernels did, on Intel Xeons):
+    the signal and the server's log, where the client alone would only see a lost connection."""
+    check_installed()
+    died = r"llama_cpp.server died while serving \(killed by SIGSEGV\)"
+    with pytest.raises(LocalLLMError, match=died), local_llm_server() as server:
+        port = server.base_url.split(":")[-1].split("/")[0]
+        (pid,) = [child for child in children(os.getpid()) if f"\0{port}\0" in command_line(child)]
+        os.kill(pid, signal.SIGSEGV)
+        llm = LLM(server.base_url, server.model, max_tokens=8, timeout=30, max_retries=0)
+        with pytest.raises(LLMError):
+            llm.chat([{"role": "user", "content": "Say hello."}])
+        llm.close()
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:  # gone meanwhile
+        return ""
+
+
 def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (from /proc)."""
     found = []

@@ -24,11 +24,11 @@ from memrl_harness.benchmarks.base import (
 from memrl_harness.benchmarks.controlled import ControlledBenchmark
 from memrl_harness.benchmarks.llb_db import LLBDBBenchmark
 from memrl_harness.benchmarks.llb_os import LLBOSBenchmark
-from memrl_harness.install import shared_data_root
 from memrl_harness.llm import LLM
 from memrl_harness.results import EpisodeRecord, RunConfig, RunDir
 from memrl_harness.runner import RunError, Runner
 from tests.harness.fake_llm import FakeLLMServer, RecordedRequest
+from tests.support.benchmark_data import benchmark_data
 
 pytestmark = pytest.mark.slow  # needs MariaDB and the sandbox: `make test` runs it, `make test-fast` does not
 
@@ -88,7 +88,7 @@ def check_reported(records: list[EpisodeRecord]) -> None:
 
 @pytest.mark.anyio
 async def test_alfworld_rememberer_advises_each_step(fake_llm: FakeLLMServer, llm: LLM, tmp_path: Path) -> None:
-    source = shared_data_root() / "alfworld" / "valid_seen" / PENCIL  # a small bedroom: fast to reset
+    source = benchmark_data("alfworld", "valid_seen", PENCIL)  # a small bedroom: fast to reset
     shutil.copytree(source, tmp_path / "games" / PENCIL)
     bench = AlfworldBenchmark(games=tmp_path / "games", max_steps=3)
     (task,) = bench.tasks()

@@ -15,6 +15,9 @@ from memrl_mcp.models import MemoryView
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, new_id, open_store
 
+ENGINES = ("edge", pytest.param("qdrant-local", marks=pytest.mark.slow))
+"""The embedded engines, for ``@pytest.mark.parametrize("engine", ENGINES)``: qdrant-client's local mode is the
+fallback, left to the full suite (tests/conftest.py)."""
 TASKS = ("heat the mug in the microwave", "list the files larger than 10MB under /var/log", "count rows per region")
 
 
