@@ -1,4 +1,4 @@
-"""Learning-curve metrics of one run, from its episode records (MEMRL.md, "Benchmark protocol").
+"""Learning-curve metrics of one run, from its episode records (docs/algorithm.md, "The benchmark protocol").
 
 Pure functions: the records of several epochs over the same task list go in, a typed summary comes
 out. A run killed mid-epoch is fine: its last epoch is marked ``partial`` and kept out of the

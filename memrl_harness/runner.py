@@ -1,4 +1,4 @@
-"""The paper's protocol (MEMRL.md), driven through an MCP client of memrl-mcp.
+"""The paper's protocol (docs/algorithm.md, "The benchmark protocol"), driven through an MCP client of memrl-mcp.
 
 Runtime learning: an epoch replays the benchmark's tasks in a seeded order. Per task: recall (query =
 the task's intent) -> the agent acts with the recalled memories -> the benchmark's checker gives the

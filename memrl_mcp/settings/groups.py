@@ -146,7 +146,7 @@ class SimilaritySettings(Group):
 
 
 class RetrievalSettings(Group):
-    """MemRL's two phases (MEMRL.md): Phase A by similarity, Phase B by similarity and learned utility."""
+    """MemRL's two phases (docs/algorithm.md): Phase A by similarity, Phase B by similarity and learned utility."""
 
     k1: int = Field(5, ge=1, le=MAX_K, description="Phase A: candidates recalled by similarity.")
     k2: int = Field(3, ge=1, le=MAX_K, description="Phase B: memories returned after re-ranking (<= k1).")
