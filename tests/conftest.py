@@ -9,6 +9,7 @@ keeps the two in step)."""
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from memrl_mcp.embeddings import Embedder, MiniLMEmbedder
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.tools import create_server
 from tests.support.mcp import make_service
+from tests.support.servers import ONE_PROCESS
+
+os.environ.update(ONE_PROCESS)  # memrl-mcp processes spawned with this environment as well (child_env sets it too)
 
 PROCESSES = ("http_server(", "stdio_server(", "run_cli(", "subprocess.", "small_disk(", "seeded_server(", "os.kill(")
 """What a test calls when it starts a server process, a child that it kills, or a filesystem it mounts: seconds each,

@@ -1,0 +1,222 @@
+"""One memory for every session: ``memrl-mcp`` over stdio attaches to the user's local server of the store, through
+real MCP clients (the Python SDK's, and the TypeScript SDK's in tests/ts_client) and real processes. Each test has a
+runtime folder of its own (tests/support/local.py), so no server is shared between tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, types
+
+from memrl_mcp.serving.roots import project_namespace
+from tests.support.local import LocalStore, local_store, servers_of
+from tests.support.mcp import call
+from tests.support.servers import CLI
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # every test starts servers
+
+CLIENT = Path(__file__).parent / "ts_client"
+ALPHA, BETA = "file:///home/ann/code/alpha", "file:///home/ann/code/beta"
+START_S = 240  # sessions started together on a loaded machine: one cold start, then the others attach
+
+
+class User:
+    """A user who says every task succeeded (an elicitation callback); the questions are kept."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        self.asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"succeeded": True})
+
+
+def offering(*uris: str) -> Any:
+    async def list_roots(context: Any) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri=uri) for uri in uris])  # type: ignore[arg-type]
+
+    return list_roots
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> AsyncIterator[LocalStore]:
+    with local_store(tmp_path) as found:
+        yield found
+
+
+@asynccontextmanager
+async def session(store: LocalStore, *args: str, **options: Any) -> AsyncIterator[Client]:
+    """A real stdio session of the Python SDK's client; ``options`` of the SDK's Client, and ``env`` variables."""
+    variables = options.pop("env", {})
+    async with Client(store.session(*args, **variables), **options) as client:
+        yield client
+
+
+async def report_asking_the_user(client: Client, task: str) -> dict[str, Any]:
+    """Store ``task``'s lesson, recall it, and report without a reward: the server asks this session's user."""
+    await call(client, "store_experience", task=task, experience=f"how to {task}")
+    recall = await call(client, "recall_experience", task=task)
+    return await call(client, "report_outcome", recall_id=recall["recall_id"], experience="it worked")
+
+
+async def typescript_session(node: str, store: LocalStore, task: str, expected: list[str]) -> dict[str, Any]:
+    env = store.env(MCP_TEST_SERVER=json.dumps(CLI), MCP_TEST_TASK=task, MCP_TEST_EXPECT=json.dumps(expected))
+    done = await anyio.run_process([node, "share.mjs"], cwd=CLIENT, env=env, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    found = shutil.which("node")
+    assert found is not None, "node is missing: `make node` (apt-get install -y nodejs npm)"
+    if not (CLIENT / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        npm = shutil.which("npm")
+        assert npm is not None, "npm is missing: `make node` (apt-get install -y nodejs npm)"
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLIENT, check=True, timeout=300)
+    return found
+
+
+async def test_sessions_started_together_share_one_server_and_its_memory(node: str, store: LocalStore) -> None:
+    """Four Python and two TypeScript sessions start at the same moment on one store: every one initializes, they
+    end on one server, each finds the lessons of all the others, and each report's question reaches its own user."""
+    python_tasks = [f"deploy service number {i} to the staging cluster" for i in range(4)]
+    typescript_tasks = [f"rotate the logs of machine number {i}" for i in range(2)]
+    everything = python_tasks + typescript_tasks
+    users = [User() for _ in python_tasks]
+    found: dict[str, list[str]] = {}
+    reports: dict[str, dict[str, Any]] = {}
+
+    async def python_session(task: str, user: User) -> None:
+        async with session(store, elicitation_callback=user, mode="legacy") as client:
+            reports[task] = await report_asking_the_user(client, task)
+            while True:
+                page = await call(client, "list_memories", limit=100)
+                found[task] = [memory["task"] for memory in page["memories"]]
+                if set(everything) <= set(found[task]):
+                    return
+                await anyio.sleep(0.1)
+
+    async def ts_session(task: str) -> None:
+        out = await typescript_session(node, store, task, everything)
+        found[task], reports[task] = out["tasks"], out["report"] | {"asked": out["asked"]}
+
+    with anyio.fail_after(START_S):
+        async with anyio.create_task_group() as group:
+            for task, user in zip(python_tasks, users, strict=True):
+                group.start_soon(python_session, task, user)
+            for task in typescript_tasks:
+                group.start_soon(ts_session, task)
+    assert all(set(everything) <= set(tasks) for tasks in found.values()), found
+    assert len(servers_of(store.runtime_dir)) == 1  # one owner; a second could not have opened the store anyway
+    for task, user in zip(python_tasks, users, strict=True):
+        (question,) = user.asked  # its own question, and no other session's
+        assert task in question
+        assert reports[task]["reward"] == 1.0 and reports[task]["reward_source"] == "user"
+    for task in typescript_tasks:
+        (question,) = reports[task]["asked"]
+        assert task in question and reports[task]["reward_source"] == "user"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])  # the handshake protocol; 2026-07-28 (InputRequiredResult)
+async def test_a_question_reaches_only_the_session_that_asked(store: LocalStore, mode: str) -> None:
+    """Two sessions report at the same moment without a reward (each also has its client's model write the
+    experience from a trajectory): each question and each sampling request goes to its own session only."""
+    tasks = ["migrate the billing database", "renew the TLS certificate of the mail server"]
+    users, models = [User(), User()], [[], []]
+
+    def model_of(asked: list[str]) -> Any:
+        async def model(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+            asked.append(params.messages[0].content.text)  # type: ignore[union-attr]
+            return types.CreateMessageResult(
+                role="assistant", content=types.TextContent(type="text", text="1. Plan. 2. Do."), model="m"
+            )
+
+        return model
+
+    async def reporter(index: int) -> None:
+        options = {"elicitation_callback": users[index], "sampling_callback": model_of(models[index]), "mode": mode}
+        async with session(store, **options) as client:
+            task = tasks[index]
+            await call(client, "store_experience", task=task, experience="first try")
+            recall = await call(client, "recall_experience", task=task)
+            trajectory = f"$ start {index}\nok"
+            result = await call(client, "report_outcome", recall_id=recall["recall_id"], trajectory=trajectory)
+            assert (result["reported"], result["reward_source"]) == (True, "user")
+            assert result["stored"]["memory"]["experience_source"] == "client_model"
+
+    with anyio.fail_after(START_S):
+        async with anyio.create_task_group() as group:
+            for index in range(2):
+                group.start_soon(reporter, index)
+    for index, task in enumerate(tasks):
+        (question,) = users[index].asked
+        assert task in question and tasks[1 - index] not in question
+        (request,) = models[index]
+        assert f"$ start {index}" in request and f"$ start {1 - index}" not in request
+
+
+async def test_each_session_has_its_roots_namespace_and_profile(store: LocalStore) -> None:
+    """Per session: the project namespace of its roots, its own MEMRL_NAMESPACE, its own tool profile."""
+    with anyio.fail_after(START_S):
+        stack = AsyncExitStack()
+        async with stack:
+            alpha = await stack.enter_async_context(session(store, list_roots_callback=offering(ALPHA), mode="legacy"))
+            beta = await stack.enter_async_context(session(store, list_roots_callback=offering(BETA), mode="legacy"))
+            desktop = await stack.enter_async_context(
+                session(store, env={"MEMRL_NAMESPACE": "desktop", "MEMRL_TOOL_PROFILE": "core"})
+            )
+            task = "run the unit tests of this project"
+            stored = {
+                name: (await call(client, "store_experience", task=task, experience=name))["memory"]["namespace"]
+                for name, client in (("alpha", alpha), ("beta", beta), ("desktop", desktop))
+            }
+            assert stored == {"alpha": project_namespace(ALPHA), "beta": project_namespace(BETA), "desktop": "desktop"}
+            assert len((await desktop.list_tools()).tools) == 3  # core, where the others are offered every tool
+            assert len((await alpha.list_tools()).tools) == 10
+            recalled = await call(beta, "recall_experience", task=task)
+            assert [memory["experience"] for memory in recalled["memories"]] == ["beta"]  # its project's only
+    assert len(servers_of(store.runtime_dir)) == 1
+
+
+async def test_the_inspector_of_the_running_server_is_printed_and_served(store: LocalStore) -> None:
+    """``memrl-mcp local ui`` prints an address with its token; with it the inspector answers, without it not."""
+    import httpx
+
+    async with session(store) as client:
+        await call(client, "store_experience", task="index the wiki", experience="use the search API")
+        printed = await anyio.to_thread.run_sync(lambda: store.local("ui"))
+        assert printed.returncode == 0, printed.stderr
+        url = printed.stdout.strip()
+        base, token = url.split("/ui#token=")
+        async with httpx.AsyncClient(base_url=base) as http:
+            assert (await http.get("/ui/api/session")).status_code == 401
+            answered = await http.get("/ui/api/memories", headers={"Authorization": f"Bearer {token}"})
+            assert answered.status_code == 200, answered.text
+            assert [memory["task"] for memory in answered.json()["memories"]] == ["index the wiki"]
+        status = await anyio.to_thread.run_sync(lambda: store.local("status"))
+        assert status.returncode == 0 and "1 session(s)" in status.stdout and url in status.stdout
+    stopped = await anyio.to_thread.run_sync(lambda: store.local("stop"))
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    assert store.status() is None
+    assert (await anyio.to_thread.run_sync(lambda: store.local("status"))).returncode == 1
+
+
+async def test_another_store_gets_its_own_server(tmp_path: Path) -> None:
+    with local_store(tmp_path, "one") as one, anyio.fail_after(START_S):
+        other = LocalStore(tmp_path / "other", one.runtime_dir)
+        async with session(one) as first, session(other) as second:
+            await call(first, "store_experience", task="water the plants", experience="twice a week")
+            page = await call(second, "list_memories")
+            assert page["memories"] == []
+            assert one.server_pid() != other.server_pid()
+        assert len(servers_of(one.runtime_dir)) == 2
