@@ -33,6 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import memrl_mcp
 from memrl_mcp import __version__
 from memrl_mcp.folders import default_data_dir
 from memrl_mcp.serving.runtime import (
@@ -162,15 +163,20 @@ def _start(place: Place, target: Target, deadline: float) -> subprocess.Popen[by
     with flocked(place.start_lock) as mine:
         if not mine or owner_running(place):
             return None
-        command = [sys.executable, "-m", "memrl_mcp.cli", "local", "run", "--data-dir", str(target.data_dir)]
+        # The server runs this very code (the build it greets with is this one's): ``-P`` keeps the working folder
+        # off its path, and this package's folder goes first on it.
+        command = [sys.executable, "-P", "-m", "memrl_mcp.cli", "local", "run", "--data-dir", str(target.data_dir)]
         if target.config is not None:
             command += ["--config", str(target.config)]
+        environ = dict(target.environ)
+        code = str(Path(memrl_mcp.__file__).resolve().parent.parent)
+        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [code, environ.get("PYTHONPATH")]))
         cwd = target.cwd if target.cwd.is_dir() else Path("/")
         log_fd = os.open(place.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(log_fd, "wb") as log:
             server = subprocess.Popen(
                 command,
-                env=dict(target.environ),
+                env=environ,
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

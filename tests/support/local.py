@@ -19,7 +19,7 @@ from mcp import StdioServerParameters
 
 from memrl_mcp.serving.attach import NotRunning, Target, attach, target_of
 from memrl_mcp.serving.runtime import Answer, Place, owner_running, place_of
-from tests.support.servers import CLI, EVERY_TOOL, child_env
+from tests.support.servers import CLI, EVERY_TOOL, ONE_PROCESS, child_env
 
 GONE_S = 30.0  # a stopped server releases its store within seconds
 
@@ -34,13 +34,13 @@ class LocalStore:
     def env(self, **variables: str) -> dict[str, str]:
         """A session's environment: the attach default (not the suite's one process per session), every tool, this
         store and this runtime folder, and the test's own variables."""
-        env = child_env(self.data_dir, MEMRL_RUNTIME_DIR=str(self.runtime_dir), **EVERY_TOOL | variables)
-        env.pop("MEMRL_ATTACH")
-        return env
+        env = child_env(self.data_dir, MEMRL_RUNTIME_DIR=str(self.runtime_dir), **EVERY_TOOL)
+        return {name: value for name, value in env.items() if name not in ONE_PROCESS} | variables
 
     def session(self, *args: str, **variables: str) -> StdioServerParameters:
         """``memrl-mcp`` over stdio as an MCP client starts it."""
-        return StdioServerParameters(command=CLI[0], args=[*CLI[1:], *args], env=self.env(**variables))
+        env, cwd = self.env(**variables), self.data_dir.parent  # not the checkout: python -m imports from there
+        return StdioServerParameters(command=CLI[0], args=[*CLI[1:], *args], env=env, cwd=cwd)
 
     @property
     def target(self) -> Target:
