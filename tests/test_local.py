@@ -16,8 +16,9 @@ import anyio
 import pytest
 from mcp import Client, types
 
+from memrl_mcp.serving.attach import LocalClient, attach
 from memrl_mcp.serving.roots import project_namespace
-from tests.support.local import LocalStore, local_store, servers_of
+from tests.support.local import LocalStore, local_store, python_with, servers_of
 from tests.support.mcp import call
 from tests.support.servers import CLI
 
@@ -220,3 +221,93 @@ async def test_another_store_gets_its_own_server(tmp_path: Path) -> None:
             assert page["memories"] == []
             assert one.server_pid() != other.server_pid()
         assert len(servers_of(one.runtime_dir)) == 2
+
+
+MODERN = {  # the 2026-07-28 envelope each request carries instead of a handshake
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "file", "version": "1"},
+}
+
+
+def opening(**capabilities: object) -> list[dict[str, object]]:
+    params = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": capabilities,
+        "clientInfo": {"name": "f", "version": "1"},
+    }
+    return [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    ]
+
+
+def tool_call(request_id: int, name: str, **arguments: object) -> dict[str, object]:
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments},
+    }
+
+
+def serve_to_the_end(store: LocalStore, messages: list[dict[str, object]]) -> list[dict[str, Any]]:
+    """``messages`` written to an attached session's stdin, which is then closed; what it wrote by its exit."""
+    lines = "".join(json.dumps(message) + "\n" for message in messages).encode()
+    done = subprocess.run(
+        CLI, input=lines, capture_output=True, env=store.env(), cwd=store.data_dir.parent, timeout=300
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return [json.loads(line) for line in done.stdout.decode().splitlines()]
+
+
+@pytest.mark.parametrize("era", ["handshake", "2026-07-28"])
+def test_every_request_before_the_end_of_stdin_is_answered_through_the_relay(store: LocalStore, era: str) -> None:
+    """A client that writes its requests and closes stdin at once gets every answer, each write made, in both
+    protocol eras: the relay passes the end on, and the session in the server drains as a stdio server does."""
+    requests = [tool_call(i, "store_experience", task=f"sort the mail of day {i}", experience=f"way {i}") for i in
+                range(1, 21)]  # fmt: skip
+    if era == "handshake":
+        answers = serve_to_the_end(store, [*opening(), *requests])
+    else:
+        for request in requests:
+            request["params"]["_meta"] = MODERN  # type: ignore[index]
+        answers = [{"id": 0}, *serve_to_the_end(store, requests)]
+    assert sorted(answer["id"] for answer in answers) == list(range(21))
+    stats = serve_to_the_end(store, [*opening(), tool_call(1, "memory_stats")])[-1]
+    assert json.loads(stats["result"]["content"][0]["text"])["memories"] == 20
+
+
+def test_a_cancelled_request_is_never_answered_through_the_relay(store: LocalStore) -> None:
+    """A call asking the user, cancelled by the client: nobody answers it (neither the server nor the relay, which
+    answers only the requests a server that died left), and it does not hold the session's end."""
+    steps = [{"observation": "$ ls", "action": "cat notes", "reward": 0.0}, {"observation": "(empty)", "action": "write"}]
+    report = tool_call(1, "report_trajectory", task="keep notes", steps=steps, episode_id="e-1")
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "reason": "gone"}}
+    answers = serve_to_the_end(store, [*opening(elicitation={}), report, cancel, tool_call(2, "memory_stats")])
+    assert [answer["id"] for answer in answers if "result" in answer or "error" in answer] == [0, 2], answers
+
+
+HOOK = """
+import json, sys
+from memrl_mcp.serving.attach import LocalClient, attach
+with LocalClient.open(roots=[sys.argv[1]]) as memory:
+    found = memory.call_tool("recall_experience", {"task": "run the unit tests"})
+heavy = sorted(name for name in ("mcp", "pydantic", "numpy", "anyio") if name in sys.modules)
+print(json.dumps({"found": [m["experience"] for m in found["memories"]], "heavy": heavy}))
+"""
+
+
+def test_a_hook_reaches_the_shared_memory_from_a_fresh_process(store: LocalStore) -> None:
+    """A short-lived process (a hook run at each prompt) starts the server when none runs, then reaches the memory
+    through :class:`LocalClient`, in its project's namespace, loading none of the server's heavy modules."""
+    env = store.env()
+    first = python_with(HOOK.replace("LocalClient.open(", "LocalClient.open(start=True, "), env, ALPHA)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout) == {"found": [], "heavy": []}
+    with LocalClient(attach(store.target).connection, roots=[ALPHA]) as memory:
+        memory.call_tool("store_experience", {"task": "run the unit tests", "experience": "pytest -q"})
+    again = python_with(HOOK, env, ALPHA)
+    assert json.loads(again.stdout) == {"found": ["pytest -q"], "heavy": []}
+    elsewhere = python_with(HOOK, env, BETA)  # another project's namespace
+    assert json.loads(elsewhere.stdout)["found"] == []

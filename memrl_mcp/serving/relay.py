@@ -121,6 +121,10 @@ class Relay:
                 self._handshake = item
             elif method == "notifications/initialized":
                 self._initialized = True
+            elif method == "notifications/cancelled":  # a cancelled request is never answered, by anyone
+                cancelled = (item.get("params") or {}).get("requestId")
+                if isinstance(cancelled, Id):
+                    self._pending.discard(cancelled)
             if isinstance(method, str) and isinstance(request_id, Id):
                 self._pending.add(request_id)
         if self._connection is None:

@@ -124,8 +124,15 @@ def stop_all(runtime_dir: Path) -> None:
         time.sleep(0.05)
 
 
-def python_with(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh Python process with ``env``."""
+def python_with(code: str, env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with ``args`` in a fresh Python process with ``env``, out of the checkout (``-c`` would import the
+    package from the working folder)."""
     return subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, "-c", code, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=tempfile.gettempdir(),
     )
