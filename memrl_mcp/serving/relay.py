@@ -225,7 +225,8 @@ def main(target: Target) -> int:
 
 def refuse(reason: str) -> int:
     """End a session that cannot be served: the reason on stderr, and as the error answer of every request the
-    client sends until it closes stdin (an MCP client shows that, where it shows no stderr)."""
+    client sends until it closes stdin (an MCP client shows that, where it shows no stderr); exit status 2, as a
+    server that cannot start."""
     print(f"memrl-mcp: {reason}", file=sys.stderr, flush=True)
     lines = Lines()
     while data := os.read(0, CHUNK):
@@ -233,7 +234,7 @@ def refuse(reason: str) -> int:
             for item in _items(_message(line)):
                 if isinstance(item.get("method"), str) and isinstance(item.get("id"), Id):
                     os.write(1, json.dumps(_error(item["id"], f"memrl-mcp: {reason}")).encode() + b"\n")
-    return 1
+    return 2
 
 
 def _message(line: bytes) -> Any:
