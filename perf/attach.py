@@ -6,7 +6,8 @@ Each figure is a real process started as a client starts it (``python -m memrl_m
 MCP SDK's client), on a store and a runtime folder of the run's own:
 
 - **cold**: no server runs; from spawning ``memrl-mcp`` to the answer of its first call (``initialize``, then
-  ``memory_stats``), attached (the relay starts the local server) and in a process of its own (``--no-attach``);
+  ``memory_stats``), attached (the relay starts the local server) and in a process of its own (``--no-attach``),
+  ``--cold`` times each, alternating, each on a new store;
 - **attach**: a server runs; the same, ``--runs`` times (each session closed before the next);
 - **memory**: the local server's resident set (``VmRSS``) with 0, 1, 5, 10 and ``--sessions`` sessions attached
   and each having made one recall, and the relays' own;
@@ -99,15 +100,23 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"attach: {B.machine()}")
     with tempfile.TemporaryDirectory(prefix="mrl-attach-", dir="/tmp") as tmp:
         root = Path(tmp)
-        base = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")} | {"PYTHONPATH": str(B.REPO)}
+        base = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")}
+        base |= {"PYTHONPATH": str(B.REPO), "MEMRL_TOOL_PROFILE": "full"}
         env = base | {"MEMRL_DATA_DIR": str(root / "data"), "MEMRL_RUNTIME_DIR": str(root / "run")}
         own = base | {"MEMRL_DATA_DIR": str(root / "own")}
         errlog = (root / "sessions.log").open("w")
-        cold_own = await first_answer(session(own, "--no-attach"), errlog)
-        cold = await first_answer(session(env), errlog)
+        cold: dict[str, list[float]] = {"attached": [], "own process": []}
+        for run in range(args.cold):  # alternating, each on a store of its own that no server holds
+            fresh = {"MEMRL_DATA_DIR": str(root / f"cold-{run}")}
+            cold["own process"].append(await first_answer(session(own | fresh, "--no-attach"), errlog))
+            cold["attached"].append(await first_answer(session(env | fresh), errlog))
+            local(env | fresh, "stop")
+        cold["attached"].append(await first_answer(session(env), errlog))  # the server of the runs below
         attach = [await first_answer(session(env), errlog) for _ in range(args.runs)]
-        print(f"cold start, first answer: attached {cold:.2f} s (the relay starts the server), own process "
-              f"{cold_own:.2f} s")  # fmt: skip
+        print(f"cold start, first answer, median of {args.cold + 1} and {args.cold}: attached (the relay starts the "
+              f"server) {B.p50(cold['attached']):.2f} s (runs {min(cold['attached']):.2f}-"
+              f"{max(cold['attached']):.2f}), own process {B.p50(cold['own process']):.2f} s (runs "
+              f"{min(cold['own process']):.2f}-{max(cold['own process']):.2f})")  # fmt: skip
         print(f"attach to a running server, first answer over {args.runs} sessions: median {B.p50(attach):.3f} s, "
               f"p90 {B.pct(attach, 90):.3f} s, min {min(attach):.3f}, max {max(attach):.3f}")  # fmt: skip
 
@@ -145,6 +154,7 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cold", type=int, default=4, help="cold starts of each kind, alternating")
     parser.add_argument("--runs", type=int, default=20, help="sessions attached one after another")
     parser.add_argument("--sessions", type=int, default=20, help="most sessions attached at once")
     parser.add_argument("--hooks", type=int, default=20, help="hook processes, one after another")
