@@ -5,7 +5,6 @@ runtime folder of its own (tests/support/local.py), so no server is shared betwe
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -20,11 +19,11 @@ from memrl_mcp.serving.attach import LocalClient, attach
 from memrl_mcp.serving.roots import project_namespace
 from tests.support.local import LocalStore, local_store, python_with, servers_of
 from tests.support.mcp import call
+from tests.support.node import CLIENT, node_with_sdk
 from tests.support.servers import CLI
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # every test starts servers
 
-CLIENT = Path(__file__).parent / "ts_client"
 ALPHA, BETA = "file:///home/ann/code/alpha", "file:///home/ann/code/beta"
 START_S = 240  # sessions started together on a loaded machine: one cold start, then the others attach
 
@@ -78,13 +77,7 @@ async def typescript_session(node: str, store: LocalStore, task: str, expected: 
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    found = shutil.which("node")
-    assert found is not None, "node is missing: `make node` (apt-get install -y nodejs npm)"
-    if not (CLIENT / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
-        npm = shutil.which("npm")
-        assert npm is not None, "npm is missing: `make node` (apt-get install -y nodejs npm)"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLIENT, check=True, timeout=300)
-    return found
+    return node_with_sdk()
 
 
 async def test_sessions_started_together_share_one_server_and_its_memory(node: str, store: LocalStore) -> None:
@@ -281,7 +274,10 @@ def test_every_request_before_the_end_of_stdin_is_answered_through_the_relay(sto
 def test_a_cancelled_request_is_never_answered_through_the_relay(store: LocalStore) -> None:
     """A call asking the user, cancelled by the client: nobody answers it (neither the server nor the relay, which
     answers only the requests a server that died left), and it does not hold the session's end."""
-    steps = [{"observation": "$ ls", "action": "cat notes", "reward": 0.0}, {"observation": "(empty)", "action": "write"}]
+    steps = [
+        {"observation": "$ ls", "action": "cat notes", "reward": 0.0},
+        {"observation": "(empty)", "action": "write"},
+    ]
     report = tool_call(1, "report_trajectory", task="keep notes", steps=steps, episode_id="e-1")
     cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "reason": "gone"}}
     answers = serve_to_the_end(store, [*opening(elicitation={}), report, cancel, tool_call(2, "memory_stats")])

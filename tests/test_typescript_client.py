@@ -6,29 +6,22 @@ test installs the SDK itself when it is missing (``npm ci``: the lock file's ver
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.support.node import CLIENT, node_with_sdk
 from tests.support.servers import CLI, child_env
 
 pytestmark = pytest.mark.slow  # node and a server process
 
-CLIENT = Path(__file__).parent / "ts_client"
 TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    found = shutil.which("node")
-    assert found is not None, "node is missing: `make node` (apt-get install -y nodejs npm)"
-    if not (CLIENT / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
-        npm = shutil.which("npm")
-        assert npm is not None, "npm is missing: `make node` (apt-get install -y nodejs npm)"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLIENT, check=True, timeout=TIMEOUT_S)
-    return found
+    return node_with_sdk()
 
 
 def test_a_typescript_client_gives_the_users_reward_and_its_models_experience(node: str, tmp_path: Path) -> None:
