@@ -233,7 +233,7 @@ class LocalClient:
         self._stream = connection.makefile("rb")
         self._roots = list(roots)
         self._ids = itertools.count(1)
-        capabilities = {"roots": {}} if self._roots else {}
+        capabilities: dict[str, Any] = {"roots": {}} if self._roots else {}
         info = {"name": name, "version": __version__}
         handshake = {"protocolVersion": HANDSHAKE_VERSION, "capabilities": capabilities, "clientInfo": info}
         self._request("initialize", handshake)

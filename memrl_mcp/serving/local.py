@@ -40,7 +40,6 @@ from pathlib import Path
 
 import anyio
 import uvicorn
-from pydantic import SecretStr
 
 from memrl_mcp import __version__
 from memrl_mcp.errors import MemrlError
@@ -190,7 +189,7 @@ class LocalServer:
                 log.warning("refused a connection of user %s: this server is user %d's", uid, os.getuid())
                 return
             connection.settimeout(GREETING_SECONDS)
-            hello: Hello = decode(Hello, read_line(connection))
+            hello = decode(Hello, read_line(connection))
             answer, settings = self._admit(hello, connection)
             admitted = settings is not None
             connection.sendall(encode(answer))
@@ -291,7 +290,8 @@ class Inspector:
 
     def __init__(self, service: MemoryService, settings: Settings) -> None:
         token = secrets.token_urlsafe(32)
-        tokens = TokenTable([TokenGrant(name="local", token=SecretStr(token), namespaces=[ALL_NAMESPACES])])
+        grant = TokenGrant.model_validate({"name": "local", "token": token, "namespaces": [ALL_NAMESPACES]})
+        tokens = TokenTable([grant])
         server = create_server(service, tokens)
         app = http_app(server, settings.serving, "streamable-http", LOOPBACK, tokens)
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -25,6 +25,7 @@ import json
 import os
 import selectors
 import socket
+import subprocess
 import sys
 from typing import Any
 
@@ -66,7 +67,7 @@ class Relay:
         self._selector = selectors.SelectSelector()  # select() takes pipes, terminals, files and sockets everywhere
         self._connection: socket.socket | None = None
         self._server_pid = 0
-        self._started: list[Any] = []  # servers this relay started: reaped when they end
+        self._started: list[subprocess.Popen[bytes]] = []  # servers this relay started: reaped when they end
         self._client_lines, self._server_lines = Lines(), Lines()
         self._pending: set[Id] = set()  # the client's requests the server has not answered
         self._asked: set[Id] = set()  # the server's requests the client has not answered

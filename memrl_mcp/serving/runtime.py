@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypeVar
 
 import memrl_mcp
 from memrl_mcp import __version__
@@ -186,7 +186,10 @@ def encode(record: Hello | Answer) -> bytes:
     return json.dumps(dataclasses.asdict(record)).encode() + b"\n"
 
 
-def decode(kind: type[Hello] | type[Answer], line: bytes) -> Any:
+Greeting = TypeVar("Greeting", Hello, Answer)
+
+
+def decode(kind: type[Greeting], line: bytes) -> Greeting:
     """A :class:`Hello` or :class:`Answer` from its line; ValueError when it is not one (a stranger, another
     protocol)."""
     try:
@@ -246,6 +249,6 @@ def greet(connection: socket.socket, hello: Hello) -> Answer | None:
     """Send ``hello`` and read the server's answer; None when the server closed first (it is going away)."""
     try:
         connection.sendall(encode(hello))
-        return decode(Answer, read_line(connection))  # type: ignore[no-any-return]
+        return decode(Answer, read_line(connection))
     except (ConnectionError, BrokenPipeError):
         return None
