@@ -3,10 +3,10 @@ to it (``memrl-mcp`` over stdio, :mod:`memrl_mcp.serving.relay`; hooks and scrip
 started by the first of them and gone after ``local_idle_seconds`` without any.
 
 Each session is a connection to the server's Unix socket (:mod:`memrl_mcp.serving.runtime`), served exactly as a
-stdio server serves its one client: its own MCP server (:func:`~memrl_mcp.serving.tools.create_server` with
-``single_client``) over the same stream machinery (:func:`~memrl_mcp.serving.stdio.socket_streams`), on an event loop
-of its own in a thread of its own, so what one session waits for (the store's write lock on the loop, a question to
-its user) holds back no other. All of them share one :class:`~memrl_mcp.memory.service.MemoryService`, which is
+stdio server serves its one client: an MCP session (of the server :func:`~memrl_mcp.serving.tools.create_server`
+builds with ``single_client`` for the sessions with its settings) over the same stream machinery
+(:func:`~memrl_mcp.serving.stdio.socket_streams`), on an event loop of its own in a thread of its own, so what one
+session waits for (the store's write lock on the loop, a question to its user) holds back no other. All of them share one :class:`~memrl_mcp.memory.service.MemoryService`, which is
 safe for concurrent callers. Per session: its roots (project namespace), its questions to its client, its protocol
 era, and its own settings among ``namespace``, ``namespace_from_roots``, ``tool_profile`` and ``tool_descriptions``.
 
@@ -29,6 +29,7 @@ A session is admitted only when the server can serve it as a process of its own 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import anyio
 import uvicorn
+from mcp.server import MCPServer
 
 from memrl_mcp import __version__
 from memrl_mcp.errors import MemrlError
@@ -66,6 +68,8 @@ GREETING_SECONDS = 10.0  # a session greets at once; a connection that does not 
 STOP_SECONDS = 10.0  # how long a stop waits for the sessions to answer the requests they read
 MEMORY_GROUPS = ("storage", "embeddings", "similarity", "retrieval", "learning", "steps", "limits")
 """The groups of settings that shape the memory itself: every session of a server has the server's."""
+SESSION_SETTINGS = ("namespace", "namespace_from_roots", "tool_profile", "tool_descriptions")
+"""The settings each session has its own of: what its MCP server offers, and its default namespace."""
 LOOPBACK = "127.0.0.1"
 log = logging.getLogger(__name__)
 
@@ -100,12 +104,14 @@ class LocalServer:
         self._build = build_identity()
         self._started = time.time()
         self._lock = threading.Lock()
+        self._building = threading.Lock()
         self._sessions: set[socket.socket] = set()  # admitted sessions, each a connection
         self._idle_since = time.monotonic()
         self._stopping = ""  # why the server stops, once it does
         self._wake_read, self._wake_write = os.pipe()
         self._inspector = Inspector(service, settings)
         self._bound = 0  # the inode of the socket file this server bound
+        self._servers: dict[str, MCPServer] = {}  # by the sessions' own settings (_server_for)
 
     def serve(self) -> None:
         """Accept sessions until idle, stopped or interrupted; then let the sessions finish and stop."""
@@ -195,7 +201,7 @@ class LocalServer:
             connection.sendall(encode(answer))
             if settings is not None:
                 connection.settimeout(None)
-                server = create_server(self._service, None, single_client=True, settings=settings)
+                server = self._server_for(settings)
                 anyio.run(run_session, server, socket_streams(connection))
         except (OSError, ValueError) as error:  # a stranger, a session gone mid-greeting
             log.debug("connection ended: %s", error)
@@ -235,6 +241,18 @@ class LocalServer:
                 return self._answer(False, retry=True, message=self._stopping), None
             count = len(self._sessions)
         return self._answer(False, message=refusal(self._settings.storage.data_dir, hello.pid, differs, count)), None
+
+    def _server_for(self, settings: Settings) -> MCPServer:
+        """The MCP server of the sessions with these settings of their own: built at the first such session (its
+        tools' schemas take tens of milliseconds to build), then served to each over its own connection and loop,
+        as an HTTP server serves its sessions; they share its sampling budget as an HTTP server's tokenless clients
+        do."""
+        own = {name: settings.value(name) for name in SESSION_SETTINGS} | {"named": settings.is_set("namespace")}
+        key = json.dumps(own, sort_keys=True)
+        with self._building:
+            if key not in self._servers:
+                self._servers[key] = create_server(self._service, None, single_client=True, settings=settings)
+            return self._servers[key]
 
     def _settings_of(self, hello: Hello) -> Settings:
         """The session's settings, read as a process of its own would read them (its environment, config file and
