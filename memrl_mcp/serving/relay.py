@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
+import re
+import select
 import socket
 import subprocess
 import sys
@@ -35,6 +36,8 @@ from memrl_mcp.serving.runtime import AttachError
 CHUNK = 1 << 18
 CONNECTION_CLOSED = -32000  # the code the MCP SDK's client uses for a connection that closed under a request
 REPLAYED = "memrl-mcp-relay-initialize"  # the id of a replayed handshake: no id of the client's, which it never sees
+ANSWER = re.compile(rb'\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(?:result|error)":')
+"""The head of an answer as the server writes it (the MCP SDK's compact JSON, in the fields' order)."""
 Id = str | int
 
 
@@ -64,7 +67,6 @@ class Relay:
 
     def __init__(self, target: Target, attached: Attached) -> None:
         self._target = target
-        self._selector = selectors.SelectSelector()  # select() takes pipes, terminals, files and sockets everywhere
         self._connection: socket.socket | None = None
         self._server_pid = 0
         self._started: list[subprocess.Popen[bytes]] = []  # servers this relay started: reaped when they end
@@ -77,30 +79,28 @@ class Relay:
 
     def run(self) -> int:
         """Relay until the client closed stdin and the server finished the session; the exit status."""
-        self._selector.register(0, selectors.EVENT_READ, "client")
         reading = True
         while reading or self._connection is not None:
-            for key, _ in self._selector.select():
-                if key.data == "client":
-                    data = os.read(0, CHUNK)
-                    if not data:
-                        reading = False
-                        self._selector.unregister(0)
-                        if self._connection is not None:
-                            self._connection.shutdown(socket.SHUT_WR)  # the server answers what it read, then ends
-                        continue
-                    for line in self._client_lines.feed(data):
-                        self._from_client(line)
-                elif self._connection is not None:
-                    try:
-                        data = self._connection.recv(CHUNK)
-                    except OSError:
-                        data = b""
-                    if not data:
-                        self._lost()
-                        continue
-                    for line in self._server_lines.feed(data):
-                        self._from_server(line)
+            server = self._connection
+            # select() takes pipes, terminals, files and sockets on every platform, and costs least for two.
+            ready, _, _ = select.select([0, server] if reading and server else [0] if reading else [server], [], [])
+            if 0 in ready:
+                data = os.read(0, CHUNK)
+                if data:
+                    self._from_client(self._client_lines.feed(data))
+                else:
+                    reading = False
+                    if self._connection is not None:
+                        self._connection.shutdown(socket.SHUT_WR)  # the server answers what it read, then ends
+            if server is not None and server in ready and server is self._connection:
+                try:
+                    data = server.recv(CHUNK)
+                except OSError:
+                    data = b""
+                if data:
+                    self._from_server(self._server_lines.feed(data))
+                else:
+                    self._lost()
         return 0
 
     def _joined(self, attached: Attached) -> None:
@@ -108,13 +108,33 @@ class Relay:
         self._server_pid = attached.answer.pid
         if attached.started is not None:
             self._started.append(attached.started)
-        self._selector.register(self._connection, selectors.EVENT_READ, "server")
 
-    def _from_client(self, line: bytes) -> None:
-        message = _message(line)
+    def _from_client(self, lines: list[bytes]) -> None:
+        """Note what the client's lines ask or answer, and pass them on (module docstring)."""
+        passed = [line for line in lines if self._noted_from_client(_message(line))]
+        if not passed:
+            return
+        if self._connection is None:
+            try:
+                self._attach_again()
+            except (AttachError, OSError) as error:
+                self._pending.clear()
+                for line in passed:
+                    for item in _items(_message(line)):
+                        if isinstance(item.get("method"), str) and isinstance(item.get("id"), Id):
+                            self._to_client(_error(item["id"], f"the memory server cannot be reached: {error}"))
+                return
+        assert self._connection is not None
+        try:
+            self._connection.sendall(b"".join(passed))
+        except OSError:
+            self._lost()
+
+    def _noted_from_client(self, message: Any) -> bool:
+        """Note one message of the client; False for an answer to a server that is gone (module docstring)."""
         if isinstance(message, dict) and _is_response(message):
             if not isinstance(message.get("id"), Id) or message["id"] not in self._asked:
-                return  # an answer to a server that is gone (module docstring)
+                return False
             self._asked.discard(message["id"])
         for item in _items(message):
             method, request_id = item.get("method"), item.get("id")
@@ -128,36 +148,29 @@ class Relay:
                     self._pending.discard(cancelled)
             if isinstance(method, str) and isinstance(request_id, Id):
                 self._pending.add(request_id)
-        if self._connection is None:
-            try:
-                self._attach_again()
-            except (AttachError, OSError) as error:
-                self._pending.clear()
-                for item in _items(message):
-                    if isinstance(item.get("method"), str) and isinstance(item.get("id"), Id):
-                        self._to_client(_error(item["id"], f"the memory server cannot be reached: {error}"))
-                return
-        assert self._connection is not None
-        try:
-            self._connection.sendall(line)
-        except OSError:
-            self._lost()
+        return True
 
-    def _from_server(self, line: bytes) -> None:
-        for item in _items(_message(line)):
-            request_id = item.get("id")
-            if not isinstance(request_id, Id):
+    def _from_server(self, lines: list[bytes]) -> None:
+        """Note what the server's lines answer or ask, and pass them on."""
+        for line in lines:
+            answered = ANSWER.match(line)  # most lines: an answer, read without parsing all of it
+            if answered is not None:
+                self._pending.discard(json.loads(answered.group(1)))
                 continue
-            if _is_response(item):
-                self._pending.discard(request_id)
-            elif isinstance(item.get("method"), str):
-                self._asked.add(request_id)
-        self._write(line)
+            for item in _items(_message(line)):
+                request_id = item.get("id")
+                if not isinstance(request_id, Id):
+                    continue
+                if _is_response(item):
+                    self._pending.discard(request_id)
+                elif isinstance(item.get("method"), str):
+                    self._asked.add(request_id)
+        if lines:
+            self._write(b"".join(lines))
 
     def _lost(self) -> None:
         """The server closed the connection or died: answer what it will never answer (module docstring)."""
         assert self._connection is not None
-        self._selector.unregister(self._connection)
         self._connection.close()
         self._connection = None
         self._server_lines = Lines()
@@ -201,8 +214,7 @@ class Relay:
                         raise AttachError(f"the new memory server refused the handshake: {message['error']}")
                     connection.settimeout(None)
                     self._server_lines = Lines()
-                    for rest in found[index + 1 :]:
-                        self._from_server(rest)
+                    self._from_server(found[index + 1 :])
                     self._server_lines.feed(lines.rest())
                     return
 
@@ -221,7 +233,10 @@ def main(target: Target) -> int:
         attached = attach(target)
     except AttachError as error:
         return refuse(str(error))
-    return Relay(target, attached).run()
+    try:
+        return Relay(target, attached).run()
+    except BrokenPipeError:  # the client went away without closing stdin first
+        return 0
 
 
 def refuse(reason: str) -> int:
