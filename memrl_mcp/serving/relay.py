@@ -48,6 +48,8 @@ class Lines:
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> list[bytes]:
+        if not self._buffer and data.endswith(b"\n"):  # the common case: whole messages, nothing left over
+            return data.splitlines(keepends=True)
         start = len(self._buffer)
         self._buffer += data
         end = self._buffer.rfind(b"\n", start)
