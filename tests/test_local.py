@@ -205,14 +205,16 @@ async def test_the_inspector_of_the_running_server_is_printed_and_served(store: 
     assert (await anyio.to_thread.run_sync(lambda: store.local("status"))).returncode == 1
 
 
-async def test_another_store_gets_its_own_server(tmp_path: Path) -> None:
+async def test_another_store_gets_its_own_server_and_another_spelling_does_not(tmp_path: Path) -> None:
     with local_store(tmp_path, "one") as one, anyio.fail_after(START_S):
         other = LocalStore(tmp_path / "other", one.runtime_dir)
-        async with session(one) as first, session(other) as second:
+        (tmp_path / "link").symlink_to(tmp_path / "one")
+        same = LocalStore(tmp_path / "link" / "." / ".." / "link", one.runtime_dir)  # the same folder
+        async with session(one) as first, session(other) as second, session(same) as third:
             await call(first, "store_experience", task="water the plants", experience="twice a week")
-            page = await call(second, "list_memories")
-            assert page["memories"] == []
-            assert one.server_pid() != other.server_pid()
+            assert (await call(second, "list_memories"))["memories"] == []
+            assert [m["task"] for m in (await call(third, "list_memories"))["memories"]] == ["water the plants"]
+            assert one.server_pid() != other.server_pid() and one.server_pid() == same.server_pid()
         assert len(servers_of(one.runtime_dir)) == 2
 
 

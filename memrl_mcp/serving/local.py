@@ -6,9 +6,10 @@ Each session is a connection to the server's Unix socket (:mod:`memrl_mcp.servin
 stdio server serves its one client: an MCP session (of the server :func:`~memrl_mcp.serving.tools.create_server`
 builds with ``single_client`` for the sessions with its settings) over the same stream machinery
 (:func:`~memrl_mcp.serving.stdio.socket_streams`), on an event loop of its own in a thread of its own, so what one
-session waits for (the store's write lock on the loop, a question to its user) holds back no other. All of them share one :class:`~memrl_mcp.memory.service.MemoryService`, which is
-safe for concurrent callers. Per session: its roots (project namespace), its questions to its client, its protocol
-era, and its own settings among ``namespace``, ``namespace_from_roots``, ``tool_profile`` and ``tool_descriptions``.
+session waits for (the store's write lock on the loop, a question to its user) holds back no other. All of them
+share one :class:`~memrl_mcp.memory.service.MemoryService`, which is safe for concurrent callers. Per session: its
+roots (project namespace), its questions to its client, its protocol era, and its own settings among ``namespace``,
+``namespace_from_roots``, ``tool_profile`` and ``tool_descriptions``.
 
 Who may connect: only this user. The socket lives in a folder only this user can enter and is itself 0600; on top,
 the kernel's record of the connecting process's user (``SO_PEERCRED``, ``LOCAL_PEERCRED``) must be this user's, or
@@ -256,8 +257,11 @@ class LocalServer:
 
     def _settings_of(self, hello: Hello) -> Settings:
         """The session's settings, read as a process of its own would read them (its environment, config file and
-        working folder); its store is the one it attached to."""
-        return load_settings(hello.config, hello.environ, relative_to=Path(hello.cwd), data_dir=hello.data_dir)
+        working folder); its store is the server's, however the session spelled its path."""
+        store = self._settings.storage.data_dir
+        if os.path.realpath(hello.data_dir) != os.path.realpath(store):  # another store whose folder's name collides
+            raise SettingsError(f"data_dir: this session's store is {hello.data_dir}, this server's {store}")
+        return load_settings(hello.config, hello.environ, relative_to=Path(hello.cwd), data_dir=store)
 
     def _differences(self, session: Settings) -> str:
         """The settings of the memory in which ``session`` differs from the server (empty: none), each named with

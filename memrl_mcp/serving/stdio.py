@@ -72,7 +72,7 @@ async def stdio_streams() -> AsyncIterator[tuple[Any, Any]]:
 @asynccontextmanager
 async def socket_streams(connection: socket.socket) -> AsyncIterator[tuple[Any, Any]]:
     """The SDK's streams over one connected stream socket, read and written by the event loop as stdio's pipes are;
-    the socket is the caller's to close."""
+    the socket is closed at the end."""
     reader, writer = await asyncio.open_unix_connection(sock=connection, limit=LINE_LIMIT)
     writer.transport.set_write_buffer_limits(high=0)  # a flush waits until the socket took the whole answer (_Flow)
     try:
@@ -80,7 +80,7 @@ async def socket_streams(connection: socket.socket) -> AsyncIterator[tuple[Any, 
             draining = _Draining(*streams)
             yield draining, draining.writes
     finally:
-        writer.transport.abort()  # the socket stays open for its owner: only the transport lets go of it
+        writer.transport.abort()  # at once: whatever the session still had to say was said (_Draining)
 
 
 @asynccontextmanager
