@@ -106,11 +106,14 @@ async def main_async(args: argparse.Namespace) -> int:
         own = base | {"MEMRL_DATA_DIR": str(root / "own")}
         errlog = (root / "sessions.log").open("w")
         cold: dict[str, list[float]] = {"attached": [], "own process": []}
-        for run in range(args.cold):  # alternating, each on a store of its own that no server holds
-            fresh = {"MEMRL_DATA_DIR": str(root / f"cold-{run}")}
-            cold["own process"].append(await first_answer(session(own | fresh, "--no-attach"), errlog))
-            cold["attached"].append(await first_answer(session(env | fresh), errlog))
-            local(env | fresh, "stop")
+        for run in range(args.cold):  # alternating which goes first (the second finds the files cached), new stores
+            for kind in ("own process", "attached") if run % 2 == 0 else ("attached", "own process"):
+                fresh = {"MEMRL_DATA_DIR": str(root / f"cold-{run}-{kind.replace(' ', '-')}")}
+                if kind == "attached":
+                    cold[kind].append(await first_answer(session(env | fresh), errlog))
+                    local(env | fresh, "stop")
+                else:
+                    cold[kind].append(await first_answer(session(own | fresh, "--no-attach"), errlog))
         cold["attached"].append(await first_answer(session(env), errlog))  # the server of the runs below
         attach = [await first_answer(session(env), errlog) for _ in range(args.runs)]
         print(f"cold start, first answer, median of {args.cold + 1} and {args.cold}: attached (the relay starts the "

@@ -108,10 +108,12 @@ class Server:
     pids: list[int]
     cpu: dict[str, list[float]] = field(default_factory=lambda: {kind: [] for kind in KINDS})
     wall: dict[str, list[float]] = field(default_factory=lambda: {kind: [] for kind in KINDS})
+    first: dict[str, list[float]] = field(default_factory=lambda: {kind: [] for kind in KINDS})
+    """The share of ``cpu`` that the first process took (attached: the relay), per round."""
     fresh_namespaces: int = 0
 
-    def cpu_seconds(self) -> float:
-        return sum(cpu_seconds(pid) for pid in self.pids)
+    def cpu_seconds(self) -> list[float]:
+        return [cpu_seconds(pid) for pid in self.pids]
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         result = await self.client.call_tool(tool, arguments)
@@ -138,7 +140,7 @@ class Server:
         return visits
 
     async def measured(self, kind: str, tasks: list[str], passes: int, seed: int) -> None:
-        rng, spent, waited = random.Random(seed), 0.0, 0.0
+        rng, spent, first, waited = random.Random(seed), 0.0, 0.0, 0.0
         for _ in range(passes):
             namespace = "aged"
             if kind == "fresh":
@@ -147,9 +149,11 @@ class Server:
                 await self.store(tasks, namespace)
             before, started = self.cpu_seconds(), time.perf_counter()
             await self.cycles(tasks, namespace, rng)
-            spent += self.cpu_seconds() - before
+            costs = [after - then for after, then in zip(self.cpu_seconds(), before, strict=True)]
+            spent, first = spent + sum(costs), first + costs[0]
             waited += time.perf_counter() - started
         self.cpu[kind].append(spent / (passes * len(tasks)))
+        self.first[kind].append(first / spent if spent else 0.0)
         self.wall[kind].append(waited / (passes * len(tasks)))
 
 
@@ -236,6 +240,9 @@ async def main_async(args: argparse.Namespace) -> int:
     for srv in servers:
         flat = [full / fresh for full, fresh in zip(srv.cpu["full"], srv.cpu["fresh"], strict=True)]
         print(f"{srv.name}: full / fresh {statistics.median(flat):.2f} (rounds {min(flat):.2f}-{max(flat):.2f})")
+    if args.attach:  # the relay's share, read within each block: free of the noise between blocks
+        shares = {kind: statistics.median(this.first[kind]) for kind in KINDS}
+        print("the relay's share of the attached side's CPU: " + ", ".join(f"{k} {v:.1%}" for k, v in shares.items()))
     return 0
 
 
