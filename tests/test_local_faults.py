@@ -85,9 +85,12 @@ async def test_a_sigkill_of_the_owner_mid_write_loses_no_acknowledged_write(stor
     writes = 40
 
     async def killer() -> None:
-        while len(acknowledged) < 15:
+        while len(acknowledged) < 3:
             await anyio.sleep(0.01)
-        os.kill(store.server_pid(), signal.SIGKILL)
+        owner = await anyio.to_thread.run_sync(store.server_pid)  # asked while the writers go on
+        while len(acknowledged) < 15:
+            await anyio.sleep(0.001)
+        os.kill(owner, signal.SIGKILL)  # at once: the three sessions' next calls are in flight
 
     with anyio.fail_after(START_S):
         async with anyio.create_task_group() as group:
