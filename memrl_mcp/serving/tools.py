@@ -46,7 +46,7 @@ from memrl_mcp.serving.feedback import Feedback
 from memrl_mcp.serving.observability import Metrics
 from memrl_mcp.serving.roots import roots_namespace
 from memrl_mcp.serving.schema import MemoryTool
-from memrl_mcp.settings import TOOL_PROFILES, LearningSettings
+from memrl_mcp.settings import TOOL_PROFILES, LearningSettings, Settings
 from memrl_mcp.validation import (
     MAX_EPISODE_ID_CHARS,
     MAX_METADATA_DEPTH,
@@ -105,11 +105,18 @@ def paragraphs(docstring: str) -> str:
     return re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(docstring))
 
 
-def create_server(service: MemoryService, tokens: TokenTable | None = None, single_client: bool = False) -> MCPServer:
+def create_server(
+    service: MemoryService,
+    tokens: TokenTable | None = None,
+    single_client: bool = False,
+    settings: Settings | None = None,
+) -> MCPServer:
     """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one; ``single_client``: it
     serves one client only (stdio). The caller owns the service and closes it. It offers the tools of the
-    ``tool_profile`` setting."""
-    settings, rules = service.settings, service.limits
+    ``tool_profile`` setting. ``settings``: those of this server's client when they are not the service's (a session
+    of the local server): its tool profile and descriptions and its default namespace; the memory's own groups are
+    the service's."""
+    settings, rules = settings or service.settings, service.limits
     limits, learning, retrieval = settings.limits, settings.learning, settings.retrieval
     serving = settings.serving
     metrics = Metrics(service)
@@ -163,10 +170,10 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None, sing
         access = caller(ctx.request_context.request, tokens)
         if access is None:  # over HTTP the SDK answered 401 already; this is a call without HTTP, or a bug
             raise MemoryRequestError(TOKEN_REQUIRED)
-        if access.default is not None or not from_roots:
+        if access.default is not None:
             return access
-        project = await roots_namespace(ctx)
-        return access if project is None else dataclasses.replace(access, default=project)
+        project = await roots_namespace(ctx) if from_roots else None
+        return dataclasses.replace(access, default=project or settings.namespaces.namespace)
 
     def reader(ctx: Context[Any, Any]) -> Access:
         """A resource's caller: the token of the request that carried the read."""
