@@ -132,7 +132,9 @@ async def _stdio_memory_client(
 ) -> AsyncIterator[Client]:
     args = ["-m", "memrl_mcp.cli", *_store_args(config, run_dir)]
     profile = "read_only" if read_only else "full"
-    env = get_default_environment() | {"MEMRL_LOG_CALLS": "true", ENV_TOOL_PROFILE: profile}
+    # The run's own server, in a process of its own (not the user's shared local server): its store is the run's,
+    # and the export that ends the run opens it once the server has gone.
+    env = get_default_environment() | {"MEMRL_LOG_CALLS": "true", ENV_TOOL_PROFILE: profile, "MEMRL_ATTACH": "false"}
     if config.client_model:  # the run's own server, with the harness as its only client: every episode samples
         env[ENV_SAMPLINGS] = str(MAX_SAMPLINGS)
     # The server's log lines (one per call) are for whoever debugs this run, not for the terminal: they go to the

@@ -1,4 +1,8 @@
-"""``memrl-mcp``: run the memory server over stdio (default), streamable HTTP or SSE; back it up and restore it."""
+"""``memrl-mcp``: the memory server over stdio (default: attached to the user's local memory server of the store,
+started if none runs), streamable HTTP or SSE; backups, settings and the local server's controls.
+
+The stdio entry imports nothing heavy before it knows it must serve in this process: a session that attaches is a
+relay of bytes (:mod:`memrl_mcp.serving.relay`) and starts in tens of milliseconds."""
 
 from __future__ import annotations
 
@@ -9,27 +13,47 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from memrl_mcp import __version__
 from memrl_mcp.errors import MemrlError
-from memrl_mcp.memory import archive
-from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.observability import configure_logging
-from memrl_mcp.settings import Settings, SettingsError, as_yaml, load_settings
-from memrl_mcp.storage.files import write_atomically
+
+if TYPE_CHECKING:
+    from memrl_mcp.settings import Settings
 
 log = logging.getLogger("memrl_mcp")
+TRANSPORT_HELP = (
+    "stdio (default): the MCP client starts this command and talks over its stdin and stdout; the session attaches "
+    "to the user's local memory server of the store, shared by every session, started if none runs (--no-attach: "
+    "this process opens the store itself). streamable-http: an HTTP server at http://HOST:PORT/mcp for many clients "
+    "(bearer tokens, tenants), with the inspector at /ui. sse: the legacy SSE transport at /sse."
+)
+EPILOG = (
+    "The inspector, a page showing what the memory learned and why it hands out a memory, is at /ui of an HTTP "
+    "server (--transport streamable-http: http://127.0.0.1:8765/ui); the local server's own is printed by "
+    "`memrl-mcp local ui`."
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="memrl-mcp", description="MemRL episodic memory as an MCP server.")
+    parser = argparse.ArgumentParser(
+        prog="memrl-mcp", description="MemRL episodic memory as an MCP server.", epilog=EPILOG
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--transport", choices=("stdio", "streamable-http", "sse"), default="stdio")
+    parser.add_argument(
+        "--transport", choices=("stdio", "streamable-http", "sse"), default="stdio", help=TRANSPORT_HELP
+    )
     parser.add_argument("--host", help="HTTP bind address (default: the host setting, 127.0.0.1).")
     parser.add_argument("--port", type=int, help="HTTP port (default: the port setting, 8765).")
+    parser.add_argument(
+        "--no-attach",
+        action="store_true",
+        help="stdio: open the store in this process, one process per session (the attach setting, false).",
+    )
     _store_options(parser, default=None)
-    commands = parser.add_subparsers(dest="command", title="backups (instead of serving)")
+    commands = parser.add_subparsers(
+        dest="command", title="commands (instead of serving)", metavar="{export,import,calibrate,config,local}"
+    )
     export = commands.add_parser(
         "export", help="Write the memories as JSON Lines.", description="Write the memories as JSON Lines."
     )
@@ -71,6 +95,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--defaults", action="store_true", help="Print the annotated defaults instead (a config file to start from)."
     )
     _store_options(config, default=argparse.SUPPRESS)
+    local = commands.add_parser(
+        "local",
+        help="The local memory server of the store: status, ui, stop.",
+        description="The user's local memory server of the store, which every stdio session attaches to: status "
+        "(the default) says whether it runs, its sessions and its inspector's address; ui prints the inspector's "
+        "address (starting the server if none runs); stop stops it (attached sessions start a new one at their next "
+        "call); run runs it in the foreground (what a session starts).",
+    )
+    local.add_argument("action", nargs="?", choices=("status", "ui", "stop", "run"), default="status")
+    _store_options(local, default=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -86,7 +120,11 @@ def _store_options(parser: argparse.ArgumentParser, default: str | None) -> None
 
 def _settings(args: argparse.Namespace) -> Settings:
     """The settings, with the options given on the command line as explicit values (they win)."""
+    from memrl_mcp.settings import load_settings
+
     given = {name: getattr(args, name, None) for name in ("data_dir", "host", "port")}
+    if getattr(args, "no_attach", False):
+        given["attach"] = False
     return load_settings(args.config, **{name: value for name, value in given.items() if value is not None})
 
 
@@ -96,15 +134,29 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.command is None and args.transport == "stdio" and not args.no_attach:
+        from memrl_mcp.serving import attach, relay
+
+        try:
+            target = attach.target_of(args.data_dir, args.config)
+        except MemrlError as error:  # a bad setting
+            return relay.refuse(str(error))
+        if target is not None:
+            return relay.main(target)
     if args.command == "calibrate":
         return run_calibrate(args)
     if args.command == "config":
         return run_config(args)
+    if args.command == "local":
+        return run_local(args)
     return serve(args) if args.command is None else run_backup(args)
 
 
 def serve(args: argparse.Namespace) -> int:
+    from memrl_mcp.memory.service import MemoryService
     from memrl_mcp.serving import http  # the MCP and HTTP stack: not loaded by export / import
+    from memrl_mcp.serving.observability import configure_logging
+    from memrl_mcp.settings import SettingsError
 
     try:
         settings = _settings(args)
@@ -114,7 +166,7 @@ def serve(args: argparse.Namespace) -> int:
         tokens = http.tokens_for(serving, args.transport, serving.host)
         service = MemoryService.open(settings)
     except (SettingsError, MemrlError) as error:  # a locked store, a full disk, a tampered or uncalibrated model
-        print(f"memrl-mcp: {error}", file=sys.stderr)
+        print(f"memrl-mcp: {error}{_held_by_local_server(args)}", file=sys.stderr)
         return 2
     where = settings.storage.qdrant_url or settings.storage.data_dir
     log.info(
@@ -140,6 +192,9 @@ def serve(args: argparse.Namespace) -> int:
 
 def run_backup(args: argparse.Namespace) -> int:
     """``export`` or ``import``: a refusal (bad settings or file, a store held by a server) is a message, status 2."""
+    from memrl_mcp.memory import archive
+    from memrl_mcp.serving.observability import configure_logging
+
     try:
         settings = _settings(args)
         configure_logging(settings.serving.log_format)
@@ -148,7 +203,7 @@ def run_backup(args: argparse.Namespace) -> int:
         else:
             summary = archive.import_memories(settings, args.file, Progress(f"memrl-mcp {args.command}", sys.stderr))
     except (MemrlError, OSError) as error:  # bad settings or file, a locked or damaged store, no room for the copy
-        print(f"memrl-mcp {args.command}: {error}", file=sys.stderr)
+        print(f"memrl-mcp {args.command}: {error}{_held_by_local_server(args)}", file=sys.stderr)
         return 2
     print(f"memrl-mcp {args.command}: {summary}", file=sys.stderr)
     return 0
@@ -184,6 +239,8 @@ class Progress:
 def run_calibrate(args: argparse.Namespace) -> int:
     """``calibrate``: bad settings or input, or a store held by a server, is a message and status 2."""
     from memrl_mcp.embeddings import calibrate  # numpy work and the model: not loaded by the other commands
+    from memrl_mcp.serving.observability import configure_logging
+    from memrl_mcp.storage.files import write_atomically
 
     try:
         settings = _settings(args)
@@ -203,6 +260,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 def run_config(args: argparse.Namespace) -> int:
     """``config``: the settings as YAML on stdout; bad settings are a message and status 2."""
+    from memrl_mcp.settings import SettingsError, as_yaml
+
     if args.defaults:
         sys.stdout.write(as_yaml())
         return 0
@@ -212,6 +271,65 @@ def run_config(args: argparse.Namespace) -> int:
         print(f"memrl-mcp config: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def run_local(args: argparse.Namespace) -> int:
+    """``local``: the store's local server (``run``, ``status``, ``ui``, ``stop``); a refusal is a message, status 2."""
+    from memrl_mcp.serving import attach
+    from memrl_mcp.serving.runtime import AttachError, owner_running, place_of
+
+    try:
+        if args.action == "run":
+            return _run_local_server(args)
+        target = attach.target_of(args.data_dir, args.config)
+        if target is None:
+            raise AttachError("these settings run memrl-mcp in a process of its own (attach: false, read_only, "
+                              "qdrant_url): no local server serves them")  # fmt: skip
+        if args.action == "ui":
+            print(attach.attach(target, "status").answer.ui)
+            return 0
+        place = place_of(target.data_dir, target.runtime_dir)
+        try:
+            answer = attach.attach(target, "stop" if args.action == "stop" else "status", start=False).answer
+        except attach.NotRunning:
+            print(f"local memory server of {target.data_dir}: not running (socket: {place.socket})")
+            return 0 if args.action == "stop" else 1
+    except (MemrlError, OSError) as error:
+        print(f"memrl-mcp local {args.action}: {error}", file=sys.stderr)
+        return 2
+    if args.action == "status":
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(answer.started))
+        print(f"local memory server of {answer.data_dir}: running, pid {answer.pid}, memrl-mcp {answer.version}, "
+              f"{answer.sessions} session(s), since {since}")  # fmt: skip
+        print(f"inspector: {answer.ui}\nsocket: {place.socket}")
+        return 0
+    deadline = time.monotonic() + attach.START_SECONDS
+    while owner_running(place) and time.monotonic() < deadline:
+        time.sleep(attach.POLL_SECONDS)
+    print(f"local memory server of {target.data_dir}: stopped (pid {answer.pid})")
+    return 0
+
+
+def _run_local_server(args: argparse.Namespace) -> int:
+    from memrl_mcp.serving import local
+    from memrl_mcp.serving.observability import configure_logging
+
+    settings = _settings(args)
+    configure_logging(settings.serving.log_format, bool(settings.serving.log_calls))
+    signal.signal(signal.SIGTERM, _interrupt)  # a stop by signal ends the sessions as the stop command does
+    return local.run(settings)
+
+
+def _held_by_local_server(args: argparse.Namespace) -> str:
+    """A hint for an error of a store in use, when the user's local server of that store is what holds it."""
+    from memrl_mcp.serving.runtime import owner_running, place_of
+
+    try:
+        settings = _settings(args)
+        running = owner_running(place_of(settings.storage.data_dir, settings.serving.runtime_dir))
+    except (MemrlError, OSError):
+        return ""
+    return " The local memory server of this store holds it: `memrl-mcp local stop` stops it." if running else ""
 
 
 if __name__ == "__main__":

@@ -19,8 +19,14 @@ one cycle = ``recall_experience(task)`` then ``report_outcome(recall_id, reward)
 Printed: per version and kind, the median over ``--rounds`` rounds of the server's CPU per cycle, the ratio of this
 version to the baseline (per round, then the median), and full / fresh for each version (flat: within 10%).
 
+``--attach`` compares two ways of serving this version instead: a stdio server of its own (``--no-attach``, the
+baseline) against a session attached to the local memory server (the relay the client spawned, and the local
+server behind it, on a runtime folder of the run's own). The CPU of the attached side is the relay's plus the local
+server's; the client's wall time per cycle is printed for both.
+
     /work/main/.venv/bin/python perf/cycle_cost.py                     # 5 rounds of 4 passes over 20 tasks
     /work/main/.venv/bin/python perf/cycle_cost.py --rounds 2 --passes 1 --tasks 5 --age 3       # a tiny run
+    /work/main/.venv/bin/python perf/cycle_cost.py --attach            # attached against a server of its own
 """
 
 from __future__ import annotations
@@ -66,8 +72,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def child_pid(marker: str) -> int:
-    """The pid of this process's child whose command line holds ``marker`` (the server's own data folder)."""
+def child_pid(marker: str, parent: int | None = None) -> int:
+    """The pid of the child of ``parent`` (default: this process) whose command line holds ``marker`` (the server's
+    own data folder)."""
+    parent = os.getpid() if parent is None else parent
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -76,7 +84,7 @@ def child_pid(marker: str) -> int:
             cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if ppid == os.getpid() and marker in cmdline:
+        if ppid == parent and marker in cmdline:
             return int(entry.name)
     raise RuntimeError(f"no server process found for {marker}")
 
@@ -92,13 +100,20 @@ def task_texts(count: int, seed: int) -> list[str]:
 
 @dataclass
 class Server:
-    """One version's stdio server, its client and the CPU each kind of block cost it, per round (s per cycle)."""
+    """One version's stdio server (its processes), its client, and the CPU and the client's wall time each kind of
+    block cost, per round (s per cycle)."""
 
     name: str
     client: Client
-    pid: int
+    pids: list[int]
     cpu: dict[str, list[float]] = field(default_factory=lambda: {kind: [] for kind in KINDS})
+    wall: dict[str, list[float]] = field(default_factory=lambda: {kind: [] for kind in KINDS})
+    first: dict[str, list[float]] = field(default_factory=lambda: {kind: [] for kind in KINDS})
+    """The share of ``cpu`` that the first process took (attached: the relay), per round."""
     fresh_namespaces: int = 0
+
+    def cpu_seconds(self) -> list[float]:
+        return [cpu_seconds(pid) for pid in self.pids]
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         result = await self.client.call_tool(tool, arguments)
@@ -125,27 +140,42 @@ class Server:
         return visits
 
     async def measured(self, kind: str, tasks: list[str], passes: int, seed: int) -> None:
-        rng, spent = random.Random(seed), 0.0
+        rng, spent, first, waited = random.Random(seed), 0.0, 0.0, 0.0
         for _ in range(passes):
             namespace = "aged"
             if kind == "fresh":
                 self.fresh_namespaces += 1
                 namespace = f"fresh-{self.fresh_namespaces}"
                 await self.store(tasks, namespace)
-            before = cpu_seconds(self.pid)
+            before, started = self.cpu_seconds(), time.perf_counter()
             await self.cycles(tasks, namespace, rng)
-            spent += cpu_seconds(self.pid) - before
+            costs = [after - then for after, then in zip(self.cpu_seconds(), before, strict=True)]
+            spent, first = spent + sum(costs), first + costs[0]
+            waited += time.perf_counter() - started
         self.cpu[kind].append(spent / (passes * len(tasks)))
+        self.first[kind].append(first / spent if spent else 0.0)
+        self.wall[kind].append(waited / (passes * len(tasks)))
 
 
 @asynccontextmanager
-async def server(stack: AsyncExitStack, name: str, code: Path, data: Path, errlog: TextIO) -> AsyncIterator[Server]:
-    env = {"PYTHONPATH": str(code), "MEMRL_TOOL_PROFILE": "full"} if name == "this" else {"PYTHONPATH": str(code)}
-    params = StdioServerParameters(
-        command=sys.executable, args=["-m", "memrl_mcp.cli", "--data-dir", str(data)], env=env, cwd=str(code)
-    )
+async def server(
+    stack: AsyncExitStack, name: str, code: Path, data: Path, errlog: TextIO, runtime: Path | None = None
+) -> AsyncIterator[Server]:
+    """``name``'s stdio server of the code at ``code``; with ``runtime``, attached to a local server there (whose
+    CPU counts with the relay's), else a process of its own (``--no-attach`` where the code has the option)."""
+    env = {"PYTHONPATH": str(code)}
+    args = ["-m", "memrl_mcp.cli", "--data-dir", str(data)]
+    if code == B.REPO:  # this version's: every tool, and the attach choice explicit (a baseline knows neither)
+        env["MEMRL_TOOL_PROFILE"] = "full"
+        args += ["--no-attach"] if runtime is None else []
+    if runtime is not None:
+        env["MEMRL_RUNTIME_DIR"] = str(runtime)
+    params = StdioServerParameters(command=sys.executable, args=args, env=env, cwd=str(code))
     client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog)))
-    yield Server(name, client, child_pid(str(data)))
+    pids = [child_pid(str(data))]
+    if runtime is not None:
+        pids.append(child_pid(str(data), parent=pids[0]))  # the local server the relay started
+    yield Server(name, client, pids)
 
 
 async def age(srv: Server, tasks: list[str], times: int, seed: int, max_passes: int) -> tuple[int, int]:
@@ -162,13 +192,18 @@ async def age(srv: Server, tasks: list[str], times: int, seed: int, max_passes: 
 async def main_async(args: argparse.Namespace) -> int:
     tasks = task_texts(args.tasks, args.seed)
     print(f"cycle_cost: {B.machine()}; {len(tasks)} tasks; {args.rounds} rounds x {args.passes} passes per kind")
-    with tempfile.TemporaryDirectory(prefix="memrl-cycle-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="memrl-cycle-", dir="/tmp") as tmp:
         root = Path(tmp)
-        code = {"this": B.REPO, args.baseline: baseline_tree(args.baseline, root / "baseline")}
+        if args.attach:
+            sides = {"attached": (B.REPO, root / "run"), "own-process": (B.REPO, None)}
+        else:
+            sides = {"this": (B.REPO, None), args.baseline: (baseline_tree(args.baseline, root / "baseline"), None)}
         log = (root / "servers.log").open("w")
         async with AsyncExitStack() as stack:
-            servers = [await stack.enter_async_context(server(stack, name, code[name], root / name, log))
-                       for name in code]  # fmt: skip
+            if args.attach:
+                await stack.enter_async_context(stopped_local_server(root / "run", root / "data" / "attached"))
+            servers = [await stack.enter_async_context(server(stack, name, code, root / "data" / name, log, runtime))
+                       for name, (code, runtime) in sides.items()]  # fmt: skip
             for srv in servers:
                 start = time.perf_counter()
                 passes, fewest = await age(srv, tasks, args.age, args.seed, args.max_age_passes)
@@ -186,19 +221,44 @@ async def main_async(args: argparse.Namespace) -> int:
     rows = []
     for kind in KINDS:
         ratios = [a / b for a, b in zip(this.cpu[kind], base.cpu[kind], strict=True)]
+        walls = [a / b for a, b in zip(this.wall[kind], base.wall[kind], strict=True)]
         rows.append((kind, 1000 * statistics.median(base.cpu[kind]), 1000 * statistics.median(this.cpu[kind]),
-                     statistics.median(ratios), min(ratios), max(ratios)))  # fmt: skip
-    headers = ("memories", f"{base.name} ms", "this ms", "this / baseline", "min", "max")
+                     statistics.median(ratios), min(ratios), max(ratios), 1000 * statistics.median(base.wall[kind]),
+                     1000 * statistics.median(this.wall[kind]), statistics.median(walls)))  # fmt: skip
+    headers = (
+        "memories",
+        f"{base.name} ms",
+        f"{this.name} ms",
+        "ratio",
+        "min",
+        "max",
+        "wall: base ms",
+        "this ms",
+        "ratio",
+    )
     print(B.table(headers, rows))
     for srv in servers:
         flat = [full / fresh for full, fresh in zip(srv.cpu["full"], srv.cpu["fresh"], strict=True)]
         print(f"{srv.name}: full / fresh {statistics.median(flat):.2f} (rounds {min(flat):.2f}-{max(flat):.2f})")
+    if args.attach:  # the relay's share, read within each block: free of the noise between blocks
+        shares = {kind: statistics.median(this.first[kind]) for kind in KINDS}
+        print("the relay's share of the attached side's CPU: " + ", ".join(f"{k} {v:.1%}" for k, v in shares.items()))
     return 0
+
+
+@asynccontextmanager
+async def stopped_local_server(runtime: Path, data: Path) -> AsyncIterator[None]:
+    """Stop the local server of ``data`` once the sessions have closed (it would otherwise wait for its idle time)."""
+    yield
+    env = {"PYTHONPATH": str(B.REPO), "MEMRL_RUNTIME_DIR": str(runtime)}
+    command = [sys.executable, "-m", "memrl_mcp.cli", "local", "stop", "--data-dir", str(data)]
+    subprocess.run(command, env=env, cwd=str(B.REPO), capture_output=True, check=False, timeout=120)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", default=BASELINE, help=f"the commit to compare with (default {BASELINE})")
+    parser.add_argument("--attach", action="store_true", help="attached against a process of its own (docstring)")
     parser.add_argument("--tasks", type=int, default=20, help="task texts (memories per namespace)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; each measures both versions, alternating")
     parser.add_argument("--passes", type=int, default=4, help="passes over the tasks per kind and round")

@@ -5,7 +5,7 @@ For each size N, the default embedded engine (qdrant-edge) is pre-filled through
 tools are timed through ``mcp.Client``:
 
 - in process: ``Client(create_server(service))``;
-- over stdio: ``Client(StdioServerParameters(python -m memrl_mcp.cli --data-dir D))``, a real server process;
+- over stdio: ``StdioServerParameters(python -m memrl_mcp.cli --no-attach --data-dir D)``, a real server process;
 - and, for attribution, the service called directly (no MCP).
 
 Every recall is followed by its report (no pending recalls pile up). Two passes per mode: reports that
@@ -226,7 +226,10 @@ async def run_size(n: int, args, embedder, pairs, base, queries, overrides, env,
     service.close()
 
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "memrl_mcp.cli", "--data-dir", str(data_dir)], env=env, cwd=str(B.REPO)
+        command=sys.executable,
+        args=["-m", "memrl_mcp.cli", "--no-attach", "--data-dir", str(data_dir)],
+        env=env,
+        cwd=str(B.REPO),
     )
     start = time.perf_counter()
     async with Client(params) as client:

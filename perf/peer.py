@@ -100,7 +100,7 @@ async def timed(client: Client, tool: str, arguments: dict) -> float:
 
 
 def our_server(data_dir: Path, env: dict[str, str]) -> StdioServerParameters:
-    args = ["-m", "memrl_mcp.cli", "--data-dir", str(data_dir)]
+    args = ["-m", "memrl_mcp.cli", "--no-attach", "--data-dir", str(data_dir)]
     return StdioServerParameters(command=sys.executable, args=args, env=env)
 
 

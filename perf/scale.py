@@ -456,7 +456,7 @@ async def over_stdio(args: argparse.Namespace, qs: list[tuple[str, str]]) -> Non
     embedder = MiniLMEmbedder()
     env = server_env()
     server = StdioServerParameters(
-        command=sys.executable, args=["-m", "memrl_mcp.cli", "--data-dir", args.store], env=env
+        command=sys.executable, args=["-m", "memrl_mcp.cli", "--no-attach", "--data-dir", args.store], env=env
     )
     recall_ms, embed_ms, trip_ms = [], [], []
     async with Client(server) as client:
@@ -498,7 +498,7 @@ async def first_answer(args: argparse.Namespace, qs: list[tuple[str, str]]) -> N
     RSS; ``--runs`` times, each with a new query."""
     env = server_env()
     server = StdioServerParameters(
-        command=sys.executable, args=["-m", "memrl_mcp.cli", "--data-dir", args.store], env=env
+        command=sys.executable, args=["-m", "memrl_mcp.cli", "--no-attach", "--data-dir", args.store], env=env
     )
     for run in range(args.runs):
         namespace, task = qs[run % len(qs)]

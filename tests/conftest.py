@@ -9,6 +9,7 @@ process fails, naming what it started."""
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -22,7 +23,10 @@ from memrl_mcp.embeddings import Embedder, MiniLMEmbedder
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.server import create_server
 from tests.support.mcp import make_service
+from tests.support.servers import ONE_PROCESS
 from tests.support.stores import ENGINES
+
+os.environ.update(ONE_PROCESS)  # memrl-mcp processes spawned with this environment as well (child_env sets it too)
 
 PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system"})
 """The audit events (sys.addaudithook) of starting a process: what only a slow test may do. Signals are not watched:

@@ -28,6 +28,7 @@ is reported (the user's answer too is dropped: the recall stays reportable, and 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -112,14 +113,19 @@ class Verdict:
 class Budget:
     """At most ``per_minute`` per key in a minute, on average: a bucket of that many, refilled continuously (a burst
     of ``per_minute`` at once, then one every 60 / ``per_minute`` seconds). Kept by this process, so each replica of a
-    server keeps its own. Used on the event loop only (no lock)."""
+    server keeps its own; under a lock, since the local server's sessions share it from threads of their own."""
 
     def __init__(self, per_minute: int, clock: Callable[[], float]) -> None:
         self._per_minute = per_minute
         self._clock = clock
         self._levels: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
 
     def take(self, key: str) -> bool:
+        with self._lock:
+            return self._take(key)
+
+    def _take(self, key: str) -> bool:
         now = self._clock()
         level, at = self._levels.get(key, (float(self._per_minute), now))
         level = min(float(self._per_minute), level + max(0.0, now - at) * self._per_minute / 60.0)

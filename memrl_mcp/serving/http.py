@@ -8,7 +8,7 @@ import json
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 from mcp.server import MCPServer
@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.auth import TokenTable, is_loopback, refusal
 from memrl_mcp.serving.server import create_server
-from memrl_mcp.serving.stdio import stdio_streams
+from memrl_mcp.serving.stdio import run_session, stdio_streams
 from memrl_mcp.settings import ServingSettings, SettingsError, load_grants
 
 Transport = Literal["stdio", "streamable-http", "sse"]
@@ -62,15 +62,29 @@ def transport_security(host: str, allowed_hosts: list[str]) -> TransportSecurity
     return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
 
 
+UVICORN_OPTIONS: dict[str, Any] = {"log_config": None, "access_log": False, "reset_contextvars": True}
+"""How uvicorn serves the app: our handlers' format for its own logs; the per-call JSON log replaces its access log.
+Each request starts from an empty context: by default uvicorn's request task copies the context of whatever callback
+read its bytes, which after a large body or a pipelined request is the previous request's task (see
+docs/security.md, "Identity per request")."""
+
+
 def serve(service: MemoryService, transport: Transport, host: str, port: int, tokens: TokenTable | None) -> None:
     """Run until interrupted; the caller closes the service."""
     server = create_server(service, tokens, single_client=transport == "stdio")
     if transport == "stdio":
-        anyio.run(serve_stdio, server)
+        anyio.run(run_session, server, stdio_streams())
         return
     import uvicorn
 
-    settings = service.settings.serving
+    app = http_app(server, service.settings.serving, transport, host, tokens)
+    uvicorn.run(app, host=host, port=port, **UVICORN_OPTIONS)
+
+
+def http_app(
+    server: MCPServer, settings: ServingSettings, transport: Transport, host: str, tokens: TokenTable | None
+) -> ASGIApp:
+    """The ASGI app of ``server``'s HTTP transport (not stdio) bound on ``host``, with its quotas and host checks."""
     security = transport_security(host, settings.allowed_hosts)
     endpoint = SSE_PATH if transport == "sse" else MCP_PATH
     server.custom_route("/", methods=["GET"], include_in_schema=False)(home(transport, endpoint))
@@ -95,15 +109,9 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
             per_token,
             settings.session_idle_seconds,
         )
-    # Our handlers' format for uvicorn's own logs; the per-call JSON log replaces its access log. Each request
-    # starts from an empty context: by default uvicorn's request task copies the context of whatever callback
-    # read its bytes, which after a large body or a pipelined request is the previous request's task (see
-    # docs/security.md, "Identity per request").
     if tokens is not None:
         app = TokenCheck(app, tokens)
-    uvicorn.run(
-        HostCheck(app, security), host=host, port=port, log_config=None, access_log=False, reset_contextvars=True
-    )
+    return HostCheck(app, security)
 
 
 def home(transport: Transport, endpoint: str) -> Callable[[Request], Awaitable[Response]]:
@@ -117,13 +125,6 @@ def home(transport: Transport, endpoint: str) -> Callable[[Request], Awaitable[R
         return PlainTextResponse(text)
 
     return answer
-
-
-async def serve_stdio(server: MCPServer) -> None:
-    """What ``server.run()`` does over stdio (the SDK's ``run_stdio_async``), on :func:`stdio_streams`."""
-    lowlevel = server._lowlevel_server  # the server run_stdio_async runs (mcp 2.x)
-    async with stdio_streams() as (read_stream, write_stream):
-        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
 
 
 class HostCheck:

@@ -33,7 +33,7 @@ from memrl_mcp.serving.observability import Metrics
 from memrl_mcp.serving.roots import roots_namespace
 from memrl_mcp.serving.schema import Arguments, MemoryTool, argument_values
 from memrl_mcp.serving.tools import TOOLS
-from memrl_mcp.settings import TOOL_PROFILES, LearningSettings
+from memrl_mcp.settings import TOOL_PROFILES, LearningSettings, Settings
 
 TOKEN_REQUIRED = "authorization: a valid bearer token is required"
 
@@ -75,17 +75,24 @@ def paragraphs(docstring: str) -> str:
     return re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(docstring))
 
 
-def create_server(service: MemoryService, tokens: TokenTable | None = None, single_client: bool = False) -> MCPServer:
+def create_server(
+    service: MemoryService,
+    tokens: TokenTable | None = None,
+    single_client: bool = False,
+    settings: Settings | None = None,
+) -> MCPServer:
     """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one; ``single_client``: it
     serves one client only (stdio). The caller owns the service and closes it. It offers the tools of the
-    ``tool_profile`` setting."""
-    settings = service.settings
+    ``tool_profile`` setting. ``settings``: those of this server's client when they are not the service's (a session
+    of the local server): its tool profile and descriptions and its default namespace; the memory's own groups are
+    the service's."""
+    settings = settings or service.settings
     serving = settings.serving
     assert set(TOOLS) == set(TOOL_PROFILES["full"]), "a tool is missing from the full profile"
     metrics = Metrics(service)
     feedback = Feedback(service, reports_on_loop=single_client)
     arguments = Arguments(service.limits, argument_values(settings, service.scale.delta))
-    callers = Callers(service, tokens)
+    callers = Callers(settings, tokens)
     tools = [
         MemoryTool.strict(
             served(tool, arguments, service, feedback, callers.tool_caller, metrics, single_client),
@@ -109,7 +116,7 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None, sing
         tools=tools,
     )
     _add_resources(server, service, callers.resource_caller)
-    _add_prompt(server, service)
+    _add_prompt(server, settings)
     routes.mount(server, service, tokens, metrics)  # /health, /metrics, /stats
     inspector.mount(server, service, tokens)  # the /ui page and its JSON API
     return server
@@ -117,23 +124,24 @@ def create_server(service: MemoryService, tokens: TokenTable | None = None, sing
 
 @dataclasses.dataclass(frozen=True)
 class Callers:
-    """Who makes a call: the token of the request that carried it (:func:`~memrl_mcp.serving.auth.caller`)."""
+    """Who makes a call: the token of the request that carried it (:func:`~memrl_mcp.serving.auth.caller`), with
+    the default namespace of the client's ``settings``."""
 
-    service: MemoryService
+    settings: Settings
     tokens: TokenTable | None
 
     async def tool_caller(self, ctx: Context[Any, Any]) -> Access:
-        """A tool's caller; when neither its token nor the settings name a default namespace, the one of the
-        client's project root."""
+        """A tool's caller; when its token names no default namespace, the one of the client's project root, else
+        the client's ``namespace`` setting."""
         access = caller(ctx.request_context.request, self.tokens)
         if access is None:  # over HTTP the SDK answered 401 already; this is a call without HTTP, or a bug
             raise MemoryRequestError(TOKEN_REQUIRED)
-        settings = self.service.settings
-        from_roots = settings.namespaces.namespace_from_roots and not settings.is_set("namespace")
-        if access.default is not None or not from_roots:
+        if access.default is not None:
             return access
-        project = await roots_namespace(ctx)
-        return access if project is None else dataclasses.replace(access, default=project)
+        settings = self.settings
+        from_roots = settings.namespaces.namespace_from_roots and not settings.is_set("namespace")
+        project = await roots_namespace(ctx) if from_roots else None
+        return dataclasses.replace(access, default=project or settings.namespaces.namespace)
 
     def resource_caller(self, ctx: Context[Any, Any]) -> Access:
         """A resource's caller: the token of the request that carried the read."""
@@ -186,9 +194,9 @@ def _add_resources(server: MCPServer, service: MemoryService, reader: Callable[[
             raise ResourceError(str(error)) from None
 
 
-def _add_prompt(server: MCPServer, service: MemoryService) -> None:
+def _add_prompt(server: MCPServer, settings: Settings) -> None:
     """``memory_loop``: the instructions and the loop's steps for one task."""
-    learning, read_only = service.settings.learning, service.settings.serving.read_only
+    learning, read_only = settings.learning, settings.serving.read_only
     low, high = learning.reward_min, learning.reward_max
 
     @server.prompt(title="Learn from experience", description="Teaches the recall -> act -> report loop.")

@@ -11,6 +11,9 @@ Like the SDK's, it claims fds 0 and 1 while it serves: the wire is read and writ
 fd 0 reads the null device and fd 1 writes to stderr, so that nothing else in the process (a child, a stray print)
 reads the requests or writes into the answers; both are given back at the end.
 
+The local server (:mod:`memrl_mcp.serving.local`) serves each session attached to it the same way, over the session's
+Unix socket (:func:`socket_streams`): one MCP session per connection, as if the session had its own process.
+
 The end of stdin ends the session only once every request read is answered (:class:`_Draining`): the SDK cancels
 the calls still running at the end of its read stream, so ``memrl-mcp < requests.jsonl``, or a client that writes
 its last requests and closes the pipe, lost the answers (and the writes) of the requests still in flight. A call
@@ -22,12 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import stat
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Any, Self
 
 import anyio
+from mcp.server import MCPServer
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
@@ -45,12 +50,37 @@ def is_pipe(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
+Streams = AbstractAsyncContextManager[tuple[Any, Any]]
+"""The SDK's (read stream, write stream) of one session, while the context lasts."""
+
+
+async def run_session(server: MCPServer, streams: Streams) -> None:
+    """Serve one client over ``streams`` until it leaves: what the SDK's ``run_stdio_async`` does over stdio."""
+    lowlevel = server._lowlevel_server  # the server run_stdio_async runs (mcp 2.x)
+    async with streams as (read_stream, write_stream):
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
 @asynccontextmanager
 async def stdio_streams() -> AsyncIterator[tuple[Any, Any]]:
     """The SDK's (read stream, write stream) over this process's stdin and stdout (module docstring)."""
     async with _sdk_streams() as (reads, writes):
         draining = _Draining(reads, writes)
         yield draining, draining.writes
+
+
+@asynccontextmanager
+async def socket_streams(connection: socket.socket) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's streams over one connected stream socket, read and written by the event loop as stdio's pipes are;
+    the socket is closed at the end."""
+    reader, writer = await asyncio.open_unix_connection(sock=connection, limit=LINE_LIMIT)
+    writer.transport.set_write_buffer_limits(high=0)  # a flush waits until the socket took the whole answer (_Flow)
+    try:
+        async with stdio_server(stdin=_Requests(reader), stdout=_Answers(writer.write, writer.drain)) as streams:  # type: ignore[arg-type]
+            draining = _Draining(*streams)
+            yield draining, draining.writes
+    finally:
+        writer.transport.abort()  # at once: whatever the session still had to say was said (_Draining)
 
 
 @asynccontextmanager
@@ -67,7 +97,8 @@ async def _sdk_streams() -> AsyncIterator[tuple[Any, Any]]:
         try:
             writing, flow = await loop.connect_write_pipe(_Flow, wire_out)
             try:
-                async with stdio_server(stdin=_Requests(reader), stdout=_Answers(writing, flow)) as streams:  # type: ignore[arg-type]
+                answers = _Answers(writing.write, flow.ready.wait)
+                async with stdio_server(stdin=_Requests(reader), stdout=answers) as streams:  # type: ignore[arg-type]
                     yield streams
             finally:
                 writing.close()
@@ -137,16 +168,16 @@ class _Flow(asyncio.Protocol):
 
 
 class _Answers:
-    """Where the SDK's writer puts each answer: ``write``, then ``flush``."""
+    """Where the SDK's writer puts each answer: ``write``, then ``flush``, which returns once the transport took it."""
 
-    def __init__(self, transport: asyncio.WriteTransport, flow: _Flow) -> None:
-        self._transport, self._flow = transport, flow
+    def __init__(self, write: Callable[[bytes], None], flushed: Callable[[], Awaitable[Any]]) -> None:
+        self._write, self._flushed = write, flushed
 
     async def write(self, text: str) -> None:
-        self._transport.write(text.encode())
+        self._write(text.encode())
 
     async def flush(self) -> None:
-        await self._flow.ready.wait()
+        await self._flushed()
 
 
 class _Wrapped:

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from memrl_mcp.errors import MemrlError
+from memrl_mcp.folders import default_data_dir
 from memrl_mcp.validation import MAX_K, NamespaceName
 
 ALL_NAMESPACES = "*"
@@ -53,7 +53,7 @@ class StorageSettings(Group):
     """Where the memories live: an embedded Qdrant engine under ``data_dir``, or a Qdrant server."""
 
     data_dir: Path = Field(
-        default_factory=lambda: Path(platformdirs.user_data_dir("memrl-mcp")),
+        default_factory=default_data_dir,
         description="Folder of the embedded store (and nothing else).",
     )
     embedded_engine: Literal["edge", "qdrant-local"] = Field(

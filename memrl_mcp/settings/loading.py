@@ -124,12 +124,19 @@ class Settings(BaseModel):
 
 
 def load_settings(
-    config_file: Path | str | None = None, environ: Mapping[str, str] | None = None, **values: Any
+    config_file: Path | str | None = None,
+    environ: Mapping[str, str] | None = None,
+    relative_to: Path | None = None,
+    **values: Any,
 ) -> Settings:
     """The settings from ``values`` (by setting name), the environment (``os.environ`` unless given), the YAML file
-    ``config_file`` and the defaults, in that order of precedence (module docstring)."""
+    ``config_file`` and the defaults, in that order of precedence (module docstring). ``relative_to``: the folder
+    that relative paths (the config file's, every path setting's) mean, when it is not this process's own working
+    folder (the local server reads the settings of a session started elsewhere)."""
     environ = os.environ if environ is None else environ
     config_file = config_file or environ.get("MEMRL_CONFIG") or None
+    if config_file is not None and relative_to is not None:
+        config_file = relative_to / config_file
     layers: list[tuple[str, dict[str, Any]]] = []  # lowest precedence first: (where, {name: value})
     if config_file is not None:
         layers.append((f"file {config_file}", _from_file(Path(config_file))))
@@ -148,8 +155,27 @@ def load_settings(
         settings = Settings.model_validate(grouped)
     except ValidationError as error:
         raise SettingsError("invalid settings: " + "; ".join(_problem(e, origins) for e in error.errors())) from None
+    if relative_to is not None:
+        settings = _absolute(settings, relative_to)
     settings._origins.update(origins)
     return settings
+
+
+def _absolute(settings: Settings, folder: Path) -> Settings:
+    """``settings`` with each relative path (a path setting, or each path of a list of them) taken under ``folder``."""
+
+    def absolute(value: Any) -> Any:
+        if isinstance(value, Path):
+            return value if value.is_absolute() else folder / value
+        return [absolute(item) for item in value] if isinstance(value, list) else value
+
+    groups = {
+        group: getattr(settings, group).model_copy(
+            update={name: absolute(getattr(getattr(settings, group), name)) for name in model.model_fields}
+        )
+        for group, model in GROUPS.items()
+    }
+    return settings.model_copy(update=groups)
 
 
 def _from_file(path: Path) -> dict[str, Any]:

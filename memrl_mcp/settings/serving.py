@@ -146,6 +146,24 @@ class ServingSettings(Group):
         default_factory=list,
         description="Harness run folders, or folders of run folders, whose learning curves the /ui inspector draws.",
     )
+    attach: bool = Field(
+        True,
+        description="stdio: attach to the user's local memory server of this store, started if none runs and shared "
+        "by every session (one live memory for all of them); false: this process opens the store itself, one process "
+        "per session as before (the store admits one; the --no-attach option too). A read_only profile, a qdrant_url "
+        "and the HTTP transports always run in their own process.",
+    )
+    local_idle_seconds: float = Field(
+        900.0,
+        gt=0,
+        le=7 * 86_400,
+        description="The local memory server exits after this long without any session attached.",
+    )
+    runtime_dir: Path | None = Field(
+        None,
+        description="Folder of the local memory servers' sockets and locks, one subfolder per store; default: "
+        "$XDG_RUNTIME_DIR/memrl-mcp, on macOS $TMPDIR/memrl-mcp, else /tmp/memrl-mcp-<uid> (made private, 0700).",
+    )
 
     @field_validator("tool_descriptions")
     @classmethod

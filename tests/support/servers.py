@@ -44,9 +44,15 @@ START_TIMEOUT_S = 30.0  # an HTTP server's start (it loads the embedder first)
 CLI = [sys.executable, "-m", "memrl_mcp.cli"]
 
 
+ONE_PROCESS = {"MEMRL_ATTACH": "false"}
+"""The suite's default: a stdio server the tests spawn opens its store itself, one process per test that dies with
+its client, as before the local server existed; tests/test_local*.py attach, each to a runtime folder of its own."""
+
+
 def child_env(data_dir: Path | None = None, **variables: str) -> dict[str, str]:
-    """This process's environment without any MEMRL_* of the user's, plus the test's own variables."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MEMRL_")}
+    """This process's environment without any MEMRL_* of the user's, plus the suite's default (:data:`ONE_PROCESS`)
+    and the test's own variables."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MEMRL_")} | ONE_PROCESS
     if data_dir is not None:
         env["MEMRL_DATA_DIR"] = str(data_dir)
     env.update(variables)

@@ -535,5 +535,14 @@ async function curvesView(main) {
     ...problems, ...sections);
 }
 
+// A link with its token in the fragment (`memrl-mcp local ui` prints one): the fragment never reaches a server or a
+// log; the token goes to sessionStorage like a typed one, and leaves the address bar and the history at once.
+function tokenFromLink() {
+  if (!location.hash.startsWith("#token=")) return;
+  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(location.hash.slice("#token=".length)));
+  history.replaceState(null, "", location.pathname + location.search + "#/memories");
+}
+
 document.getElementById("login").addEventListener("submit", useToken);
+tokenFromLink();
 start();

@@ -1,0 +1,302 @@
+"""Attaching to the user's local memory server: which store a session means, reaching its server or starting one,
+and a small client for short-lived processes.
+
+:func:`target_of` says which store's server a session attaches to, or that it runs its own process (``attach``
+off, a ``read_only`` profile, a Qdrant server). It reads the settings without loading them when nothing but the
+environment's store and runtime folder can matter (no config file, no variable that decides whether to attach):
+loading them costs half a second, most of an attach. The server then loads the session's settings itself and
+refuses a session whose store is not its own, so this shortcut can never attach a session to another store.
+
+:func:`attach` connects to the store's server (:mod:`memrl_mcp.serving.runtime`) and greets it; when none runs, it
+starts one (``memrl-mcp local run``, in a session of its own so that it outlives its starter) and waits for it.
+Sessions starting at the same moment start one server: the first takes ``start.lock`` and holds it until its
+server holds ``owner.lock``; the others wait for the socket. A server that cannot start (its store held by a
+process of its own, bad settings) is reported with the end of its log.
+
+For hooks and scripts that must reach the memory in well under a second, :func:`connect` returns a greeted
+connection (newline-delimited JSON-RPC, as over stdio), and :class:`LocalClient` makes MCP calls over one with the
+standard library alone: importing the MCP SDK's client takes seconds on a small machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import memrl_mcp
+from memrl_mcp import __version__
+from memrl_mcp.folders import default_data_dir
+from memrl_mcp.serving.runtime import (
+    Answer,
+    AttachError,
+    Hello,
+    Kind,
+    Place,
+    build_identity,
+    connect_socket,
+    flocked,
+    greet,
+    owner_running,
+    place_of,
+)
+
+START_SECONDS = 120.0  # a cold start loads the model and opens the store: seconds, more on a loaded machine
+GREETING_SECONDS = 30.0  # a running server answers a greeting in milliseconds; a stopped (SIGSTOP) one never does
+POLL_SECONDS = 0.02
+DECIDING_VARIABLES = ("MEMRL_CONFIG", "MEMRL_ATTACH", "MEMRL_QDRANT_URL", "QDRANT_URL")
+"""Variables that may change the store or whether to attach at all: with any of them, the settings are loaded."""
+HANDSHAKE_VERSION = "2025-11-25"  # the protocol LocalClient speaks (the newest of the handshake era)
+
+
+class NotRunning(AttachError):
+    """No local server runs for the store, and none was to be started."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A session's store, and the inputs its settings come from: what it attaches to, and how the server it may
+    start reads the same settings (its environment and config file, from its working folder)."""
+
+    data_dir: Path
+    runtime_dir: Path | None
+    cwd: Path
+    config: Path | None = None
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+    def hello(self, kind: Kind) -> Hello:
+        return Hello(
+            kind=kind,
+            version=__version__,
+            build=build_identity(),
+            pid=os.getpid(),
+            data_dir=str(self.data_dir),
+            config=None if self.config is None else str(self.config),
+            cwd=str(self.cwd),
+            environ=dict(self.environ),
+        )
+
+
+def target_of(
+    data_dir: str | Path | None = None,
+    config: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Target | None:
+    """The local server a session with these inputs attaches to (the ``--data-dir`` and ``--config`` options, the
+    environment, default ``os.environ``, and the working folder); None when it runs its own process. A bad setting
+    raises the settings' own error."""
+    environ = dict(os.environ if environ is None else environ)
+    cwd = Path(os.path.abspath(cwd or os.getcwd()))
+    if config is None and not any(name in environ for name in DECIDING_VARIABLES):
+        if environ.get("MEMRL_TOOL_PROFILE") == "read_only":
+            return None
+        store = data_dir or environ.get("MEMRL_DATA_DIR") or default_data_dir()
+        runtime = environ.get("MEMRL_RUNTIME_DIR")
+        return Target(cwd / store, cwd / runtime if runtime else None, cwd, None, environ)
+    from memrl_mcp.settings import load_settings  # the slow path (module docstring)
+
+    given = {} if data_dir is None else {"data_dir": data_dir}
+    settings = load_settings(config, environ, relative_to=cwd, **given)
+    serving = settings.serving
+    if not serving.attach or serving.read_only or settings.storage.qdrant_url is not None:
+        return None
+    file = config or environ.get("MEMRL_CONFIG")
+    return Target(settings.storage.data_dir, serving.runtime_dir, cwd, cwd / file if file else None, environ)
+
+
+@dataclass
+class Attached:
+    """A greeted connection to a store's local server, and the server this side started, if it did."""
+
+    connection: socket.socket
+    answer: Answer
+    started: subprocess.Popen[bytes] | None = None
+
+
+def attach(target: Target, kind: Kind = "session", start: bool = True, timeout: float = START_SECONDS) -> Attached:
+    """A connection to ``target``'s local server, greeted as ``kind``; the server is started first when none runs
+    and ``start`` (module docstring). :class:`NotRunning` when none runs and none is to be started;
+    :class:`AttachError` when none could be reached or started, or the server refused (its message says why)."""
+    place = place_of(target.data_dir, target.runtime_dir)
+    hello = target.hello(kind)
+    deadline = time.monotonic() + timeout
+    started: subprocess.Popen[bytes] | None = None
+    while True:
+        connection = connect_socket(place.socket, GREETING_SECONDS)
+        if connection is not None:
+            try:
+                answer = greet(connection, hello)
+            except (TimeoutError, ValueError) as error:
+                connection.close()
+                raise AttachError(f"the local memory server at {place.socket} did not answer ({error})") from None
+            if answer is not None and answer.ok:
+                return Attached(connection, answer, started)
+            connection.close()
+            if answer is not None and not answer.retry:
+                raise AttachError(answer.message)
+        elif not start:
+            raise NotRunning(f"no local memory server runs for {target.data_dir}")
+        elif started is None or started.poll() is not None:
+            if started is not None and started.returncode != 0:
+                raise AttachError(_failure(place, started.returncode))
+            started = _start(place, target, deadline) or started
+        if time.monotonic() > deadline:
+            raise AttachError(
+                f"no local memory server answered for {target.data_dir} within {timeout:g} s (its log: {place.log})"
+            )
+        time.sleep(POLL_SECONDS)
+
+
+def _start(place: Place, target: Target, deadline: float) -> subprocess.Popen[bytes] | None:
+    """A new server for ``place``, holding ``start.lock`` until it holds ``owner.lock`` (or ends); None when another
+    session is starting one or one runs (then it is the one to wait for)."""
+    with flocked(place.start_lock) as mine:
+        if not mine or owner_running(place):
+            return None
+        # The server runs this very code (the build it greets with is this one's): ``-P`` keeps the working folder
+        # off its path, and this package's folder goes first on it.
+        command = [sys.executable, "-P", "-m", "memrl_mcp.cli", "local", "run", "--data-dir", str(target.data_dir)]
+        if target.config is not None:
+            command += ["--config", str(target.config)]
+        environ = dict(target.environ)
+        code = str(Path(memrl_mcp.__file__).resolve().parent.parent)
+        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [code, environ.get("PYTHONPATH")]))
+        cwd = target.cwd if target.cwd.is_dir() else Path("/")
+        log_fd = os.open(place.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with open(log_fd, "wb") as log:
+            server = subprocess.Popen(
+                command,
+                env=environ,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # outlives its starter, and a signal to the starter's group misses it
+            )
+        while server.poll() is None and not owner_running(place) and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        return server
+
+
+def _failure(place: Place, status: int) -> str:
+    try:
+        tail = place.log.read_text(errors="replace").strip().splitlines()[-5:]
+    except OSError:
+        tail = []
+    said = " ".join(line.strip() for line in tail) or "nothing"
+    return f"the local memory server could not start (exit status {status}); its log ({place.log}) says: {said}"
+
+
+def connect(data_dir: str | Path | None = None, *, start: bool = True, timeout: float = START_SECONDS) -> socket.socket:
+    """A connection to the local memory server of the store at ``data_dir`` (default: the store this process's
+    environment and settings name, as ``memrl-mcp`` would use), started first when none runs and ``start``.
+
+    The connection is greeted and blocking: what follows is one MCP session, newline-delimited JSON-RPC exactly as
+    over a stdio server's pipes, starting with the client's ``initialize``; closing the socket ends the session.
+    Wrap it with :class:`LocalClient`, or hand it to any MCP client that speaks stdio's framing. Raises
+    :class:`NotRunning` when none runs and ``start`` is false, and :class:`AttachError` (the message says why) when
+    the settings do not attach (``attach: false``, ``read_only``, a Qdrant server), or no server could be reached,
+    started or used."""
+    target = target_of(data_dir)
+    if target is None:
+        raise AttachError("these settings run memrl-mcp in a process of its own (attach: false, read_only, qdrant_url)")
+    return attach(target, start=start, timeout=timeout).connection
+
+
+class ToolCallError(AttachError):
+    """A tool call answered with an error: the tool refused it, or the request itself failed."""
+
+
+class LocalClient:
+    """A minimal, synchronous MCP client of the local server, for hooks and scripts that run for a moment (a
+    process per prompt): :func:`connect`, the ``initialize`` handshake, then tool calls one after another.
+
+        with LocalClient.open() as memory:
+            found = memory.call_tool("recall_experience", {"task": "deploy the web app"})
+
+    ``roots``: the project folders this client reports when the server asks (``file://`` URIs), so that its calls
+    use that project's namespace as an editor's would. The server's other requests (elicitation, sampling) are
+    declined: this client offers neither."""
+
+    def __init__(self, connection: socket.socket, roots: Sequence[str] = (), name: str = "memrl-mcp-client") -> None:
+        self._connection = connection
+        self._stream = connection.makefile("rb")
+        self._roots = list(roots)
+        self._ids = itertools.count(1)
+        capabilities: dict[str, Any] = {"roots": {}} if self._roots else {}
+        info = {"name": name, "version": __version__}
+        handshake = {"protocolVersion": HANDSHAKE_VERSION, "capabilities": capabilities, "clientInfo": info}
+        self._request("initialize", handshake)
+        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str | Path | None = None,
+        *,
+        start: bool = True,
+        timeout: float = START_SECONDS,
+        roots: Sequence[str] = (),
+        name: str = "memrl-mcp-client",
+    ) -> LocalClient:
+        """A client of the local server of ``data_dir`` (:func:`connect`: the arguments mean the same)."""
+        return cls(connect(data_dir, start=start, timeout=timeout), roots, name)
+
+    def call_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The tool's structured result; :class:`ToolCallError` with the tool's message when it refused the call."""
+        result = self._request("tools/call", {"name": name, "arguments": dict(arguments)})
+        if result.get("isError"):
+            text = " ".join(block.get("text", "") for block in result.get("content", []))
+            raise ToolCallError(f"{name}: {text}")
+        structured: dict[str, Any] = result.get("structuredContent") or {}
+        return structured
+
+    def close(self) -> None:
+        self._stream.close()
+        self._connection.close()
+
+    def __enter__(self) -> LocalClient:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _send(self, message: Mapping[str, Any]) -> None:
+        self._connection.sendall(json.dumps(message).encode() + b"\n")
+
+    def _request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        request_id = next(self._ids)
+        self._send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        while True:
+            line = self._stream.readline()
+            if not line:
+                raise AttachError("the local memory server closed the connection")
+            message = json.loads(line)
+            if "method" in message and "id" in message:  # the server asks
+                self._answer(message)
+            elif message.get("id") == request_id:
+                if "error" in message:
+                    raise ToolCallError(f"{method}: {message['error'].get('message', message['error'])}")
+                answer: dict[str, Any] = message.get("result") or {}
+                return answer
+
+    def _answer(self, request: Mapping[str, Any]) -> None:
+        if request["method"] == "roots/list" and self._roots:
+            reply: dict[str, Any] = {"result": {"roots": [{"uri": uri} for uri in self._roots]}}
+        elif request["method"] == "ping":
+            reply = {"result": {}}
+        else:
+            reply = {"error": {"code": -32601, "message": f"this client does not answer {request['method']}"}}
+        self._send({"jsonrpc": "2.0", "id": request["id"], **reply})
