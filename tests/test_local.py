@@ -308,7 +308,7 @@ def test_every_request_before_the_end_of_stdin_is_answered_through_the_relay(sto
         answers = [{"id": 0}, *serve_to_the_end(store, requests)]
     assert sorted(answer["id"] for answer in answers) == list(range(21))
     stats = serve_to_the_end(store, [*opening(), tool_call(1, "memory_stats")])[-1]
-    assert json.loads(stats["result"]["content"][0]["text"])["memories"] == 20
+    assert stats["result"]["structuredContent"]["memories"] == 20
 
 
 def test_a_cancelled_request_is_never_answered_through_the_relay(store: LocalStore) -> None:
