@@ -44,7 +44,7 @@ def open_store(settings: StorageSettings, dim: int, read_only: bool = False) -> 
 
         store = _embedded(settings, folder, dim)
         try:
-            return MeteredStore(store, folder, dim)
+            return MeteredStore(store, folder, dim, keeps_replaced=settings.embedded_engine == "edge")
         except BaseException:
             store.close()
             raise
