@@ -27,7 +27,7 @@ from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import SettingsError, load_settings
 from memrl_mcp.storage import EdgeStore, Point, Store, Table
-from memrl_mcp.storage.quota import MeteredStore
+from memrl_mcp.storage.quota import GIVE_BACK_EVERY, MeteredStore
 from memrl_mcp.storage.store import TABLES, vector_size
 from tests.support.mcp import call, make_service, refused
 from tests.support.servers import ALICE, BOB, child_env, http_server, mcp_client, run_cli
@@ -62,11 +62,11 @@ def du_mb(folder: Path) -> float:
     raise AssertionError(f"du {folder}: {done.stderr}")
 
 
-def tokens_file(tmp_path: Path) -> Path:
+def tokens_file(tmp_path: Path, bob_quota_mb: int = BOB_QUOTA_MB) -> Path:
     path = tmp_path / "tokens.yaml"
     grants = [
         {"name": "alice", "token": ALICE, "namespaces": ["alice"]},
-        {"name": "bob", "token": BOB, "namespaces": ["bob"], "namespace_quota_mb": BOB_QUOTA_MB},
+        {"name": "bob", "token": BOB, "namespaces": ["bob"], "namespace_quota_mb": bob_quota_mb},
     ]
     path.write_text(yaml.safe_dump({"tokens": grants}))
     return path
@@ -132,6 +132,57 @@ async def test_bob_fills_his_quota_alice_still_writes_and_forgetting_gives_the_d
             # and writes again; alice's memory is untouched.
             await call(bob, "store_experience", task="bob starts over", experience=text(9, LONG))
             assert (await call(alice, "search_experience", task="alice's task"))["memories"][0]["id"] == mine["id"]
+
+
+REWRITES = {"edge": 3000, "qdrant-local": 300}  # qdrant-local rewrites a point in ~0.2 s
+REWRITTEN_TASK = "summarise the nightly build log"
+REWRITES_BOUND_MB = 12
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("tool", ["update_memory", "store_experience"])
+async def test_rewriting_one_memory_cannot_grow_the_disk_past_a_bound(tmp_path: Path, tool: str, engine: str) -> None:
+    """bob (namespace_quota_mb: 1) stores one memory of 15,000 characters, then rewrites it with a new 15,000-character
+    experience again and again: through update_memory, or through store_experience of the same task, which merges
+    into it (the default core profile). qdrant-edge kept every replaced version and the log of every write until
+    a flush: the store grew linearly (96 MB after 3,600 rewrites) and nothing refused or gave it back. Now the
+    versions a namespace's rewrites replace count in its usage until a flush lets the engine reuse them, a
+    namespace at its quota has them flushed, and the log's segments are small: the store stays small, through a
+    close and a reopen. A refusal, if any, names the quota."""
+    data_dir = tmp_path / "data"
+    env = {"MEMRL_TOKENS_FILE": str(tokens_file(tmp_path, bob_quota_mb=1)), "MEMRL_EMBEDDED_ENGINE": engine}
+    profile = {"MEMRL_TOOL_PROFILE": "core"} if tool == "store_experience" else {}
+    rewrites, sizes, refusals = REWRITES[engine], [], 0
+    with http_server(data_dir, tmp_path, **env, **profile) as server:
+        async with mcp_client(server, BOB) as bob:
+            first = await call(bob, "store_experience", task=REWRITTEN_TASK, experience=text(0, LONG))
+            for i in range(1, rewrites + 1):
+                if tool == "update_memory":
+                    arguments = {"memory_id": first["id"], "experience": text(i, LONG)}
+                else:
+                    arguments = {"task": REWRITTEN_TASK, "experience": text(i, LONG)}
+                result = await bob.call_tool(tool, arguments)
+                if result.is_error:
+                    message = " ".join(getattr(block, "text", "") for block in result.content)
+                    assert QUOTA_REFUSAL.search(message), message
+                    refusals += 1
+                    await anyio.sleep(GIVE_BACK_EVERY)
+                else:
+                    assert result.structured_content is not None
+                    assert result.structured_content["id"] == first["id"]
+                if i % (rewrites // 6) == 0:
+                    sizes.append(du_mb(data_dir))
+    closed = du_mb(data_dir)
+    with http_server(data_dir, tmp_path, **env) as server:
+        async with mcp_client(server, BOB) as bob:
+            assert (await call(bob, "memory_stats"))["memories"] == 1
+            memory = await call(bob, "update_memory", memory_id=first["id"], experience="the last word")
+            assert memory["experience"] == "the last word"
+    reopened = du_mb(data_dir)
+    print(f"{engine}, {rewrites} rewrites by {tool}: {sizes} MB, {closed:.1f} closed, {reopened:.1f} reopened; "
+          f"{refusals} refused")  # fmt: skip
+    assert max(*sizes, closed, reopened) <= REWRITES_BOUND_MB
+    assert refusals <= rewrites // 20
 
 
 @pytest.mark.slow  # rebuilds tables in child processes
