@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -77,11 +78,11 @@ class DiskRoom:
             with flocked(logs, fcntl.LOCK_EX) as busy:
                 if busy is None:  # else another process opened the store meanwhile: its pages are its own
                     give_back(former)
-            need = sum(filled_at_open(folder) for folder in folders) + self._min_free
+            need = math.ceil((sum(filled_at_open(folder) for folder in folders) + self._min_free) / MB)
             raise DiskFullError(
                 f"cannot open the memory store at {self._path}: its disk has {free / MB:.1f} MB free, too little "
                 "for the engine to map its files (a process opening it died of SIGBUS; the room it took was given "
-                f"back). Opening it writable needs about {need / MB:.0f} MB free: its indexes and the vectors it "
+                f"back). Opening it writable needs about {need} MB free: its indexes and the vectors it "
                 "holds in RAM, which this filesystem allocates as the engine maps them, and "
                 f"min_free_disk_mb={self._min_free // MB} for its writes. Free some space; meanwhile a read-only "
                 "server (MEMRL_TOOL_PROFILE=read_only) serves it and `memrl-mcp export` backs it up: both open a copy "
