@@ -134,7 +134,7 @@ async def test_bob_fills_his_quota_alice_still_writes_and_forgetting_gives_the_d
             assert (await call(alice, "search_experience", task="alice's task"))["memories"][0]["id"] == mine["id"]
 
 
-REWRITES = {"edge": 3000, "qdrant-local": 300}  # qdrant-local rewrites a point in ~0.2 s
+REWRITES = {"edge": 1000, "qdrant-local": 200}  # qdrant-local rewrites a 15,000-character point in ~0.2 s
 REWRITTEN_TASK = "summarise the nightly build log"
 REWRITES_BOUND_MB = 12
 
