@@ -3,8 +3,7 @@ would take a namespace past its quota, so that one tenant cannot fill the disk a
 
 **What is measured.** A record's size is its payload as compact JSON (each top-level field: key, value, colon and
 comma) plus its vector (4 bytes a dimension): what the engine stores of it, the engine's own indexes and files
-aside. Sizes add up per field, so an update's change of size is the change of the fields it writes: a write never
-has to read a whole record to be counted, only the fields it touches.
+aside. Sizes add up per field, so an update's change of size is the change of the fields it writes.
 
 **Rewrites.** qdrant-edge writes a rewritten record's whole payload anew and keeps the version it replaced (and
 the write in its log) until its next flush, which lets it reuse that room; so a namespace's usage also counts the
@@ -16,9 +15,9 @@ one memory in a loop is slowed by its own quota, never given more than it. qdran
 through SQLite, which reuses a replaced version's pages at once: nothing is counted there.
 
 **How it is kept.** :class:`MeteredStore`, a layer over an embedded store (every write of this process goes
-through it, the store being locked to one process), reads the touched fields before each write and knows the ones
-it writes, under one lock, and moves each namespace's count by the difference; so the counts always equal a full
-recount, whatever the order of concurrent writes. They are saved at a clean close and read back at open; the saved
+through it, the store being locked to one process), reads the record before each write and knows the fields it
+writes, under one lock, and moves each namespace's count by the difference; so the counts of records always equal a
+full recount, whatever the order of concurrent writes. They are saved at a clean close and read back at open; the saved
 file is deleted as it is read, so a store not closed cleanly is counted again (a full read: 2.8 s per 100,000
 memories with 1.9 KB payloads, measured). A namespace forgotten whole drops its counts without reading anything. On
 a Qdrant server several replicas write and no process sees every write: no usage is measured there, and quotas are
@@ -29,9 +28,10 @@ the calls in flight for it may still add, plus what this call may add, fits in i
 reserved until it returns, so concurrent calls cannot overshoot together. A call is admitted or refused whole
 before it writes, so no report stops halfway for want of quota. What a call may add is computed from the texts
 it stores (:func:`text_bytes`) and the records it makes; the bookkeeping of updates (a Q event of ~160 bytes per
-recalled memory, capped by ``q_history_size``) is counted at :data:`UPDATE_BYTES` each. What is stored may exceed
-the estimate by up to ~2 KB a call (a merge keeps the union of the old and new metadata, up to
-``max_metadata_chars``): a namespace ends within that of its quota.
+recalled memory, capped by ``q_history_size``) is counted at :data:`UPDATE_BYTES` each, and an edit counts the
+version it replaces. What a call adds may exceed the estimate by up to ~2 KB (a merge keeps the union of the old
+and new metadata, up to ``max_metadata_chars``), and a report by the versions of the memories it updates, which
+the next admission at the quota gives back: a namespace ends within that of its quota.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ class MeteredStore(StoreLayer):
             self._after_write(table)
 
     def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> bool:
-        with self._lock:  # the quota's count: +89 us of CPU on a Q update's 180 us write (perf/write_costs.py)
+        with self._lock:
             before = self._inner.get(table, [point_id]).get(point_id)
             applied = self._inner.set_payload_if(table, point_id, payload, where)
             if applied:
