@@ -275,7 +275,7 @@ async def test_a_refused_start_on_a_full_tmpfs_takes_no_room_and_the_room_it_nam
             assert restart.returncode == 2, (restart.returncode, restart.stderr)
             assert "too little for the engine to map its files" in restart.stderr, restart.stderr
             assert free_mb(disk) >= before - 0.5, (before, free_mb(disk), restart.stderr)
-            room = re.search(r"Opening it writable needs about (\d+) MB free", restart.stderr)
+            room = re.search(r"opening it writable needs about (\d+) MB free", restart.stderr)
             assert room is not None, restart.stderr
             needs.append(int(room[1]))
         assert needs[0] == needs[1] > 100

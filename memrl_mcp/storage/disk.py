@@ -81,8 +81,8 @@ class DiskRoom:
             need = math.ceil((sum(filled_at_open(folder) for folder in folders) + self._min_free) / MB)
             raise DiskFullError(
                 f"cannot open the memory store at {self._path}: its disk has {free / MB:.1f} MB free, too little "
-                "for the engine to map its files (a process opening it died of SIGBUS; the room it took was given "
-                f"back). Opening it writable needs about {need} MB free: its indexes and the vectors it "
+                "for the engine to map its files (a process opening it died of SIGBUS). What that process took was "
+                f"given back; opening it writable needs about {need} MB free: its indexes and the vectors it "
                 "holds in RAM, which this filesystem allocates as the engine maps them, and "
                 f"min_free_disk_mb={self._min_free // MB} for its writes. Free some space; meanwhile a read-only "
                 "server (MEMRL_TOOL_PROFILE=read_only) serves it and `memrl-mcp export` backs it up: both open a copy "
