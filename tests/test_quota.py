@@ -26,7 +26,7 @@ from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import SettingsError, load_settings
-from memrl_mcp.storage import EdgeStore, Point, Store, Table
+from memrl_mcp.storage import EdgeStore, Point, Store, Table, quota
 from memrl_mcp.storage.quota import GIVE_BACK_EVERY, MeteredStore
 from memrl_mcp.storage.store import TABLES, vector_size
 from tests.support.mcp import call, make_service, refused
@@ -183,6 +183,38 @@ async def test_rewriting_one_memory_cannot_grow_the_disk_past_a_bound(tmp_path: 
           f"{refusals} refused")  # fmt: skip
     assert max(*sizes, closed, reopened) <= REWRITES_BOUND_MB
     assert refusals <= rewrites // 20
+
+
+def test_the_versions_a_rewrite_replaces_count_until_the_store_reuses_them(
+    embedder: Embedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """qdrant-edge keeps a rewritten record's replaced version until a flush: a namespace's usage counts it. With the
+    flushes made for a namespace at its quota held back (one allowed an hour), a tenant rewriting one memory of
+    15,000 characters under namespace_quota_mb 1 is refused by name at the quota, told how much of its usage is
+    replaced versions, and holds no more than its quota; once a flush is allowed, the next rewrite gets the room
+    back and applies, and the usage is its records' again. On the code before, no rewrite was ever refused."""
+    monkeypatch.setattr(quota, "GIVE_BACK_EVERY", 3600.0)
+    service = make_service(embedder, tmp_path / "data", namespace_quota_mb=1)
+    store = service._store
+    try:
+        memory = service.store_experience("summarise the build log", text(0, LONG), "ns", access=EVERYTHING)
+        refusal, rewrites = "", 0
+        while not refusal and rewrites < 400:
+            rewrites += 1
+            try:
+                service.update_memory(memory.id, experience=text(rewrites, LONG), access=EVERYTHING)
+            except quota.QuotaExceededError as error:
+                refusal = str(error)
+        assert QUOTA_REFUSAL.search(refusal) and "versions that rewrites replaced" in refusal, refusal
+        assert rewrites > 50  # the quota filled by replaced versions: ~17 KB each
+        used = store.usage("ns")
+        assert used is not None and used <= MB
+        monkeypatch.setattr(quota, "GIVE_BACK_EVERY", 0.0)
+        service.update_memory(memory.id, experience=text(rewrites + 1, LONG), access=EVERYTHING)
+        held = (store.usage("ns") or 0) - recount(store, "ns")
+        assert 0 < held < 2 * LONG  # the room given back first: only the version this rewrite replaced
+    finally:
+        service.close()
 
 
 @pytest.mark.slow  # rebuilds tables in child processes
