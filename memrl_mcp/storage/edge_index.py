@@ -118,9 +118,9 @@ def shard_config(edge: Any, params: ShardParams) -> Any:
 
 WAL_OPTIONS = {"segment_capacity": 1 << 20, "segment_queue_len": 1, "retain_closed": 1}
 """The write-ahead log's segment files: 1 MB instead of qdrant-edge's 32. The log keeps what no flush has
-acknowledged yet, and besides, whatever it holds, the segment being written, one made ahead and one closed: with
-32 MB segments up to 96 MB a table, with 1 MB ones 3 MB. A write larger than a segment gets a segment of its own
-size."""
+acknowledged yet, and besides, whatever it holds, the segment being written and one closed (and one made ahead,
+empty): with 32 MB segments up to 64 MB a table, with 1 MB ones 2 MB. A write larger than a segment gets a segment
+of its own size."""
 
 
 def with_small_wal(path: Path, stored: dict[str, Any]) -> None:
