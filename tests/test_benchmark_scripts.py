@@ -28,6 +28,8 @@ pytestmark = pytest.mark.slow
         ("cycle_cost.py", ("--rounds", "2", "--passes", "1", "--tasks", "5", "--age", "3"), "this / baseline"),
         ("write_costs.py", ("--tasks", "3", "--age", "3", "--rounds", "2", "--writes", "20"), "metered (quota)"),
         ("step_capacity.py", ("--capacities", "20", "--steps", "3", "--runs", "2"), "same pick"),
+        ("rewrites.py", ("--rewrites", "6", "--chars", "500", "--engines", "edge"), "reopened"),
+        ("open_room.py", ("--memories", "0", "50"), "asks MB free"),
         ("tool_list.py", ("--profile", "core"), "core: "),
         (
             "scale.py",

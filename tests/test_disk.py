@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +29,7 @@ from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import open_store
+from memrl_mcp.storage import DiskFullError, open_store
 from tests.support.crashes import DiesAtWrite
 from tests.support.mcp import call, make_service, refused
 from tests.support.servers import child_env, http_server, mcp_client, run_cli, stdio_server
@@ -240,3 +241,52 @@ async def test_a_restart_on_a_full_ext4_serves_reads_or_says_so_and_export_works
             async with Client(stdio_server(data_dir)) as client:
                 found = await call(client, "search_experience", task=first)
                 assert [(m["id"], m["visits"]) for m in found["memories"][:1]] == [(ids[0], 1)]
+
+
+@pytest.mark.anyio
+async def test_a_refused_start_on_a_full_tmpfs_takes_no_room_and_the_room_it_names_brings_it_back(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    """A 256 MB tmpfs, a ballast of 170 MB and min_free_disk_mb 16: memories of 15,000 characters are written until
+    the margin refuses them, and the store is closed. A restart needs the room its indexes and in-RAM vectors take
+    once mapped (~140 MB here), and is refused: it used to leave the tmpfs 100% full (the pages its probe had
+    allocated), so that even a freed disk was taken again by the next refused restart. Now a refused restart takes
+    no room, says how much the store needs, and with exactly that much free the store opens writable."""
+    margin = {"MEMRL_MIN_FREE_DISK_MB": "16"}
+    with small_tmpfs(tmp_path, 256) as disk:
+        data_dir = disk / "data"
+        ballast = leave_free(disk, 86)
+        service = make_service(embedder, data_dir, min_free_disk_mb=16)
+        stored = 0
+        try:
+            while True:
+                rng = random.Random(stored)
+                experience = " ".join(rng.randbytes(4).hex() for _ in range(EXPERIENCE_CHARS // 9))
+                service.store_experience(NewExperience(task_text(rng, stored), experience), access=EVERYTHING)
+                stored += 1
+        except DiskFullError:
+            pass
+        finally:
+            service.close()
+        assert stored > 500  # filled by writes
+
+        needs = []
+        for _ in range(2):  # a second refused restart finds the same room, and takes none either
+            before = free_mb(disk)
+            restart = run_cli("--data-dir", str(data_dir), env=child_env(**margin), timeout=120)
+            assert restart.returncode == 2, (restart.returncode, restart.stderr)
+            assert "too little for the engine to map its files" in restart.stderr, restart.stderr
+            assert free_mb(disk) >= before - 0.5, (before, free_mb(disk), restart.stderr)
+            room = re.search(r"opening it writable needs about (\d+) MB free", restart.stderr)
+            assert room is not None, restart.stderr
+            needs.append(int(room[1]))
+        assert needs[0] == needs[1] > 100
+
+        ballast.unlink()
+        ballast = leave_free(disk, needs[0])  # exactly the room the message named
+        with anyio.fail_after(120):
+            async with Client(stdio_server(data_dir, **margin)) as client:
+                assert (await call(client, "memory_stats"))["memories"] == stored
+                await call(client, "store_experience", task="after the room was made", experience="writable again")
+        print(f"{stored} memories: refused restarts took no room; opened writable with {needs[0]} MB free, "
+              f"{free_mb(disk):.1f} MB left")  # fmt: skip

@@ -24,11 +24,11 @@ import yaml
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery
+from memrl_mcp.requests import ForgetRequest, MemoryEdit, NewExperience, OutcomeReport, RecallQuery
 from memrl_mcp.settings import SettingsError, load_settings
-from memrl_mcp.storage import EdgeStore, Point, Store, Table
-from memrl_mcp.storage.quota import MeteredStore
-from memrl_mcp.storage.store import vector_size
+from memrl_mcp.storage import EdgeStore, Point, Store, Table, quota
+from memrl_mcp.storage.quota import GIVE_BACK_EVERY, MeteredStore
+from memrl_mcp.storage.store import TABLES, vector_size
 from tests.support.mcp import call, make_service, refused
 from tests.support.servers import ALICE, BOB, child_env, http_server, mcp_client, run_cli
 
@@ -62,11 +62,11 @@ def du_mb(folder: Path) -> float:
     raise AssertionError(f"du {folder}: {done.stderr}")
 
 
-def tokens_file(tmp_path: Path) -> Path:
+def tokens_file(tmp_path: Path, bob_quota_mb: int = BOB_QUOTA_MB) -> Path:
     path = tmp_path / "tokens.yaml"
     grants = [
         {"name": "alice", "token": ALICE, "namespaces": ["alice"]},
-        {"name": "bob", "token": BOB, "namespaces": ["bob"], "namespace_quota_mb": BOB_QUOTA_MB},
+        {"name": "bob", "token": BOB, "namespaces": ["bob"], "namespace_quota_mb": bob_quota_mb},
     ]
     path.write_text(yaml.safe_dump({"tokens": grants}))
     return path
@@ -135,6 +135,91 @@ async def test_bob_fills_his_quota_alice_still_writes_and_forgetting_gives_the_d
             assert (await call(alice, "search_experience", task="alice's task"))["memories"][0]["id"] == mine["id"]
 
 
+REWRITES = {"edge": 1000, "qdrant-local": 200}  # qdrant-local rewrites a 15,000-character point in ~0.2 s
+REWRITTEN_TASK = "summarise the nightly build log"
+REWRITES_BOUND_MB = 12
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("tool", ["update_memory", "store_experience"])
+async def test_rewriting_one_memory_cannot_grow_the_disk_past_a_bound(tmp_path: Path, tool: str, engine: str) -> None:
+    """bob (namespace_quota_mb: 1) stores one memory of 15,000 characters, then rewrites it with a new 15,000-character
+    experience again and again: through update_memory, or through store_experience of the same task, which merges
+    into it (the default core profile). qdrant-edge kept every replaced version and the log of every write until
+    a flush: the store grew linearly (96 MB after 3,600 rewrites) and nothing refused or gave it back. Now the
+    versions a namespace's rewrites replace count in its usage until a flush lets the engine reuse them, a
+    namespace at its quota has them flushed, and the log's segments are small: the store stays small, through a
+    close and a reopen. A refusal, if any, names the quota."""
+    data_dir = tmp_path / "data"
+    env = {"MEMRL_TOKENS_FILE": str(tokens_file(tmp_path, bob_quota_mb=1)), "MEMRL_EMBEDDED_ENGINE": engine}
+    profile = {"MEMRL_TOOL_PROFILE": "core"} if tool == "store_experience" else {}
+    rewrites, sizes, refusals = REWRITES[engine], [], 0
+    with http_server(data_dir, tmp_path, **env, **profile) as server:
+        async with mcp_client(server, BOB) as bob:
+            first = await call(bob, "store_experience", task=REWRITTEN_TASK, experience=text(0, LONG))
+            for i in range(1, rewrites + 1):
+                if tool == "update_memory":
+                    arguments = {"memory_id": first["id"], "experience": text(i, LONG)}
+                else:
+                    arguments = {"task": REWRITTEN_TASK, "experience": text(i, LONG)}
+                result = await bob.call_tool(tool, arguments)
+                if result.is_error:
+                    message = " ".join(getattr(block, "text", "") for block in result.content)
+                    assert QUOTA_REFUSAL.search(message), message
+                    refusals += 1
+                    await anyio.sleep(GIVE_BACK_EVERY)
+                else:
+                    assert result.structured_content is not None
+                    assert result.structured_content["id"] == first["id"]
+                if i % (rewrites // 6) == 0:
+                    sizes.append(du_mb(data_dir))
+    closed = du_mb(data_dir)
+    with http_server(data_dir, tmp_path, **env) as server:
+        async with mcp_client(server, BOB) as bob:
+            assert (await call(bob, "memory_stats"))["memories"] == 1
+            memory = await call(bob, "update_memory", memory_id=first["id"], experience="the last word")
+            assert memory["experience"] == "the last word"
+    reopened = du_mb(data_dir)
+    print(f"{engine}, {rewrites} rewrites by {tool}: {sizes} MB, {closed:.1f} closed, {reopened:.1f} reopened; "
+          f"{refusals} refused")  # fmt: skip
+    assert max(*sizes, closed, reopened) <= REWRITES_BOUND_MB
+    assert refusals <= rewrites // 20
+
+
+def test_the_versions_a_rewrite_replaces_count_until_the_store_reuses_them(
+    embedder: Embedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """qdrant-edge keeps a rewritten record's replaced version until a flush: a namespace's usage counts it. With the
+    flushes made for a namespace at its quota held back (one allowed an hour), a tenant rewriting one memory of
+    15,000 characters under namespace_quota_mb 1 is refused by name at the quota, told how much of its usage is
+    replaced versions, and holds no more than its quota; once a flush is allowed, the next rewrite gets the room
+    back and applies, and the usage is its records' again. On the code before, no rewrite was ever refused."""
+    monkeypatch.setattr(quota, "GIVE_BACK_EVERY", 3600.0)
+    service = make_service(embedder, tmp_path / "data", namespace_quota_mb=1)
+    store = service._store
+    try:
+        memory = service.store_experience(
+            NewExperience("summarise the build log", text(0, LONG), "ns"), access=EVERYTHING
+        )
+        refusal, rewrites = "", 0
+        while not refusal and rewrites < 400:
+            rewrites += 1
+            try:
+                service.update_memory(MemoryEdit(memory.id, experience=text(rewrites, LONG)), access=EVERYTHING)
+            except quota.QuotaExceededError as error:
+                refusal = str(error)
+        assert QUOTA_REFUSAL.search(refusal) and "versions that rewrites replaced" in refusal, refusal
+        assert rewrites > 50  # the quota filled by replaced versions: ~17 KB each
+        used = store.usage("ns")
+        assert used is not None and used <= MB
+        monkeypatch.setattr(quota, "GIVE_BACK_EVERY", 0.0)
+        service.update_memory(MemoryEdit(memory.id, experience=text(rewrites + 1, LONG)), access=EVERYTHING)
+        held = (store.usage("ns") or 0) - recount(store, "ns")
+        assert 0 < held < 2 * LONG  # the room given back first: only the version this rewrite replaced
+    finally:
+        service.close()
+
+
 @pytest.mark.slow  # rebuilds tables in child processes
 def test_concurrent_writers_never_overshoot_the_quota_and_the_count_is_exact(
     embedder: Embedder, tmp_path: Path, engine: str
@@ -164,7 +249,7 @@ def test_concurrent_writers_never_overshoot_the_quota_and_the_count_is_exact(
         assert refusals and all(QUOTA_REFUSAL.search(r) for r in refusals)
         used = store.usage("busy")
         assert used is not None and used <= MB
-        assert used == recount(store, "busy")
+        assert counted(store, "busy") == recount(store, "busy")
         service.store_experience(
             NewExperience("elsewhere", "another namespace has its own quota", namespace="calm"), access=EVERYTHING
         )
@@ -177,18 +262,29 @@ def recount(store: Store, namespace: str) -> int:
     return store._recount().of(namespace)
 
 
+def counted(store: Store, namespace: str) -> int | None:
+    """The usage kept write by write, once every table is flushed: its records' bytes alone, without the versions
+    their writes replaced (which the flush lets the engine reuse)."""
+    for table in TABLES:
+        store.flush(table)
+    return store.usage(namespace)
+
+
 KILLED_WRITER = """
 import os, signal, sys
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.settings import load_settings
 from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery
+from memrl_mcp.storage.store import TABLES
 service = MemoryService.open(load_settings(data_dir=sys.argv[1]))
 for i in range(30):
     service.store_experience(NewExperience(f"job {i}", "lesson " * (50 * i + 1), namespace="ns"), access=EVERYTHING)
 recall = service.recall(RecallQuery("job 3", namespace="ns"), access=EVERYTHING)
 service.report(OutcomeReport(recall.recall_id, 1.0, experience="more " * 500), access=EVERYTHING)
 service.forget(ForgetRequest(namespace="gone"), access=EVERYTHING)
+for table in TABLES:
+    service._store.flush(table)  # the versions its writes replaced are reused: the usage is the records' alone
 print(service._store.usage("ns"), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -338,7 +434,7 @@ def test_a_small_forget_is_given_back_at_the_next_check(tmp_path: Path) -> None:
         while (path / "memories").exists() and time.monotonic() < deadline:
             time.sleep(0.1)  # the compaction runs in the background; the old generation goes last
         assert du_mb(path) < before - 1.2, (before, du_mb(path))  # bob's 300 records of 5 KB
-        assert store.usage("alice") == recount(store, "alice")
+        assert counted(store, "alice") == recount(store, "alice")
     finally:
         store.close()
 
@@ -361,13 +457,13 @@ def test_the_q_histories_chunks_are_counted_and_given_back(embedder: Embedder, t
             service.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
         chunks = store.count("history", {"namespace": "ns"})
         assert chunks == 4  # 20 updates of each memory: two tails of 8 copied
-        assert store.usage("ns") == recount(store, "ns")
-        with_chunks = store.usage("ns")
+        with_chunks = counted(store, "ns")
+        assert with_chunks == recount(store, "ns")
         service.forget(ForgetRequest(memory_id=mug.id), access=EVERYTHING)
         assert store.count("history", {"namespace": "ns"}) == 2
-        assert store.usage("ns") == recount(store, "ns") < with_chunks
+        assert counted(store, "ns") == recount(store, "ns") < with_chunks
         assert service.get(cup.id, access=EVERYTHING).visits == 20
         service.forget(ForgetRequest(namespace="ns"), access=EVERYTHING)
-        assert store.count("history") == 0 and store.usage("ns") == recount(store, "ns") == 0
+        assert store.count("history") == 0 and counted(store, "ns") == recount(store, "ns") == 0
     finally:
         service.close()

@@ -11,7 +11,7 @@ from typing import Any
 from memrl_mcp.memory.records import RecallRecord, StepPayload, memory_payload
 from memrl_mcp.models import MemoryView, StepRecordView
 from memrl_mcp.storage import Store
-from memrl_mcp.storage.quota import UPDATE_BYTES, new_record_bytes, record_bytes
+from memrl_mcp.storage.quota import UPDATE_BYTES, new_record_bytes, payload_bytes, record_bytes, text_bytes
 
 RESTORE_BATCH = 256  # memories or step records an import embeds and writes together
 
@@ -23,6 +23,12 @@ def report_bytes(recall: RecallRecord, experience: str | None, metadata: Mapping
     if experience is not None:
         added += new_record_bytes(recall.task, experience, metadata, dims=dim)
     return added
+
+
+def edit_bytes(memory: Mapping[str, Any], experience: str | None, metadata: Mapping[str, Any] | None) -> int:
+    """What editing ``memory`` (its payload as read) may add: the texts written, a Q event, and the version the
+    edit replaces, which the engine keeps until its next flush (:mod:`memrl_mcp.storage.quota`)."""
+    return payload_bytes(memory) + text_bytes(experience, metadata) + UPDATE_BYTES
 
 
 def trajectory_bytes(task: str, steps: Sequence[tuple[str, str, float]], dim: int) -> int:

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from memrl_mcp.embeddings import Embedder, cached, create_embedder, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
-from memrl_mcp.memory.admission import RESTORE_BATCH, report_bytes, restore_bytes, trajectory_bytes
+from memrl_mcp.memory.admission import RESTORE_BATCH, edit_bytes, report_bytes, restore_bytes, trajectory_bytes
 from memrl_mcp.memory.bounds import OldestBeyond
 from memrl_mcp.memory.episodes import EpisodeMemory, PendingRecall
 from memrl_mcp.memory.ledger import Ledger
@@ -80,7 +80,7 @@ from memrl_mcp.requests import (
 from memrl_mcp.settings import GROUP_OF, Settings, TokenGrant, load_grants
 from memrl_mcp.storage import DiskFullError, Point, Range, Store, Words, new_id, open_store
 from memrl_mcp.storage.migrations import migrate
-from memrl_mcp.storage.quota import UPDATE_BYTES, Quotas, new_record_bytes, text_bytes
+from memrl_mcp.storage.quota import Quotas, new_record_bytes
 from memrl_mcp.validation import (
     DELTA,
     EPISODE_ID,
@@ -485,7 +485,8 @@ class MemoryService:
             raise MemoryRequestError("give at least one of experience, metadata or reset_q=true: nothing to change")
         learning = self.settings.learning
         with self._call():
-            namespace = self._payload(memory_id, access)["namespace"]
+            payload = self._payload(memory_id, access)
+            namespace = payload["namespace"]
             now = self.clock()
 
             def edit(m: Mapping[str, Any]) -> dict[str, Any]:
@@ -503,7 +504,7 @@ class MemoryService:
                     update |= {"q": q_init, "visits": 0, "last_reward": None, **history}
                 return update
 
-            with self.quotas.admit(namespace, text_bytes(experience, meta) + UPDATE_BYTES):
+            with self.quotas.admit(namespace, edit_bytes(payload, experience, meta)):
                 written = self._ledger.update_once(memory_id, f"edit:{new_id()}", edit)
         if written is None:
             self._ledger.history.forget([memory_id])  # an attempt may have copied its tail before it was deleted

@@ -8,6 +8,9 @@ an error: an embedded store refuses writes before its disk is too full for the e
 
 from __future__ import annotations
 
+import fcntl
+import json
+import math
 import signal
 import subprocess
 import sys
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from memrl_mcp.errors import MemrlError
-from memrl_mcp.storage.files import free_bytes, hole_bytes
+from memrl_mcp.storage.files import flocked, free_bytes, give_back, hole_bytes, holes
 
 MB = 1 << 20
 
@@ -59,22 +62,46 @@ class DiskRoom:
         qdrant-edge maps its files into memory, and on tmpfs it allocates their holes as it opens them (a small
         store's first reopen grew it from 30 to 178 MB); a page it cannot allocate kills the process with SIGBUS,
         where no error can be caught. When the free space could not cover every hole of the store's files plus
-        the margin, a child process opens the shards first: if it dies of SIGBUS, the disk is too full and this
-        is said; if it lives, what it allocated stays allocated and this process's open needs no more."""
+        the margin, a child process opens the shards first: if it lives, what it allocated stays allocated and this
+        process's open needs no more; if it dies of SIGBUS, the pages it allocated and left empty are given back
+        (a refused start takes no room), and the room the store needs is said (:func:`filled_at_open`)."""
         free = free_bytes(self._path)
         if free >= sum(hole_bytes(folder) for folder in folders) + self._min_free:
             return
+        former = {path: ranges for folder in folders for path, ranges in holes(folder).items()}
         probe = "import sys, qdrant_edge as e\nfor p in sys.argv[1:]: e.EdgeShard.load(p).close()"
         done = subprocess.run(
             [sys.executable, "-c", probe, *map(str, folders)], stdin=subprocess.DEVNULL, capture_output=True
         )
         if done.returncode == -signal.SIGBUS:
+            logs = [folder / "wal" for folder in folders if (folder / "wal").is_dir()]
+            with flocked(logs, fcntl.LOCK_EX) as busy:
+                if busy is None:  # else another process opened the store meanwhile: its pages are its own
+                    give_back(former)
+            need = math.ceil((sum(filled_at_open(folder) for folder in folders) + self._min_free) / MB)
             raise DiskFullError(
                 f"cannot open the memory store at {self._path}: its disk has {free / MB:.1f} MB free, too little "
-                "for the engine to map its files (a process opening it died of SIGBUS). Free some space; "
-                "meanwhile a read-only server (MEMRL_TOOL_PROFILE=read_only) serves it and `memrl-mcp export` backs it "
-                "up: both open a copy of it in TMPDIR"
+                "for the engine to map its files (a process opening it died of SIGBUS). What that process took was "
+                f"given back; opening it writable needs about {need} MB free: its indexes and the vectors it "
+                "holds in RAM, which this filesystem allocates as the engine maps them, and "
+                f"min_free_disk_mb={self._min_free // MB} for its writes. Free some space; meanwhile a read-only "
+                "server (MEMRL_TOOL_PROFILE=read_only) serves it and `memrl-mcp export` backs it up: both open a copy "
+                "of it in TMPDIR"
             )
+
+
+def filled_at_open(shard: Path) -> int:
+    """The bytes an open of the qdrant-edge shard at ``shard`` allocates on a filesystem that allocates the mapped
+    holes of a file (tmpfs): the holes of its payload indexes (an appendable segment loads them whole) and of the
+    vectors it holds in RAM (a segment whose vector storage is not memory-mapped, read on demand)."""
+    filled = 0
+    for described in (shard / "segments").glob("*/segment.json"):
+        segment = described.parent
+        filled += hole_bytes(segment / "payload_index")
+        config = json.loads(described.read_text())["config"]["vector_data"]
+        if any(str(vectors.get("storage_type", "")).startswith("InRam") for vectors in config.values()):
+            filled += hole_bytes(segment / "vector_storage")
+    return filled
 
 
 RECALL_SHARE = 0.5  # of the free-space margin, that a new recall may use

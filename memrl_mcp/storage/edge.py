@@ -403,6 +403,14 @@ class EdgeStore:
             self._unflushed[table] = 0
             shard.flush()
 
+    def flush(self, table: Table) -> None:
+        with self._writing, self._reading(table) as shard:
+            self._unflushed[table] = 0
+            shard.flush()
+
+    def reclaim(self, namespace: str) -> int:
+        return 0  # counted by the layer over it (memrl_mcp.storage.quota.MeteredStore)
+
     def upsert(self, table: Table, points: Sequence[Point]) -> None:
         batch = [self._edge.Point(p.id, p.vector.astype(np.float32).tolist(), p.payload) for p in points]
         operation = self._edge.UpdateOperation.upsert_points(batch)

@@ -34,11 +34,13 @@ import re
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from memrl_mcp.storage.disk import DiskFullError
+from memrl_mcp.storage.files import write_atomically
 from memrl_mcp.storage.store import StoreLockedError
 
 HNSW_M = 16  # links per node: Qdrant's default; recall@5 against exact 1.00 at 1M, ef 32-256 (perf/scale.py)
@@ -114,12 +116,31 @@ def shard_config(edge: Any, params: ShardParams) -> Any:
     return edge.EdgeConfig(vectors=vectors, payload_memory=edge.Memory.Cold, max_search_threads=EXACT_SEARCH_THREADS)
 
 
+WAL_OPTIONS = {"segment_capacity": 1 << 20, "segment_queue_len": 1, "retain_closed": 1}
+"""The write-ahead log's segment files: 1 MB instead of qdrant-edge's 32. The log keeps what no flush has
+acknowledged yet, and besides, whatever it holds, the segment being written and one closed (and one made ahead,
+empty): with 32 MB segments up to 64 MB a table, with 1 MB ones 2 MB. A write larger than a segment gets a segment
+of its own size."""
+
+
+def with_small_wal(path: Path, stored: dict[str, Any]) -> None:
+    """Give the shard at ``path`` (its persisted config ``stored``; empty: a shard to create) the log's
+    :data:`WAL_OPTIONS`, before the engine opens it. qdrant-edge's Python ``EdgeConfig`` has no parameter for them,
+    but it takes them from the config file it keeps in the shard's folder, completed by the config given to
+    ``load`` (a folder holding only that file is made a new shard). An existing shard's segment files keep their
+    size until they are written through."""
+    if stored.get("wal_options") != WAL_OPTIONS:
+        path.mkdir(parents=True, exist_ok=True)
+        config = json.dumps(stored | {"wal_options": WAL_OPTIONS}).encode()
+        write_atomically(path / "edge_config.json", lambda stream: stream.write(config))
+
+
 def open_shard(edge: Any, path: Path, params: ShardParams, dim: int) -> Any:
     """The server's shard at ``path``, created or loaded, with the payload indexes it lacks; a store of vectors
     other than ``dim``'s (the embedder's), the engine's lock and a full disk are told as such."""
     config_file = path / "edge_config.json"
-    stored = json.loads(config_file.read_text()) if config_file.exists() else None
-    if stored is not None:
+    stored = json.loads(config_file.read_text()) if config_file.exists() else {}
+    if "vectors" in stored:
         stored_dim = int(next(iter(stored["vectors"].values()))["size"])
         if stored_dim != params.size:
             raise ValueError(
@@ -127,8 +148,9 @@ def open_shard(edge: Any, path: Path, params: ShardParams, dim: int) -> Any:
                 f"({params.size}-d in this table)"
             )
     try:
-        if stored is None:
-            shard = edge.EdgeShard.create(str(path), shard_config(edge, params))
+        with_small_wal(path, stored)
+        if "vectors" not in stored:  # new, or a creation a crash cut short
+            shard = edge.EdgeShard.load(str(path), shard_config(edge, params))
         elif params.cold and stored.get("payload_memory") != "cold":
             # A store made before recalls were memory-mapped: loading with a config rewrites it (that needs
             # a little room, so it is done only when something changes).
@@ -262,7 +284,8 @@ def build(folder: str, params: ShardParams, stream: Any) -> int:
     points written."""
     import qdrant_edge as edge
 
-    shard = edge.EdgeShard.create(folder, shard_config(edge, params))
+    with_small_wal(Path(folder), {})
+    shard = edge.EdgeShard.load(folder, shard_config(edge, params))
     # For the graph: its fields before the points, so that it links per namespace (a filtered search stays in the
     # graph), and the others once it is built, so that they are built once, on the optimized segment.
     first = [(key, kind) for key, kind in params.payload_indexes if key in GRAPH_FIELDS or not params.hnsw]
@@ -272,7 +295,8 @@ def build(folder: str, params: ShardParams, stream: Any) -> int:
     written = 0
     while (batch := pickle.load(stream)) is not None:
         _leave_room(folder, params.min_free)
-        shard.update(edge.UpdateOperation.upsert_points([edge.Point(i, v, p) for i, v, p in batch]))
+        for part in log_sized(batch):
+            shard.update(edge.UpdateOperation.upsert_points([edge.Point(i, v, p) for i, v, p in part]))
         written += len(batch)
         if written % PAGE_OUT_EVERY < len(batch):
             _page_out(shard, folder)
@@ -286,6 +310,22 @@ def build(folder: str, params: ShardParams, stream: Any) -> int:
     shard.flush()
     shard.close()
     return written
+
+
+def log_sized(batch: list[tuple[Any, list[float], dict[str, Any]]]) -> Iterator[list[Any]]:
+    """``batch`` in parts of about a write-ahead log segment each. The log keeps, after the last flush, the segment
+    being written and the one before, and a write larger than a segment gets one of its size: written whole, the
+    stream's last two pages would stay in the new generation's log, a second copy of most of a small table."""
+    part: list[Any] = []
+    size = 0
+    for point in batch:
+        part.append(point)
+        size += 4 * len(point[1]) + len(pickle.dumps(point[2], pickle.HIGHEST_PROTOCOL))
+        if size >= WAL_OPTIONS["segment_capacity"]:
+            yield part
+            part, size = [], 0
+    if part:
+        yield part
 
 
 def _page_out(shard: Any, folder: str) -> None:

@@ -3,15 +3,21 @@ copies and disk-space figures of the store's folder."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import fcntl
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 T = TypeVar("T")
 COPY_CHUNK = 1 << 20
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+ZERO_PAGE = bytes(PAGE)
+PUNCH_HOLE = 0x02 | 0x01  # Linux fallocate: FALLOC_FL_PUNCH_HOLE, which requires FALLOC_FL_KEEP_SIZE
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], T]) -> T:
@@ -57,15 +63,7 @@ def copy_sparse(source: Path, target: Path) -> None:
 def _copy_file_sparse(source: Path, target: Path) -> None:
     with source.open("rb") as src, target.open("wb") as dst:
         size = os.fstat(src.fileno()).st_size
-        offset = 0
-        while offset < size:
-            try:
-                start = os.lseek(src.fileno(), offset, os.SEEK_DATA)
-                end = os.lseek(src.fileno(), start, os.SEEK_HOLE)
-            except OSError as error:
-                if error.errno == errno.ENXIO:  # no data after offset: the rest is a hole
-                    break
-                start, end = offset, size  # a filesystem without SEEK_DATA: copy it all
+        for start, end in _extents(src.fileno(), 0, size):
             src.seek(start)
             dst.seek(start)
             left = end - start
@@ -75,8 +73,73 @@ def _copy_file_sparse(source: Path, target: Path) -> None:
                     break
                 dst.write(chunk)
                 left -= len(chunk)
-            offset = end
         dst.truncate(size)
+
+
+def _extents(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The ranges of ``[start, end)`` of the open file ``fd`` that hold data, in order (on a filesystem without
+    SEEK_DATA: all of it)."""
+    offset = start
+    while offset < end:
+        try:
+            data = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as error:
+            if error.errno != errno.ENXIO:  # ENXIO: no data after offset, the rest is a hole
+                yield offset, end
+            return
+        if data >= end:
+            return
+        hole = min(os.lseek(fd, data, os.SEEK_HOLE), end)
+        yield data, hole
+        offset = hole
+
+
+def holes(folder: Path) -> dict[Path, list[tuple[int, int]]]:
+    """The holes of the files under ``folder``: per file, the ranges that hold no data."""
+    found: dict[Path, list[tuple[int, int]]] = {}
+    for path in _files(folder):
+        with path.open("rb") as stream:
+            size = os.fstat(stream.fileno()).st_size
+            edges = [0, *(edge for extent in _extents(stream.fileno(), 0, size) for edge in extent), size]
+        found[path] = [(start, end) for start, end in zip(edges[::2], edges[1::2], strict=True) if end > start]
+    return found
+
+
+def give_back(former_holes: dict[Path, list[tuple[int, int]]]) -> int:
+    """Punch back the pages of these former holes that hold only zeros now, and return their bytes. A process that
+    mapped a file's holes on tmpfs and died left their pages allocated and empty: the files read the same after, and
+    the room is free again; a page it wrote data to is kept."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    freed = 0
+    for path, ranges in former_holes.items():
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        try:
+            for start, end in ranges:
+                for offset, stop in _extents(fd, start, end):
+                    for zeros, length in _zero_pages(fd, offset, stop):
+                        if libc.fallocate(fd, PUNCH_HOLE, zeros, length) == 0:
+                            freed += length
+        finally:
+            os.close(fd)
+    return freed
+
+
+def _zero_pages(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The runs of whole pages of ``[start, end)`` (page-aligned) that read as zeros: (offset, length)."""
+    run = start
+    for offset in range(start, end, COPY_CHUNK):
+        chunk = memoryview(os.pread(fd, min(COPY_CHUNK, end - offset), offset))
+        for page in range(0, len(chunk), PAGE):
+            if chunk[page : page + PAGE] != ZERO_PAGE[: len(chunk) - page]:
+                if offset + page > run:
+                    yield run, offset + page - run
+                run = offset + page + PAGE
+    if end > run:
+        yield run, end - run
 
 
 def allocated_bytes(folder: Path) -> int:
@@ -87,6 +150,28 @@ def allocated_bytes(folder: Path) -> int:
 def hole_bytes(folder: Path) -> int:
     """Bytes of the files under ``folder`` that are holes: what mapping and filling them could still allocate."""
     return sum(max(0, stat.st_size - stat.st_blocks * 512) for stat in (path.lstat() for path in _files(folder)))
+
+
+@contextmanager
+def flocked(paths: Sequence[Path], operation: int) -> Iterator[Path | None]:
+    """Hold ``operation`` (``fcntl.LOCK_SH`` or ``LOCK_EX``) on each of ``paths`` without waiting for it: yields
+    None once all are held, else the first one another process holds (and then holds none)."""
+    held: list[int] = []
+    try:
+        for path in paths:
+            held.append(os.open(path, os.O_RDONLY))
+            try:
+                fcntl.flock(held[-1], operation | fcntl.LOCK_NB)
+            except BlockingIOError:
+                for fd in held:
+                    os.close(fd)
+                held.clear()
+                yield path
+                return
+        yield None
+    finally:
+        for fd in held:
+            os.close(fd)
 
 
 def free_bytes(folder: Path) -> int:

@@ -90,6 +90,12 @@ class StoreLayer:
     def compact(self, table: Table) -> None:
         self._inner.compact(table)
 
+    def flush(self, table: Table) -> None:
+        self._inner.flush(table)
+
+    def reclaim(self, namespace: str) -> int:
+        return self._inner.reclaim(namespace)
+
     def close(self) -> None:
         self._inner.close()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from memrl_mcp.settings import StorageSettings
 from memrl_mcp.storage.disk import MB, DiskFullError, DiskRoom
 from memrl_mcp.storage.edge import EdgeStore
-from memrl_mcp.storage.files import allocated_bytes, copy_sparse, free_bytes
+from memrl_mcp.storage.files import allocated_bytes, copy_sparse, flocked, free_bytes
 from memrl_mcp.storage.layers import ReadOnlyStore
 from memrl_mcp.storage.qdrant import QdrantClientStore
 from memrl_mcp.storage.store import Store, StoreLockedError, StoreNotWritableError
@@ -44,7 +44,7 @@ def open_store(settings: StorageSettings, dim: int, read_only: bool = False) -> 
 
         store = _embedded(settings, folder, dim)
         try:
-            return MeteredStore(store, folder, dim)
+            return MeteredStore(store, folder, dim, keeps_replaced=settings.embedded_engine == "edge")
         except BaseException:
             store.close()
             raise
@@ -90,15 +90,7 @@ def private_copy(folder: Path, min_free_mb: int) -> Path:
 @contextmanager
 def _held_shared(folder: Path) -> Iterator[None]:
     locks = [path for path in folder.rglob("*") if path.name in ("wal", ".lock")] if folder.is_dir() else []
-    held: list[int] = []
-    try:
-        for path in locks:
-            held.append(os.open(path, os.O_RDONLY))
-            try:
-                fcntl.flock(held[-1], fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise StoreLockedError(folder, f"{path} is locked by the process serving it") from None
+    with flocked(locks, fcntl.LOCK_SH) as busy:
+        if busy is not None:
+            raise StoreLockedError(folder, f"{busy} is locked by the process serving it")
         yield
-    finally:
-        for fd in held:
-            os.close(fd)

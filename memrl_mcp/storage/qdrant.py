@@ -315,6 +315,13 @@ class QdrantClientStore:
         """Nothing to do: local mode keeps its points in SQLite, which reuses the pages of deleted points for later
         writes (it does not return them to the filesystem); a Qdrant server vacuums its own segments."""
 
+    def flush(self, table: Table) -> None:
+        """Nothing to do: local mode writes each point through SQLite, which reuses the pages of the version it
+        replaces; a Qdrant server flushes by itself."""
+
+    def reclaim(self, namespace: str) -> int:
+        return 0  # nothing held: see flush
+
     def close(self) -> None:
         with self._atomic:
             self._client.close()

@@ -3,13 +3,21 @@ would take a namespace past its quota, so that one tenant cannot fill the disk a
 
 **What is measured.** A record's size is its payload as compact JSON (each top-level field: key, value, colon and
 comma) plus its vector (4 bytes a dimension): what the engine stores of it, the engine's own indexes and files
-aside. Sizes add up per field, so an update's change of size is the change of the fields it writes: a write never
-has to read a whole record to be counted, only the fields it touches.
+aside. Sizes add up per field, so an update's change of size is the change of the fields it writes.
+
+**Rewrites.** qdrant-edge writes a rewritten record's whole payload anew and keeps the version it replaced (and
+the write in its log) until its next flush, which lets it reuse that room; so a namespace's usage also counts the
+payloads its writes replaced since the last flush of their table. A table is flushed once :data:`FLUSH_BYTES` of
+records were written to it, which bounds what the replaced versions and the log hold whoever writes; and a
+namespace at its quota has the tables holding its replaced versions flushed (at most every
+:data:`GIVE_BACK_EVERY` seconds for the whole store, as a flush stops every request), so a tenant who rewrites
+one memory in a loop is slowed by its own quota, never given more than it. qdrant-client's local mode writes
+through SQLite, which reuses a replaced version's pages at once: nothing is counted there.
 
 **How it is kept.** :class:`MeteredStore`, a layer over an embedded store (every write of this process goes
-through it, the store being locked to one process), reads the touched fields before each write and knows the ones
-it writes, under one lock, and moves each namespace's count by the difference; so the counts always equal a full
-recount, whatever the order of concurrent writes. They are saved at a clean close and read back at open; the saved
+through it, the store being locked to one process), reads the record before each write and knows the fields it
+writes, under one lock, and moves each namespace's count by the difference; so the counts of records always equal a
+full recount, whatever the order of concurrent writes. They are saved at a clean close and read back at open; the saved
 file is deleted as it is read, so a store not closed cleanly is counted again (a full read: 2.8 s per 100,000
 memories with 1.9 KB payloads, measured). A namespace forgotten whole drops its counts without reading anything. On
 a Qdrant server several replicas write and no process sees every write: no usage is measured there, and quotas are
@@ -20,9 +28,10 @@ the calls in flight for it may still add, plus what this call may add, fits in i
 reserved until it returns, so concurrent calls cannot overshoot together. A call is admitted or refused whole
 before it writes, so no report stops halfway for want of quota. What a call may add is computed from the texts
 it stores (:func:`text_bytes`) and the records it makes; the bookkeeping of updates (a Q event of ~160 bytes per
-recalled memory, capped by ``q_history_size``) is counted at :data:`UPDATE_BYTES` each. What is stored may exceed
-the estimate by up to ~2 KB a call (a merge keeps the union of the old and new metadata, up to
-``max_metadata_chars``): a namespace ends within that of its quota.
+recalled memory, capped by ``q_history_size``) is counted at :data:`UPDATE_BYTES` each, and an edit counts the
+version it replaces. What a call adds may exceed the estimate by up to ~2 KB (a merge keeps the union of the old
+and new metadata, up to ``max_metadata_chars``), and a report by the versions of the memories it updates, which
+the next admission at the quota gives back: a namespace ends within that of its quota.
 """
 
 from __future__ import annotations
@@ -58,6 +67,8 @@ DEAD_SHARE = 0.2  # of a table's live bytes: deleted bytes that start a compacti
 RECLAIM_SHARE = 0.02  # ... that start one at the hourly check, so that smaller deletions are given back too
 RECLAIM_EVERY = 3600.0  # seconds between two such checks (the first at open)
 DEAD_MIN = 1 * MB  # and never for less: each compaction rewrites the whole table
+FLUSH_BYTES = 4 * MB  # of records written to a table between two flushes (each stops every request for a moment)
+GIVE_BACK_EVERY = 1.0  # seconds between two flushes made for a namespace at its quota
 log = logging.getLogger(__name__)
 
 
@@ -95,11 +106,13 @@ def new_record_bytes(*texts: Any, dims: int) -> int:
 
 
 class Usage:
-    """Bytes per namespace and table, and per table the bytes deleted since it was last compacted."""
+    """Bytes per namespace and table: of the records, and of the versions their writes replaced since the table
+    was last flushed; and per table the bytes deleted since it was last compacted."""
 
     def __init__(self, live: Mapping[str, Mapping[str, int]] | None = None, dead: Mapping[str, int] | None = None):
         self.live: dict[str, Counter[str]] = {ns: Counter(tables) for ns, tables in (live or {}).items()}
         self.dead: Counter[str] = Counter(dead or {})
+        self.replaced: dict[str, Counter[str]] = {}
 
     def add(self, namespace: Any, table: Table, size: int) -> None:
         """Count ``size`` more bytes (fewer, if negative) for the namespace (records without one are not a
@@ -115,8 +128,24 @@ class Usage:
         self.add(namespace, table, -size)
         self.dead[table] += size
 
+    def replace(self, namespace: Any, table: Table, size: int) -> None:
+        """Count a version of ``size`` bytes that a write replaced, held until the table's next flush."""
+        if isinstance(namespace, str) and size:
+            self.replaced.setdefault(namespace, Counter())[table] += size
+
+    def flushed(self, table: Table) -> None:
+        """The table was flushed: the versions its writes replaced are reused."""
+        for namespace in list(self.replaced):
+            self.replaced[namespace].pop(table, None)
+            if not self.replaced[namespace]:
+                del self.replaced[namespace]
+
+    def held(self, namespace: str) -> int:
+        """Bytes of the versions the namespace's writes replaced, not reused yet."""
+        return sum(self.replaced.get(namespace, Counter()).values())
+
     def of(self, namespace: str) -> int:
-        return sum(self.live.get(namespace, Counter()).values())
+        return sum(self.live.get(namespace, Counter()).values()) + self.held(namespace)
 
     def table(self, table: Table) -> int:
         return sum(counts[table] for counts in self.live.values())
@@ -131,22 +160,26 @@ class Usage:
 
 
 class MeteredStore(StoreLayer):
-    """An embedded store whose writes are counted per namespace (module docstring), and whose tables are
-    compacted (:meth:`Store.compact`) once their deleted bytes reach :data:`DEAD_SHARE` of their live ones, or
-    :data:`RECLAIM_SHARE` at the check made at open and then at the first write an hour after the last one (and
-    :data:`DEAD_MIN` in both cases). Each compaction rewrites its whole table, so tying it to a share of the table
-    bounds its cost per deleted byte; the disk deleted records hold is at most 20% of the live records' at any
-    time, and 2% (or 1 MB) within an hour of activity or at the next start."""
+    """An embedded store whose writes are counted per namespace (module docstring), whose tables are flushed by
+    the bytes written to them, and compacted (:meth:`Store.compact`) once their deleted bytes reach
+    :data:`DEAD_SHARE` of their live ones, or :data:`RECLAIM_SHARE` at the check made at open and then at the first
+    write an hour after the last one (and :data:`DEAD_MIN` in both cases). Each compaction rewrites its whole table,
+    so tying it to a share of the table bounds its cost per deleted byte; the disk deleted records hold is at most
+    20% of the live records' at any time, and 2% (or 1 MB) within an hour of activity or at the next start.
+    ``keeps_replaced``: the engine keeps a replaced version until a flush (qdrant-edge)."""
 
-    def __init__(self, inner: Store, folder: Path, dim: int) -> None:
+    def __init__(self, inner: Store, folder: Path, dim: int, keeps_replaced: bool = False) -> None:
         super().__init__(inner)
         self._folder = folder
         self._dims = {table: vector_size(table, dim) for table in TABLES}
+        self._keeps_replaced = keeps_replaced
         self._lock = threading.Lock()  # one write at a time: each is counted from what it changed
         self._usage = self._saved() or self._recount()
-        self._reclaimed_at = -RECLAIM_EVERY
+        self._written: Counter[str] = Counter()  # bytes of records written to each table since its last flush
+        self._checked_at = -RECLAIM_EVERY
+        self._given_back_at = -GIVE_BACK_EVERY
         with self._lock:
-            self._reclaim()
+            self._check_deleted()
 
     def _saved(self) -> Usage | None:
         """The counts saved at the last clean close, removed at once (a crash must not find them); None if there
@@ -177,6 +210,27 @@ class MeteredStore(StoreLayer):
         with self._lock:
             return self._usage.of(namespace)
 
+    def reclaim(self, namespace: str) -> int:
+        """Flush the tables holding versions the namespace's writes replaced, unless the store flushed for a
+        namespace less than :data:`GIVE_BACK_EVERY` seconds ago; the bytes of such versions it still holds."""
+        with self._lock:
+            tables = [table for table, size in self._usage.replaced.get(namespace, Counter()).items() if size]
+            now = time.monotonic()
+            if tables and now - self._given_back_at >= GIVE_BACK_EVERY:
+                self._given_back_at = now
+                for table in tables:
+                    self._flush(table)
+            return self._usage.held(namespace)
+
+    def flush(self, table: Table) -> None:
+        with self._lock:
+            self._flush(table)
+
+    def _flush(self, table: Table) -> None:
+        self._inner.flush(table)
+        self._written[table] = 0
+        self._usage.flushed(table)
+
     # -- writes, counted ---------------------------------------------------------------------------
 
     def upsert(self, table: Table, points: Sequence[Point]) -> None:
@@ -185,7 +239,7 @@ class MeteredStore(StoreLayer):
             self._inner.upsert(table, points)
             for point in points:
                 self._replaced(table, old.get(point.id), point.payload)
-            self._reclaim()
+            self._after_write(table)
 
     def insert(self, table: Table, point: Point) -> None:
         with self._lock:
@@ -193,22 +247,22 @@ class MeteredStore(StoreLayer):
             self._inner.insert(table, point)
             if not existed:
                 self._replaced(table, None, point.payload)
-            self._reclaim()
+            self._after_write(table)
 
     def set_payload(self, table: Table, point_id: str, payload: dict[str, Any]) -> None:
         with self._lock:
-            before = self._fields(table, point_id, payload)
+            before = self._inner.get(table, [point_id]).get(point_id)
             self._inner.set_payload(table, point_id, payload)
             self._updated(table, payload, before)
-            self._reclaim()
+            self._after_write(table)
 
     def set_payload_if(self, table: Table, point_id: str, payload: dict[str, Any], where: Where) -> bool:
-        with self._lock:  # the quota's count: +89 us of CPU on a Q update's 180 us write (perf/write_costs.py)
-            before = self._fields(table, point_id, payload)
+        with self._lock:
+            before = self._inner.get(table, [point_id]).get(point_id)
             applied = self._inner.set_payload_if(table, point_id, payload, where)
             if applied:
                 self._updated(table, payload, before)
-            self._reclaim()
+            self._after_write(table)
             return applied
 
     def delete(self, table: Table, ids: Sequence[str]) -> None:
@@ -218,14 +272,14 @@ class MeteredStore(StoreLayer):
             for payload in old.values():
                 self._usage.delete(payload.get("namespace"), table, self._size(table, payload))
             self._compact_if_due(table)
-            self._reclaim()
+            self._check_deleted()
 
     def delete_namespace(self, table: Table, namespace: str) -> None:
         with self._lock:
             self._inner.delete_namespace(table, namespace)
             self._usage.delete(namespace, table, self._usage.live.get(namespace, Counter())[table])
             self._compact_if_due(table)
-            self._reclaim()
+            self._check_deleted()
 
     def purge_recalls(self, expired_before: float) -> None:
         with self._lock:
@@ -234,26 +288,38 @@ class MeteredStore(StoreLayer):
             for _, payload in expired:
                 self._usage.delete(payload.get("namespace"), "recalls", self._size("recalls", payload))
             self._compact_if_due("recalls")
-            self._reclaim()
-
-    def _fields(self, table: Table, point_id: str, payload: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The fields an update of ``payload`` touches, and the namespace; None: no such point."""
-        return self._inner.get(table, [point_id], [*payload, "namespace"]).get(point_id)
+            self._check_deleted()
 
     def _updated(self, table: Table, payload: Mapping[str, Any], before: Mapping[str, Any] | None) -> None:
-        """Count a payload update from the fields it touched before and the fields it wrote, as the engine keeps
-        them (:func:`~memrl_mcp.storage.store.as_set`): reading them back cost a store read per write, three per
+        """Count a payload update from the record before it (read whole: the engine writes it anew whole, and
+        keeps the version it replaces) and the fields it wrote, as the engine keeps them
+        (:func:`~memrl_mcp.storage.store.as_set`): reading them back cost a store read per write, three per
         report."""
         if before is None:
             return
         old = {key: before[key] for key in payload if key in before}
-        self._usage.add(before.get("namespace"), table, payload_bytes(as_set(payload)) - payload_bytes(old))
+        change = payload_bytes(as_set(payload)) - payload_bytes(old)
+        self._usage.add(before.get("namespace"), table, change)
+        if self._keeps_replaced:
+            replaced = payload_bytes(before)
+            self._usage.replace(before.get("namespace"), table, replaced)
+            self._written[table] += replaced + change
 
     def _replaced(self, table: Table, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
         """A point written whole (its payload as stored: a :class:`Point`'s floats are the kept ones)."""
         if old is not None:
             self._usage.add(old.get("namespace"), table, -self._size(table, old))
-        self._usage.add(new.get("namespace"), table, self._size(table, new))
+            if self._keeps_replaced:
+                self._usage.replace(old.get("namespace"), table, payload_bytes(old))
+        size = self._size(table, new)
+        self._usage.add(new.get("namespace"), table, size)
+        self._written[table] += size
+
+    def _after_write(self, table: Table) -> None:
+        """Flush the table once :data:`FLUSH_BYTES` were written to it; the hourly check (see the class)."""
+        if self._written[table] >= FLUSH_BYTES:
+            self._flush(table)
+        self._check_deleted()
 
     def _compact_if_due(self, table: Table, share: float = DEAD_SHARE) -> None:
         dead = self._usage.dead[table]
@@ -262,11 +328,11 @@ class MeteredStore(StoreLayer):
             self._usage.dead[table] = 0
             self._inner.compact(table)
 
-    def _reclaim(self) -> None:
-        """The hourly check (see the class), made after a write (the lock held)."""
+    def _check_deleted(self) -> None:
+        """The hourly check of the deleted bytes (see the class), made after a write (the lock held)."""
         now = time.monotonic()
-        if now - self._reclaimed_at >= RECLAIM_EVERY:
-            self._reclaimed_at = now
+        if now - self._checked_at >= RECLAIM_EVERY:
+            self._checked_at = now
             for table in TABLES:
                 self._compact_if_due(table, RECLAIM_SHARE)
 
@@ -329,10 +395,20 @@ class Quotas:
     def _check(self, namespace: str, need: int) -> None:
         quota = self.of(namespace) * MB
         used = self._store.usage(namespace) if quota else None
-        if used is not None and used + self._reserved[namespace] + need > quota:
+        if used is None or used + self._reserved[namespace] + need <= quota:
+            return
+        held = self._store.reclaim(namespace)
+        used = self._store.usage(namespace) or 0
+        if used + self._reserved[namespace] + need > quota:
+            rewrites = (
+                f" ({held / MB:.2f} MB of it versions that rewrites replaced, whose room the store reuses within "
+                f"{GIVE_BACK_EVERY:.0f} s: a retry then may fit)"
+                if held
+                else ""
+            )
             raise QuotaExceededError(
                 f"namespace: {namespace!r} is at its storage quota: {used / MB:.2f} MB stored of {quota // MB} MB "
-                f"(namespace_quota_mb), and this would add up to {need / 1024:.1f} KB more. Forget what is no "
-                "longer needed to make room (forget_experience: a memory_id, or the namespace to drop all of it; "
+                f"(namespace_quota_mb){rewrites}, and this would add up to {need / 1024:.1f} KB more. Forget what is "
+                "no longer needed to make room (forget_experience: a memory_id, or the namespace to drop all of it; "
                 "forgotten records stop counting at once), or ask the operator for a larger namespace_quota_mb"
             )

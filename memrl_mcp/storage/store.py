@@ -303,6 +303,16 @@ class Store(Protocol):
         """Give back the disk space of the table's deleted points (in the background), where the engine can."""
         ...
 
+    def flush(self, table: Table) -> None:
+        """Make the table's writes durable, and let the engine reuse the room of the versions they replaced:
+        qdrant-edge frees a replaced payload, and truncates its write-ahead log, only at a flush."""
+        ...
+
+    def reclaim(self, namespace: str) -> int:
+        """Give back, where it may now, the room of the versions the namespace's writes replaced, which its usage
+        counts (:class:`~memrl_mcp.storage.quota.MeteredStore`); the bytes of such versions still held."""
+        ...
+
     def close(self) -> None: ...
 
 
