@@ -489,7 +489,7 @@ class MemoryService:
             namespace = payload["namespace"]
             now = self.clock()
 
-            def edit(m: Mapping[str, Any]) -> dict[str, Any]:
+            def corrected(m: Mapping[str, Any]) -> dict[str, Any]:
                 update: dict[str, Any] = {"updated_at": now}
                 if experience is not None:
                     update |= {"experience": experience, "experience_source": source}
@@ -505,7 +505,7 @@ class MemoryService:
                 return update
 
             with self.quotas.admit(namespace, edit_bytes(payload, experience, meta)):
-                written = self._ledger.update_once(memory_id, f"edit:{new_id()}", edit)
+                written = self._ledger.update_once(memory_id, f"edit:{new_id()}", corrected)
         if written is None:
             self._ledger.history.forget([memory_id])  # an attempt may have copied its tail before it was deleted
             raise MemoryRequestError(f"memory_id: no memory {memory_id!r} (it was forgotten meanwhile)")
