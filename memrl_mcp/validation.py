@@ -23,7 +23,7 @@ import json
 import reprlib
 import unicodedata
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Generic, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
@@ -254,7 +254,7 @@ def is_point_id(text: str) -> bool:
 def check_outcome(outcome: str) -> Outcome:
     if outcome not in OUTCOMES:
         raise MemoryRequestError(f"outcome: must be 'success' or 'failure', got {outcome!r}")
-    return outcome  # type: ignore[return-value]
+    return outcome
 
 
 def outcome_of(reward: float) -> Outcome:
@@ -303,10 +303,16 @@ def trajectory_rule(
             ),
         ),
     )
-    return Rule(Annotated[list[step], Field(min_length=1, max_length=max_steps)])  # type: ignore[valid-type]
+    return Rule(Annotated[list[step], Field(min_length=1, max_length=max_steps)])
 
 
-def check_step_rewards(steps: list[Any], last_may_lack: bool) -> None:
+def rewarded(steps: Sequence[TrajectoryStep]) -> list[tuple[str, str, float]]:
+    """A trajectory as (observation, action, reward) triples; every step must name its reward."""
+    check_step_rewards(steps, last_may_lack=False)
+    return [(step.observation, step.action, step.reward) for step in steps if step.reward is not None]
+
+
+def check_step_rewards(steps: Sequence[TrajectoryStep], last_may_lack: bool) -> None:
     """Every step of a trajectory names its reward; the last one may lack it when ``last_may_lack`` (the server then
     asks the user how the episode went)."""
     for i, step in enumerate(steps[:-1] if last_may_lack else steps):

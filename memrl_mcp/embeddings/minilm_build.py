@@ -26,11 +26,15 @@ import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from memrl_mcp.embeddings.base import ModelIntegrityError
 from memrl_mcp.embeddings.minilm import MINILM_FILES, MINILM_FOLDER
+
+if TYPE_CHECKING:  # onnx is a build-time dependency (the rebuild-model extra), imported where it is used
+    import onnx
 
 SAFETENSORS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 HEADS, HIDDEN, LAYERS, EPS = 12, 384, 6, 1e-12
@@ -69,8 +73,8 @@ class _Graph:
 
     def __init__(self, weights: dict[str, np.ndarray]) -> None:
         self.weights = weights
-        self.nodes: list[object] = []
-        self.initializers: list[object] = []
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
 
     def const(self, name: str, value: np.ndarray) -> str:
         from onnx import numpy_helper
@@ -78,7 +82,7 @@ class _Graph:
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
-    def node(self, op: str, inputs: list[str], output: str, **attributes: object) -> str:
+    def node(self, op: str, inputs: list[str], output: str, **attributes: Any) -> str:
         from onnx import helper
 
         self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attributes))
@@ -104,7 +108,7 @@ class _Graph:
         )
 
 
-def fp32_graph(weights: dict[str, np.ndarray]):  # -> onnx.ModelProto (onnx is a build-time import)
+def fp32_graph(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     """BERT encoder of all-MiniLM-L6-v2: (input_ids, attention_mask, token_type_ids) -> last_hidden_state."""
     from onnx import TensorProto, helper
 

@@ -25,20 +25,19 @@ from memrl_mcp.memory.records import READ, RecallRecord, memory_view
 from memrl_mcp.models import (
     ExperienceSource,
     MemoryView,
-    Outcome,
     PoolCandidate,
     RecalledMemory,
     RecallPool,
-    RecallQuery,
     RecallResult,
     SearchResult,
     StoreResult,
 )
+from memrl_mcp.requests import RecallQuery
 from memrl_mcp.settings import Settings
 from memrl_mcp.storage import Hit, Point, Store, new_id
 from memrl_mcp.storage.migrations import SCHEMA_POINT
 from memrl_mcp.storage.quota import Quotas, record_bytes
-from memrl_mcp.validation import OUTCOMES, is_point_id
+from memrl_mcp.validation import OUTCOMES, Outcome, is_point_id
 
 
 @dataclass(frozen=True)

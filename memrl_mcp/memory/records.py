@@ -25,7 +25,6 @@ from memrl_mcp.models import (
     ExperienceSource,
     MemoryDetail,
     MemoryView,
-    Outcome,
     QEvent,
     RewardSource,
     StepRecordView,
@@ -41,6 +40,7 @@ from memrl_mcp.validation import (
     POINT_ID,
     TIMESTAMP,
     Limits,
+    Outcome,
     check_outcome,
 )
 

@@ -92,9 +92,9 @@ from memrl_mcp.validation import (
     K,
     SortKey,
     check_outcome,
-    check_step_rewards,
     is_point_id,
     outcome_of,
+    rewarded,
 )
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
@@ -320,7 +320,7 @@ class MemoryService:
         steps = report.steps
         plain = [_plain(step) for step in steps] if isinstance(steps, list | tuple) else steps
         checked = self.limits.steps.check("steps", plain)
-        check_step_rewards(checked, last_may_lack=False)
+        trajectory = rewarded(checked)
         episode_id = EPISODE_ID.check("episode_id", report.episode_id)
         recall_id = report.recall_id
         if recall_id is not None and not isinstance(recall_id, str):
@@ -330,7 +330,6 @@ class MemoryService:
             already = self.steps.applied(namespace, episode_id)
             if already is not None:
                 return already
-            trajectory = [(step.observation, step.action, step.reward) for step in checked]
             added = trajectory_bytes(task, trajectory, self.embedder.dim)
             if recall_id is not None:
                 added += report_bytes(self.episodes.reportable(recall_id, access), None, {}, self.embedder.dim)

@@ -137,7 +137,8 @@ class Asking:
         related = ServerMessageMetadata(related_request_id=self._ctx.request_id) if session.can_send_request else None
         try:
             with anyio.fail_after(timeout):
-                return await session.send_request(request, answer, metadata=related)
+                answered: Answer = await session.send_request(request, answer, metadata=related)
+                return answered
         except TimeoutError:
             raise NoAnswer(f"the client did not answer {what} within {timeout:g} s") from None
         except NoBackChannelError:
@@ -224,7 +225,8 @@ class OpenQuestions:
 
 
 def _wire(response: BaseModel) -> dict[str, Any]:
-    return json.loads(response.model_dump_json(by_alias=True, exclude_none=True))
+    wire: dict[str, Any] = json.loads(response.model_dump_json(by_alias=True, exclude_none=True))
+    return wire
 
 
 def _clip(text: str, limit: int = 200) -> str:

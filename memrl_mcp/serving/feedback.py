@@ -46,7 +46,6 @@ from memrl_mcp.models import (
     AGENT,
     ExperienceSource,
     MemoryView,
-    Outcome,
     Provenance,
     ReportResult,
     StoreResult,
@@ -56,7 +55,7 @@ from memrl_mcp.models import (
 from memrl_mcp.requests import NewExperience, OutcomeReport, TrajectoryReport
 from memrl_mcp.serving.asking import Asking, OpenQuestions, Subject
 from memrl_mcp.serving.distill import Endpoint, answered_text, checked, distill_request
-from memrl_mcp.validation import check_step_rewards, outcome_of, plain_error, text_rule
+from memrl_mcp.validation import Outcome, check_step_rewards, outcome_of, plain_error, text_rule
 
 R = TypeVar("R")
 MAX_NOTE_CHARS = 500
@@ -258,7 +257,7 @@ class Feedback:
             report = dataclasses.replace(report, steps=answered)
             provenance = Provenance(reward="user", note=verdict.note)
         result = await self._run(self._service.report_trajectory, report, access=access, provenance=provenance)
-        if provenance.reward == "user" and not result.already_applied:
+        if verdict is not None and not result.already_applied:
             result.message = f"{verdict.said}; {result.message}"
         return result
 
@@ -285,8 +284,8 @@ class Feedback:
             answer = RewardAnswer.model_validate(result.content or {})
         except ValidationError as error:
             raise MemoryRequestError("reward: the user's answer: " + plain_error(error.errors()[0])) from None
-        note = answer.note.strip() if answer.note else ""
-        note = self._note.check("note", note) if note else None
+        said = answer.note.strip() if answer.note else ""
+        note = self._note.check("note", said) if said else None
         return Verdict("accept", answer.succeeded, self._learning.user_reward(answer.succeeded), note)
 
     # -- the model ------------------------------------------------------------------------------------

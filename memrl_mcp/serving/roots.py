@@ -50,13 +50,14 @@ async def roots_namespace(ctx: Context[Any, Any]) -> str | None:
     connection = getattr(session, "_connection", None)
     state = getattr(connection, "state", None)
     if state is not None and STATE_KEY in state:
-        return state[STATE_KEY]
+        known: str | None = state[STATE_KEY]
+        return known
     namespace = None
     capabilities = ctx.client_capabilities
     offered = capabilities is not None and capabilities.roots is not None
     # A call answered over its own stream (stdio, SSE) asks on it; one answered with plain JSON (this server's
     # streamable HTTP) asks on the connection's standalone stream. The 2026-07-28 protocol has neither.
-    channel = session if session.can_send_request else connection
+    channel: Any = session if session.can_send_request else connection  # both send requests; the SDK types neither
     if offered and (channel is session or getattr(connection, "has_standalone_channel", False)):
         try:
             with anyio.fail_after(ROOTS_TIMEOUT_SECONDS):

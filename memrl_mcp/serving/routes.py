@@ -20,12 +20,10 @@ TOKEN_MISSING = {"error": "invalid_token", "error_description": "a bearer token 
 def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None, metrics: Metrics) -> None:
     """Add the routes to ``server``'s HTTP app."""
 
-    @server.custom_route("/health", methods=["GET"])
     async def health(request: Request) -> Response:
         """Liveness for load balancers and service managers: no token needed, nothing private."""
         return JSONResponse({"status": "ok"})
 
-    @server.custom_route("/metrics", methods=["GET"])
     async def prometheus(request: Request) -> Response:
         """Prometheus text format: tool calls, latency, memories, write conflicts (no tenant data). With tokens,
         a scraper needs one too: the totals span every tenant."""
@@ -34,7 +32,6 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None, 
         text = await anyio.to_thread.run_sync(metrics.exposition)  # counts memories: a store call
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @server.custom_route("/stats", methods=["GET"])
     async def http_stats(request: Request) -> Response:
         """memory_stats over plain HTTP (``?namespace=``), for dashboards; scoped by the bearer token."""
         access = caller(request, tokens)
@@ -46,3 +43,7 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None, 
         except MemoryRequestError as error:
             return JSONResponse({"error": "bad_request", "error_description": str(error)}, 400)
         return Response(stats.model_dump_json(), media_type="application/json")
+
+    server.custom_route("/health", methods=["GET"])(health)
+    server.custom_route("/metrics", methods=["GET"])(prometheus)
+    server.custom_route("/stats", methods=["GET"])(http_stats)

@@ -10,7 +10,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
 from memrl_mcp.requests import Arg
@@ -41,13 +41,15 @@ class MemoryTool(Tool):
     def strict(cls, fn: Callable[..., object], title: str, description: str, annotations: ToolAnnotations) -> Self:
         tool = cls.from_function(fn, title=title, description=description, annotations=annotations)
         lax = tool.fn_metadata.arg_model
-        strict = type(lax.__name__, (lax,), {"model_config": STRICT, "__module__": __name__})
+        strict: type[BaseModel] = type(lax.__name__, (lax,), {"model_config": STRICT, "__module__": __name__})
         metadata = tool.fn_metadata.model_copy(update={"arg_model": strict})
         schema = compact_schema(strict.model_json_schema(by_alias=True))
-        return tool.model_copy(update={"fn_metadata": metadata, "parameters": schema})
+        made = tool.model_copy(update={"fn_metadata": metadata, "parameters": schema})
+        assert isinstance(made, cls)  # the SDK's from_function builds an instance of the class it is called on
+        return made
 
     @property
-    def output_schema(self) -> dict[str, Any] | None:  # type: ignore[override]
+    def output_schema(self) -> dict[str, Any] | None:
         return None
 
     async def run(self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False) -> Any:

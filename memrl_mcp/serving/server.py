@@ -19,6 +19,7 @@ from mcp.server import MCPServer
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.server.mcpserver.tools import Tool
 
 from memrl_mcp import __version__
 from memrl_mcp.errors import MemoryRequestError
@@ -93,7 +94,7 @@ def create_server(
     feedback = Feedback(service, reports_on_loop=single_client)
     arguments = Arguments(service.limits, argument_values(settings, service.scale.delta))
     callers = Callers(settings, tokens)
-    tools = [
+    tools: list[Tool] = [
         MemoryTool.strict(
             served(tool, arguments, service, feedback, callers.tool_caller, metrics, single_client),
             tool.title,

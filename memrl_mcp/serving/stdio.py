@@ -234,7 +234,7 @@ class _Draining(_Wrapped):
     async def receive(self) -> SessionMessage | Exception:
         if self._deadline is None:
             try:
-                item = await self._inner.receive()
+                item: SessionMessage | Exception = await self._inner.receive()
             except anyio.EndOfStream:
                 self._deadline = anyio.current_time() + DRAIN_SECONDS
             else:

@@ -9,6 +9,7 @@ report; numbers rounded. Ids, times, scores and metadata stay in the structured 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import pydantic_core
 from pydantic import BaseModel
@@ -49,7 +50,7 @@ def _trust(memory: MemoryView) -> str:
     return f"{memory.outcome}, q {number(memory.q)}, {uses}"
 
 
-def _memories(memories: list[MemoryView]) -> str:
+def _memories(memories: Sequence[MemoryView]) -> str:
     return "\n".join(f"{i}. [{_trust(m)}] {m.experience}" for i, m in enumerate(memories, 1))
 
 

@@ -383,6 +383,7 @@ class EdgeStore:
                 elif update is not None:
                     after = {point_id: as_set({**read, **update}) for point_id, read in old.items()}
                 else:
+                    assert ids is not None  # read above, for the tally
                     after = self._fields(shard, ids, TALLY_FIELDS)
                 for point_id in set(old) | set(after):
                     self._tally.apply(old.get(point_id), after.get(point_id))

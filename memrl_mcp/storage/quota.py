@@ -112,7 +112,7 @@ class Usage:
     def __init__(self, live: Mapping[str, Mapping[str, int]] | None = None, dead: Mapping[str, int] | None = None):
         self.live: dict[str, Counter[str]] = {ns: Counter(tables) for ns, tables in (live or {}).items()}
         self.dead: Counter[str] = Counter(dead or {})
-        self.replaced: dict[str, Counter[str]] = {}
+        self.replaced: dict[str, Counter[Table]] = {}
 
     def add(self, namespace: Any, table: Table, size: int) -> None:
         """Count ``size`` more bytes (fewer, if negative) for the namespace (records without one are not a
