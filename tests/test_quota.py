@@ -140,6 +140,7 @@ REWRITTEN_TASK = "summarise the nightly build log"
 REWRITES_BOUND_MB = 12
 
 
+@pytest.mark.slow  # a real HTTP server, restarted
 @pytest.mark.anyio
 @pytest.mark.parametrize("tool", ["update_memory", "store_experience"])
 async def test_rewriting_one_memory_cannot_grow_the_disk_past_a_bound(tmp_path: Path, tool: str, engine: str) -> None:
