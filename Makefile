@@ -29,6 +29,12 @@ PEER_STAMP := $(PEER_VENV)/.installed
 
 .PHONY: setup dev serve demo test test-fast bench llm alfworld sandbox mariadb docker peer browser node
 
+# The type checker ([tool.mypy] in pyproject.toml) checks memrl_mcp, memrl_harness and tests from here; perf/'s
+# scripts import _bench as a sibling, so they are checked from their folder, with the packages they use found on
+# PYTHONPATH (read as installed: their own errors are the first run's). The config's sections for the harness's
+# libraries serve the first run only.
+MYPY_PERF := cd perf && PYTHONPATH=.. $(abspath $(VENV))/bin/mypy --config-file ../pyproject.toml --no-warn-unused-configs *.py
+
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -142,13 +148,17 @@ demo: $(HARNESS_STAMP)
 test: dev llm alfworld sandbox mariadb docker peer browser node
 	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests perf
 	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests perf
+	$(VENV)/bin/mypy
+	$(MYPY_PERF)
 	$(PY) -m pytest -q
 
-# The everyday tier: ruff and the tests not marked slow (no MariaDB, dockerd, browser, sandbox, local LLM or
-# benchmark data: nothing beside the clone).
+# The everyday tier: ruff, the type checker and the tests not marked slow (no MariaDB, dockerd, browser, sandbox,
+# local LLM or benchmark data: nothing beside the clone).
 test-fast: dev
 	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests perf
 	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests perf
+	$(VENV)/bin/mypy
+	$(MYPY_PERF)
 	$(PY) -m pytest -q -m "not slow"
 
 bench: dev

@@ -321,8 +321,8 @@ def aggregate_seeds(
     epochs = [
         EpochSpread(
             epoch=epoch,
-            success_rate=spread([e.success_rate for e in rows]),  # type: ignore[arg-type]
-            csr=spread([e.csr for e in rows]),  # type: ignore[arg-type]
+            success_rate=spread([e.success_rate for e in rows]),
+            csr=spread([e.csr for e in rows]),
         )
         for epoch, rows in sorted(per_epoch.items())
     ]

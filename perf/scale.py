@@ -275,9 +275,14 @@ def during_build(args: argparse.Namespace, qs: list[tuple[str, np.ndarray]]) -> 
         print(f"before the build ({points} memories, {indexed} of them indexed): search {summary(searches)} ms")
         print(f"                                               write  {summary([ms for _, ms in writes])} ms")
         done = threading.Event()
+
+        def build() -> None:
+            store.build_index(wait=True)
+            done.set()
+
         with PeakRss() as peak:
             began = time.perf_counter()
-            builder = threading.Thread(target=lambda: (store.build_index(wait=True), done.set()))
+            builder = threading.Thread(target=build)
             builder.start()
             searches, writes = measure(done, 0) if args.build_load == "searches" else ([], [])
             builder.join()

@@ -37,9 +37,10 @@ from memrl_mcp.memory.history import HISTORY_TAIL, chunk_id, joined
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import PLACEHOLDER, Point
+from memrl_mcp.storage import PLACEHOLDER, Point, Store
 from memrl_mcp.storage.files import free_bytes
 from memrl_mcp.storage.numbers import kept
+from memrl_mcp.storage.quota import MeteredStore
 
 
 def cpu_us(work: Callable[[], object], calls: int) -> float:
@@ -66,6 +67,7 @@ def main() -> None:
             recall = service.recall(RecallQuery(texts[i % args.tasks]), access=EVERYTHING)
             service.report(OutcomeReport(recall.recall_id, 1.0 if i % 3 else -1.0), access=EVERYTHING)
         metered = service._store  # the quota layer over the embedded store
+        assert isinstance(metered, MeteredStore), metered
         edge = metered._inner
         memory_id, memory = max(edge.get("memories", ids).items(), key=lambda item: item[1]["visits"])
         fields = ("q", "visits", "last_reward", "updated_at", "history", "history_chunks", "applied")
@@ -80,7 +82,7 @@ def main() -> None:
             metered.upsert("history", [point])
             copies += 1
 
-        def write(store: object, conditional: bool) -> Callable[[], object]:
+        def write(store: Store, conditional: bool) -> Callable[[], object]:
             def once() -> None:
                 nonlocal version
                 fields = {**update, "version": version + 1}

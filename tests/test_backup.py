@@ -17,11 +17,13 @@ import pytest
 from memrl_mcp.cli import parse_args
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.memory.archive import import_memories, write_atomically, write_records
+from memrl_mcp.memory.archive import import_memories, write_records
 from memrl_mcp.memory.records import step_id
 from memrl_mcp.models import MemoryView, StepRecordView
 from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery, StepQuery, TrajectoryReport
 from memrl_mcp.settings import load_settings
+from memrl_mcp.storage.files import write_atomically
+from memrl_mcp.validation import TrajectoryStep
 from tests.support.mcp import make_service
 from tests.support.servers import child_env, run_cli
 from tests.support.stores import ENGINES
@@ -305,13 +307,13 @@ def test_serving_stays_the_default_command() -> None:
 
 
 STEPS = [
-    {
-        "observation": "You are in the kitchen. You see a fridge 1 and a countertop 1.",
-        "action": "go to fridge 1",
-        "reward": 0.0,
-    },
-    {"observation": "The fridge 1 is closed.", "action": "open fridge 1", "reward": 0.0},
-    {"observation": "You open the fridge 1. In it, you see an apple 1.", "action": "take apple 1", "reward": 1.0},
+    TrajectoryStep(
+        observation="You are in the kitchen. You see a fridge 1 and a countertop 1.",
+        action="go to fridge 1",
+        reward=0.0,
+    ),
+    TrajectoryStep(observation="The fridge 1 is closed.", action="open fridge 1", reward=0.0),
+    TrajectoryStep(observation="You open the fridge 1. In it, you see an apple 1.", action="take apple 1", reward=1.0),
 ]
 
 
@@ -321,7 +323,7 @@ def seed_steps(embedder: Embedder, data_dir: Path, engine: str) -> dict[str, Ste
     service = make_service(embedder, data_dir, engine)
     try:
         for episode, namespace in (("e1", "default"), ("e2", "team"), ("e3", "team")):
-            steps = STEPS if episode != "e3" else [{**STEPS[0], "action": "look", "reward": -0.5}]
+            steps = STEPS if episode != "e3" else [STEPS[0].model_copy(update={"action": "look", "reward": -0.5})]
             service.report_trajectory(
                 TrajectoryReport("cool an apple", steps, episode, namespace=namespace), access=EVERYTHING
             )
@@ -350,7 +352,7 @@ def test_steps_round_trip_with_the_memories(embedder: Embedder, tmp_path: Path, 
     try:
         assert {r.id: r for r in service.step_records()} == steps
         # Re-embedded: the advice finds each record by its task and observation, and reports land on them.
-        advice = service.recall_step_advice(StepQuery("cool an apple", STEPS[2]["observation"], k=1), access=EVERYTHING)
+        advice = service.recall_step_advice(StepQuery("cool an apple", STEPS[2].observation, k=1), access=EVERYTHING)
         assert advice.records[0].observation_similarity == pytest.approx(1.0, abs=1e-5)
         assert [a.action for a in advice.encouraged] == ["take apple 1"]
         report = service.report_trajectory(TrajectoryReport("cool an apple", STEPS, "e4"), access=EVERYTHING)

@@ -22,7 +22,7 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import NewExperience
 from memrl_mcp.settings import load_settings
 
-THINGS = ("mug", "apple", "egg", "potato", "tomato", "bread", "lettuce", "bowl", "plate", "pan")
+THINGS: tuple[str, ...] = ("mug", "apple", "egg", "potato", "tomato", "bread", "lettuce", "bowl", "plate", "pan")
 THINGS += ("knife", "spoon", "book", "pencil", "cellphone", "keychain", "vase", "candle", "soapbar", "towel")
 PLACES = ("countertop", "cabinet", "drawer", "fridge", "shelf", "desk", "sidetable", "diningtable", "dresser", "safe")
 CHORES = (

@@ -4,9 +4,9 @@ twice or lose it. No Qdrant server runs here, so the calls themselves are checke
 which takes the same arguments."""
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from qdrant_client import models
+from qdrant_client import QdrantClient, models
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
@@ -42,7 +42,7 @@ def test_every_write_is_strongly_ordered_and_every_read_a_majority_read(embedder
     settings = load_settings(data_dir=tmp_path, embedded_engine="qdrant-local")
     store = QdrantClientStore(embedder.dim, settings.storage.collection, path=tmp_path / "qdrant-local")
     recording = Recording(store._client)
-    store._client = recording
+    store._client = cast(QdrantClient, recording)  # a stand-in: every attribute it has is the client's
     service = MemoryService.open(settings, embedder, store)
     try:
         kept = service.store_experience(

@@ -118,7 +118,9 @@ def small_tmpfs(tmp_path: Path, megabytes: int) -> Iterator[Path]:
     """A fresh tmpfs of ``megabytes`` (root): where qdrant-edge's memory-mapped files allocate as they are mapped."""
     mountpoint = tmp_path / "tmpfs"
     mountpoint.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(mountpoint)])
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(mountpoint)], capture_output=True, text=True
+    )
     if result.returncode != 0:
         pytest.fail(f"this test needs root to mount a tmpfs: {result.stderr}")
     try:
@@ -193,7 +195,7 @@ def write_store_with_an_interrupted_report(embedder: Embedder, data_dir: Path) -
     try:
         recall = service.recall(RecallQuery(task_text(random.Random(0), 0)), access=EVERYTHING)
         with pytest.raises(KeyboardInterrupt):
-            dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # type: ignore[arg-type]
+            dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))
             dying.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
     finally:
         service.close()

@@ -337,7 +337,7 @@ def test_fastembed_model_without_constants_needs_calibration(tmp_path: Path) -> 
     folder = tmp_path / "bge"
     shutil.copytree(MINILM_FOLDER, folder)
     (folder / "model.onnx").rename(folder / "model_optimized.onnx")  # the file name FastEmbed expects for it
-    common = {"data_dir": tmp_path, "embedder": "fastembed", "embedding_model_path": folder}
+    common: dict[str, Any] = {"data_dir": tmp_path, "embedder": "fastembed", "embedding_model_path": folder}
     settings = load_settings(**common, embedding_model="BAAI/bge-small-en-v1.5")
     with pytest.raises(UncalibratedModelError, match=r"fastembed:BAAI/bge-small-en-v1.5: .*memrl-mcp calibrate"):
         create_embedder(settings.embeddings, settings.similarity)
@@ -345,7 +345,7 @@ def test_fastembed_model_without_constants_needs_calibration(tmp_path: Path) -> 
         1,
         384,
     )  # what calibrate measures with
-    measured = {"sim_mean": 0.3, "sim_std": 0.1, "delta": 0.6, "merge_threshold": 0.97}
+    measured: dict[str, Any] = {"sim_mean": 0.3, "sim_std": 0.1, "delta": 0.6, "merge_threshold": 0.97}
     settings = load_settings(**common, embedding_model="BAAI/bge-small-en-v1.5", **measured)
     e = create_embedder(settings.embeddings, settings.similarity)
     assert e.similarity == SimilarityProfile(mean=0.3, std=0.1, delta=0.6, merge=0.97)
@@ -423,7 +423,7 @@ def test_openai_batches_at_most_256_inputs_and_keeps_order(fake_api: FakeEmbeddi
 def test_openai_embeds_nothing_without_a_request(fake_api: FakeEmbeddingsAPI) -> None:
     e = OpenAIEmbedder(model="m", base_url=fake_api.base_url, api_key=KEY, dimensions=16)
     empty = e.embed([])
-    assert (empty.shape, empty.dtype) == ((0, 16), np.float32)
+    assert (empty.shape, empty.dtype) == ((0, 16), np.dtype(np.float32))
     assert fake_api.requests == []
 
 
@@ -533,7 +533,13 @@ def test_service_over_openai_recalls_by_shared_words_and_refuses_another_vector_
     fake_api: FakeEmbeddingsAPI, tmp_path: Path, engine: str
 ) -> None:
     def settings(**overrides: Any) -> Any:
-        common = {"data_dir": tmp_path, "embedded_engine": engine, "sim_mean": 0.0, "sim_std": 0.2, "delta": 0.1}
+        common: dict[str, Any] = {
+            "data_dir": tmp_path,
+            "embedded_engine": engine,
+            "sim_mean": 0.0,
+            "sim_std": 0.2,
+            "delta": 0.1,
+        }
         return load_settings(**common, **overrides)
 
     openai_settings = settings(embedder="openai", openai_base_url=fake_api.base_url, openai_api_key=KEY)

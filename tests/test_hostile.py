@@ -32,7 +32,7 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import MemoryView
 from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery, StatsQuery, TrajectoryReport
 from memrl_mcp.serving.server import create_server
-from memrl_mcp.validation import MAX_METADATA_DEPTH
+from memrl_mcp.validation import MAX_METADATA_DEPTH, TrajectoryStep
 from tests.support.mcp import call, make_service, refused
 from tests.support.servers import child_env, http_server, run_cli
 
@@ -120,8 +120,8 @@ async def test_hostile_metadata_is_refused_everywhere_and_the_store_reopens_whol
         for name, metadata in {**HOSTILE_METADATA, **PYTHON_ONLY_METADATA}.items():
             with pytest.raises(MemoryRequestError, match=r"^metadata"):
                 service.store_experience(NewExperience(f"evil {name}", "x", metadata=metadata), access=EVERYTHING)
-            (stored,) = [m for m in service.memories() if m.id == deepest["id"]]  # with its times as floats
-            memory = stored.model_dump() | {"id": "0c9a3b8e-3d43-4f0e-8f4e-64f3f0a0e3b2"}
+            (deep,) = [m for m in service.memories() if m.id == deepest["id"]]  # with its times as floats
+            memory = deep.model_dump() | {"id": "0c9a3b8e-3d43-4f0e-8f4e-64f3f0a0e3b2"}
             with pytest.raises(MemoryRequestError, match=r"^metadata"):
                 service.restore([MemoryView.model_construct(**(memory | {"metadata": metadata}))])
         before = snapshot(service)
@@ -274,7 +274,7 @@ def test_sigkill_during_forget_never_brings_the_namespace_back(
             )
         kept = service.store_experience(NewExperience(MUG, "kept", namespace="kept"), access=EVERYTHING)
         recalls = [service.recall(RecallQuery(task, namespace="gone"), access=EVERYTHING).recall_id for task in TASKS]
-        steps = [{"observation": f"screen {i}", "action": "press enter", "reward": 0.0} for i in range(3)]
+        steps = [TrajectoryStep(observation=f"screen {i}", action="press enter", reward=0.0) for i in range(3)]
         service.report_trajectory(TrajectoryReport(TASKS[0], steps, "episode", namespace="gone"), access=EVERYTHING)
     finally:
         service.close()

@@ -172,7 +172,8 @@ async def sse_session(base: str, http: httpx.AsyncClient, token: str) -> AsyncIt
         lines = stream.aiter_lines()
 
         async def event() -> tuple[str, str]:
-            kind, data = "message", []
+            kind = "message"
+            data: list[str] = []
             async for line in lines:
                 if not line:
                     if data:
@@ -292,8 +293,8 @@ async def test_a_large_authenticated_body_lends_its_identity_to_no_later_request
                         assert opening.status_code == 401
                         in_alices = {**MCP_HEADERS, **headers, "Mcp-Session-Id": alice.address}
                         assert (await http.post("/mcp", json=STATS_CALL, headers=in_alices)).status_code == 401
-                    as_bob = {**MCP_HEADERS, **bearer(BOB), "Mcp-Session-Id": alice.address}
-                    assert (await http.post("/mcp", json=STATS_CALL, headers=as_bob)).status_code == 404
+                    bob_in_alices = {**MCP_HEADERS, **bearer(BOB), "Mcp-Session-Id": alice.address}
+                    assert (await http.post("/mcp", json=STATS_CALL, headers=bob_in_alices)).status_code == 404
             kept = await http.get(f"/ui/api/memories/{tenants.alice_memory}", headers=bearer(ALICE))
             assert kept.status_code == 200 and kept.json()["experience"] == ALICE_SECRET
     assert len(ports) == 1
@@ -371,7 +372,7 @@ async def test_a_server_with_tokens_serves_no_call_that_carries_none(service: Me
     called where there is no request (an in-process client) on a server that requires tokens, each one refuses.
     A tool that looked its caller up anywhere else would answer here."""
     memory = service.store_experience(NewExperience(ALICE_TASK, ALICE_SECRET, namespace="alice"), access=EVERYTHING).id
-    valid_calls = {
+    valid_calls: dict[str, dict[str, Any]] = {
         "recall_experience": {"task": ALICE_TASK},
         "search_experience": {"task": ALICE_TASK},
         "report_outcome": {"recall_id": "0" * 36, "reward": 1.0},

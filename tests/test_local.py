@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -41,13 +41,13 @@ class User:
 
 def offering(*uris: str) -> Any:
     async def list_roots(context: Any) -> types.ListRootsResult:
-        return types.ListRootsResult(roots=[types.Root(uri=uri) for uri in uris])  # type: ignore[arg-type]
+        return types.ListRootsResult(roots=[types.Root(uri=uri) for uri in uris])
 
     return list_roots
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> AsyncIterator[LocalStore]:
+def store(tmp_path: Path) -> Iterator[LocalStore]:
     with local_store(tmp_path) as found:
         yield found
 
@@ -126,11 +126,14 @@ async def test_a_question_reaches_only_the_session_that_asked(store: LocalStore,
     """Two sessions report at the same moment without a reward (each also has its client's model write the
     experience from a trajectory): each question and each sampling request goes to its own session only."""
     tasks = ["migrate the billing database", "renew the TLS certificate of the mail server"]
-    users, models = [User(), User()], [[], []]
+    users = [User(), User()]
+    models: list[list[str]] = [[], []]  # the text each session's model was asked
 
     def model_of(asked: list[str]) -> Any:
         async def model(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
-            asked.append(params.messages[0].content.text)  # type: ignore[union-attr]
+            content = params.messages[0].content
+            assert isinstance(content, types.TextContent), content
+            asked.append(content.text)
             return types.CreateMessageResult(
                 role="assistant", content=types.TextContent(type="text", text="1. Plan. 2. Do."), model="m"
             )
@@ -263,7 +266,7 @@ MODERN = {  # the 2026-07-28 envelope each request carries instead of a handshak
 }
 
 
-def opening(**capabilities: object) -> list[dict[str, object]]:
+def opening(**capabilities: object) -> list[dict[str, Any]]:
     params = {
         "protocolVersion": "2025-11-25",
         "capabilities": capabilities,
@@ -275,7 +278,7 @@ def opening(**capabilities: object) -> list[dict[str, object]]:
     ]
 
 
-def tool_call(request_id: int, name: str, **arguments: object) -> dict[str, object]:
+def tool_call(request_id: int, name: str, **arguments: object) -> dict[str, Any]:
     return {
         "jsonrpc": "2.0",
         "id": request_id,
@@ -284,7 +287,7 @@ def tool_call(request_id: int, name: str, **arguments: object) -> dict[str, obje
     }
 
 
-def serve_to_the_end(store: LocalStore, messages: list[dict[str, object]]) -> list[dict[str, Any]]:
+def serve_to_the_end(store: LocalStore, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` written to an attached session's stdin, which is then closed; what it wrote by its exit."""
     lines = "".join(json.dumps(message) + "\n" for message in messages).encode()
     done = subprocess.run(
@@ -304,7 +307,7 @@ def test_every_request_before_the_end_of_stdin_is_answered_through_the_relay(sto
         answers = serve_to_the_end(store, [*opening(), *requests])
     else:
         for request in requests:
-            request["params"]["_meta"] = MODERN  # type: ignore[index]
+            request["params"]["_meta"] = MODERN
         answers = [{"id": 0}, *serve_to_the_end(store, requests)]
     assert sorted(answer["id"] for answer in answers) == list(range(21))
     stats = serve_to_the_end(store, [*opening(), tool_call(1, "memory_stats")])[-1]

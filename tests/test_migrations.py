@@ -26,7 +26,7 @@ from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, new_id, open_store
 from memrl_mcp.storage.migrations import SCHEMA_POINT, SCHEMA_VERSION, schema_version
-from tests.support.mcp import call, make_service, refused
+from tests.support.mcp import call, make_service, refused, resource_text
 from tests.support.stores import TASKS, old_payload, write_old_store
 
 
@@ -106,7 +106,7 @@ async def test_a_version_1_store_gets_its_q_histories_as_text_and_they_go_on(
             recalled = await call(client, "recall_experience", task=TASKS[0], namespace="team")
             await call(client, "report_outcome", recall_id=recalled["recall_id"], reward=1.0)
             read = await client.read_resource(f"memrl://memories/{point.id}")
-            history = json.loads(read.contents[0].text)["history"]
+            history = json.loads(resource_text(read))["history"]
     finally:
         service.close()
     assert [e["q_after"] for e in history] == [0.25, pytest.approx(0.25 + 0.3 * 0.75)]
@@ -139,11 +139,11 @@ async def test_a_version_4_store_opens_with_every_q_history_whole(
     try:
         async with Client(create_server(service)) as client:
             read = await client.read_resource(f"memrl://memories/{point.id}")
-            assert json.loads(read.contents[0].text)["history"] == shown
+            assert json.loads(resource_text(read))["history"] == shown
             recalled = await call(client, "recall_experience", task=TASKS[0], namespace="team")
             await call(client, "report_outcome", recall_id=recalled["recall_id"], reward=1.0)
             read = await client.read_resource(f"memrl://memories/{point.id}")
-            after = json.loads(read.contents[0].text)["history"]
+            after = json.loads(resource_text(read))["history"]
             assert after[:-1] == shown[1:] and after[-1]["recall_id"] == recalled["recall_id"]
             assert after[-1]["q_before"] == 0.5
         assert schema_version(service._store) == SCHEMA_VERSION == 5
@@ -319,7 +319,7 @@ def test_records_of_version_3_go_on_and_an_operation_they_applied_is_not_applied
     try:
         assert service.get(first.id, access=EVERYTHING).visits == 1  # not updated twice
         detail = service.get(second.id, access=EVERYTHING)
-        assert (detail.visits, detail.q) == (1, pytest.approx(0.3))
+        assert (detail.visits, detail.q) == pytest.approx((1, 0.3))
         assert [event.event for event in detail.history] == ["reset", "reward"]
         with pytest.raises(MemoryRequestError, match="already reported"):
             service.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)

@@ -27,7 +27,7 @@ async def test_the_server_tells_its_version(embedder: Embedder, tmp_path) -> Non
     service = make_service(embedder, tmp_path / "data")
     try:
         async with Client(create_server(service)) as client:
-            assert client.server_info.version == memrl_mcp.__version__
+            assert client.server_info is not None and client.server_info.version == memrl_mcp.__version__
     finally:
         service.close()
 

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -43,7 +44,7 @@ QUOTA_REFUSAL = re.compile(
 
 def text(seed: int, chars: int) -> str:
     """Distinct, incompressible-looking text (the engine's storage does not compress it away)."""
-    words = []
+    words: list[str] = []
     state = seed * 2654435761 % (1 << 32) or 1
     while sum(len(w) + 1 for w in words) < chars:
         state = state * 1103515245 + 12345 & 0x7FFFFFFF
@@ -322,7 +323,7 @@ def test_the_usage_is_counted_again_after_a_crash(embedder: Embedder, tmp_path: 
 
 @pytest.mark.slow  # the CLI in a child process
 def test_an_import_over_the_quota_is_refused_whole(tmp_path: Path) -> None:
-    lines = [
+    lines: list[dict[str, Any]] = [
         {"kind": "memory", "id": f"00000000-0000-4000-8000-{i:012d}", "namespace": "big", "task": f"task {i}",
          "experience": text(i, 10_000), "outcome": "success", "q": 0.0, "visits": 0, "last_reward": None,
          "merges": 0, "created_at": 1.7e9, "updated_at": 1.7e9, "metadata": {}}

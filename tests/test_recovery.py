@@ -36,7 +36,7 @@ def test_an_interrupted_report_is_finished_once_on_reopen(
     recall = service.recall(RecallQuery(task, delta=-1.0), access=EVERYTHING)
     assert {m.id for m in recall.memories} == {mug.id, cup.id}
 
-    dying = MemoryService(settings, embedder, DiesAtWrite(store, crash_at))  # type: ignore[arg-type]
+    dying = MemoryService(settings, embedder, DiesAtWrite(store, crash_at))
     with pytest.raises(KeyboardInterrupt):
         dying.report(OutcomeReport(recall.recall_id, 1.0, experience="microwave it, then place it"), access=EVERYTHING)
     store.close()
@@ -49,7 +49,7 @@ def test_an_interrupted_report_is_finished_once_on_reopen(
             )
         for memory_id in (mug.id, cup.id):
             memory = reopened.get(memory_id, access=EVERYTHING)
-            assert (memory.q, memory.visits, memory.last_reward) == (pytest.approx(0.3), 1, 1.0)
+            assert (memory.q, memory.visits, memory.last_reward) == pytest.approx((0.3, 1, 1.0))
         with pytest.raises(MemoryRequestError, match="already reported"):
             reopened.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
         learned = [m for m in reopened.memories() if m.task == task]
@@ -70,7 +70,7 @@ def test_on_a_qdrant_server_a_replica_finishes_only_reports_left_for_a_minute(
         NewExperience("defrost the fish in the fridge", "move it from the freezer"), access=EVERYTHING
     )
     recall = crashed.recall(RecallQuery("defrost the fish in the fridge"), access=EVERYTHING)
-    dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # type: ignore[arg-type]  # dies after claiming
+    dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # dies after claiming
     with pytest.raises(KeyboardInterrupt):
         dying.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
 
@@ -109,7 +109,7 @@ def test_a_crash_around_the_copy_of_a_full_tail_shows_no_event_without_its_q(
     before = service.get(mug.id, access=EVERYTHING)
     recall = service.recall(RecallQuery(task), access=EVERYTHING)
 
-    dying = MemoryService(settings, embedder, DiesAtWrite(store, crash_at))  # type: ignore[arg-type]
+    dying = MemoryService(settings, embedder, DiesAtWrite(store, crash_at))
     with pytest.raises(KeyboardInterrupt):
         dying.report(OutcomeReport(recall.recall_id, -1.0), access=EVERYTHING)
     shown = service.get(mug.id, access=EVERYTHING)  # before the redo: the tail may be copied, never shown twice

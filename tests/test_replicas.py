@@ -11,7 +11,8 @@ from __future__ import annotations
 import itertools
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def replicas(embedder: Embedder, tmp_path: Path, engine: str) -> Iterator[tuple[
     store.close()
 
 
-def run_together(jobs: list[Callable[[], Any]]) -> list[Any]:
+def run_together(jobs: Sequence[Callable[[], Any]]) -> list[Any]:
     """Run every job in its own thread, released at once; each result or exception, in order."""
     barrier = threading.Barrier(len(jobs))
     results: list[Any] = [None] * len(jobs)
@@ -70,9 +71,7 @@ def test_concurrent_reports_on_two_replicas_lose_no_update(replicas: tuple[Memor
         assert {m.id for m in recall.memories} == set(ids)
         work.append((replica, recall.recall_id, rng.choice((-1.0, 0.5, 1.0))))
 
-    results = run_together(
-        [lambda r=r, rid=rid, w=w: r.report(OutcomeReport(rid, w), access=EVERYTHING) for r, rid, w in work]
-    )
+    results = run_together([partial(r.report, OutcomeReport(rid, w), access=EVERYTHING) for r, rid, w in work])
     assert not [r for r in results if isinstance(r, Exception)]
 
     for memory_id in ids:
@@ -87,7 +86,7 @@ def test_concurrent_reports_on_two_replicas_lose_no_update(replicas: tuple[Memor
             reward = next(r.reward for r in results if change in r.updated)
             assert change.q_after == pytest.approx(change.q_before + ALPHA * (reward - change.q_before))
         stored = second.get(memory_id, access=EVERYTHING)
-        assert (stored.visits, stored.q) == (len(work), pytest.approx(changes[-1].q_after, abs=1e-12))
+        assert (stored.visits, stored.q) == pytest.approx((len(work), changes[-1].q_after), abs=1e-12)
 
 
 def test_a_recall_reported_on_both_replicas_at_once_counts_once(
@@ -98,7 +97,7 @@ def test_a_recall_reported_on_both_replicas_at_once_counts_once(
     recalls = [first.recall(RecallQuery(TASKS[0], k1=1, k2=1), access=EVERYTHING).recall_id for _ in range(16)]
 
     jobs = [
-        lambda rid=rid, r=r: r.report(OutcomeReport(rid, 1.0, experience="it worked"), access=EVERYTHING)
+        partial(r.report, OutcomeReport(rid, 1.0, experience="it worked"), access=EVERYTHING)
         for rid in recalls
         for r in replicas
     ]

@@ -3,7 +3,6 @@ stdio and streamable-HTTP clients speak today)."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -24,7 +23,7 @@ from memrl_mcp.serving.roots import project_namespace
 from memrl_mcp.serving.server import create_server
 from memrl_mcp.serving.tools import READS
 from memrl_mcp.validation import NAMESPACE_PATTERN
-from tests.support.mcp import call, make_service, refused
+from tests.support.mcp import call, make_service, read_json, refused
 from tests.support.servers import DEADLINE_S, http_server
 
 pytestmark = pytest.mark.anyio
@@ -144,7 +143,7 @@ async def test_a_restricted_token_keeps_its_restriction(tmp_path: Path) -> None:
             )
             assert (await call(tenant, "list_memories"))["total"] == 1
             assert "not one of the namespaces" in await refused(tenant, "list_memories", namespace=derived)
-            stats = json.loads((await tenant.read_resource("memrl://stats")).contents[0].text)
+            stats = await read_json(tenant, "memrl://stats")
             assert stats["memories"] == 1
 
 

@@ -62,7 +62,7 @@ import pymysql
 from pymysql.constants import CLIENT
 from pymysql.cursors import SSCursor
 
-from memrl_harness.backends.sql import ResultSet, SQLResult, SQLServerError
+from memrl_harness.backends.sql import ResultSet, Row, SQLResult, SQLServerError
 
 #: What an episode's user may do, on its own database only: the statements of LLB's tasks and the tables, views
 #: and indexes an agent may build to get there.
@@ -129,7 +129,7 @@ def run_script(
         cursor.execute(sql)
         while True:
             if cursor.description is not None:
-                rows = []
+                rows: list[Row] = []
                 for row in iter(cursor.fetchone, None):
                     size += sum(len(v) for v in row if v is not None)
                     if len(rows) == limit.rows or size > limit.bytes:

@@ -97,7 +97,16 @@ OUTCOMES = ("pass", "fail", "timeout", "syntax_error")
 WORKDIR = "/home/sandbox"  # the check's private working folder, HOME and TMPDIR (a tmpfs)
 PRIVATE = ("/proc", "/dev", WORKDIR, "/tmp")  # the jail's own folders, which no host folder may cover
 # Host files a unit test may read (name lookups, time zones, certificates, MIME types, services).
-ETC_FILES = ("passwd", "group", "hosts", "nsswitch.conf", "localtime", "timezone", "ld.so.cache", "mime.types")
+ETC_FILES: tuple[str, ...] = (
+    "passwd",
+    "group",
+    "hosts",
+    "nsswitch.conf",
+    "localtime",
+    "timezone",
+    "ld.so.cache",
+    "mime.types",
+)
 ETC_FILES += ("protocols", "services", "ssl", "ca-certificates")
 
 # The runner, run in the jail by the checks' Python: reads "code NUL test" on stdin, reports on the pipe whose
