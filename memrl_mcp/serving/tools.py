@@ -44,6 +44,7 @@ from memrl_mcp.serving.auth import TokenTable, caller
 from memrl_mcp.serving.calls import OnLoop, served
 from memrl_mcp.serving.feedback import Feedback
 from memrl_mcp.serving.observability import Metrics
+from memrl_mcp.serving.recalls import add_recall_resource
 from memrl_mcp.serving.roots import roots_namespace
 from memrl_mcp.serving.schema import MemoryTool
 from memrl_mcp.settings import TOOL_PROFILES, LearningSettings, Settings
@@ -474,6 +475,8 @@ def create_server(
             return service.get(memory_id, access=reader(ctx)).model_dump_json()
         except MemoryRequestError as error:
             raise ResourceError(str(error)) from None
+
+    add_recall_resource(server, service, reader)
 
     @server.prompt(title="Learn from experience", description="Teaches the recall -> act -> report loop.")
     def memory_loop(task: str) -> str:
