@@ -318,7 +318,7 @@ def test_an_event_that_is_not_claude_codes_is_refused_by_field() -> None:
 def test_the_hold_reason_names_the_tool_the_recall_and_the_rewards() -> None:
     pending = [{"recall_id": "r-1", "task": "fix\nthe   flaky test " + "x" * 300}]
     reason = hold_reason(pending, -1.0, 1.0)
-    assert "report_outcome once for it with that recall_id" in reason and 'recall_id "r-1"' in reason
+    assert "call report_outcome once with its recall_id" in reason and 'recall_id "r-1"' in reason
     assert "task: fix the flaky test x" in reason and "..." in reason and "\n" not in reason
     assert "reward 1 if it succeeded, -1 if it failed, 0 if there is no clear outcome" in reason
     assert "reward 10 if it succeeded, 0 if it failed, 5 if" in hold_reason(pending, 0.0, 10.0)

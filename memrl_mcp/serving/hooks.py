@@ -214,8 +214,8 @@ def hold_reason(pending: list[dict[str, Any]], low: float, high: float) -> str:
     """What the model reads when its stop is held: which recall to report, with what, and when not to."""
     tasks = "; ".join(f'recall_id "{state["recall_id"]}" (task: {_head(state["task"])})' for state in pending)
     return (
-        f"The memory waits for the report of this task: {tasks}. If the task is over, call report_outcome once for "
-        f"it with that recall_id, reward {high:g} if it succeeded, {low:g} if it failed, {(low + high) / 2:g} if "
+        f"The memory waits for a report: {tasks}. For each task that is over, call report_outcome once with its "
+        f"recall_id, reward {high:g} if it succeeded, {low:g} if it failed, {(low + high) / 2:g} if "
         "there is no clear outcome (unsure: leave the reward out and the user is asked), and an experience: on "
         "success the 3-5 steps that worked, on failure what went wrong and what to avoid. If this turn was not a "
         "task (a question answered, a chat) or the task goes on, stop without reporting."
