@@ -23,9 +23,10 @@ import pytest
 from mcp import Client, types
 
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.serving.hooks import HookEvent, HookInputError, folder_uri, hold_reason
-from memrl_mcp.serving.roots import project_namespace
+from memrl_mcp.serving.hooks import HookEvent, HookInputError, hold_reason
+from memrl_mcp.serving.projects import folder_uri, project_namespace
 from memrl_mcp.serving.tools import create_server
+from tests.support.anthropic import FakeModel, Reply, Script, fake_model
 from tests.support.local import LocalStore, local_store
 from tests.support.mcp import call, make_service
 
@@ -298,6 +299,24 @@ async def test_the_recall_resource_says_whether_a_recall_waits_for_its_report(
         service.close()
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("from_roots", [True, False])
+async def test_project_dir_names_the_project_of_a_client_that_cannot_be_asked_for_roots(
+    embedder: Embedder, tmp_path: Path, from_roots: bool
+) -> None:
+    """A client that sends no roots (Claude Code on the 2026-07-28 protocol) in a session whose ``project_dir`` is
+    set: its namespace is the one its folder's root would give; ``namespace_from_roots: false`` turns it off."""
+    project = tmp_path / "alpha web (v2)"
+    service = make_service(embedder, tmp_path / "data", project_dir=project, namespace_from_roots=from_roots)
+    try:
+        async with Client(create_server(service)) as client:
+            stored = await call(client, "store_experience", task=TASK, experience=LESSON)
+        expected = project_namespace(folder_uri(project)) if from_roots else "default"
+        assert stored["memory"]["namespace"] == expected
+    finally:
+        service.close()
+
+
 def test_an_event_that_is_not_claude_codes_is_refused_by_field() -> None:
     """The event's fields are checked, each refusal naming the field."""
     cases = {
@@ -344,8 +363,11 @@ def claude_cli() -> Path:
 
 
 def claude(home: Path, *args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
-    """``claude ARGS`` in a home folder of its own, offline: no telemetry, nothing non-essential."""
-    variables = {key: value for key, value in os.environ.items() if not key.startswith(("ANTHROPIC_", "CLAUDE"))}
+    """``claude ARGS`` in a home folder of its own, offline (no telemetry, nothing non-essential), without the
+    suite's MEMRL_* variables (its one process per session would keep the hooks from the local server)."""
+    variables = {
+        key: value for key, value in os.environ.items() if not key.startswith(("ANTHROPIC_", "CLAUDE", "MEMRL_"))
+    }
     variables |= {"HOME": str(home), "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1"}
     return subprocess.run(
         [str(claude_cli()), *args], cwd=cwd, env=variables | env, capture_output=True, text=True, timeout=120
@@ -356,7 +378,8 @@ def claude(home: Path, *args: str, cwd: Path = ROOT, **env: str) -> subprocess.C
 def test_the_plugin_and_its_marketplace_validate_strictly_and_install_offline(tmp_path: Path) -> None:
     """``claude plugin validate --strict`` accepts the plugin and the repository's marketplace; added as a local
     marketplace, the plugin installs, is enabled, and Claude Code connects to its memory server (``mcp list``)."""
-    assert json.loads((PLUGIN / ".mcp.json").read_text()) == {"mcpServers": {"memrl": {"command": "memrl-mcp"}}}
+    server = {"command": "memrl-mcp", "env": {"MEMRL_PROJECT_DIR": "${CLAUDE_PROJECT_DIR}"}}
+    assert json.loads((PLUGIN / ".mcp.json").read_text()) == {"mcpServers": {"memrl": server}}
     home = tmp_path / "home"
     home.mkdir()
     for folder in (PLUGIN, ROOT):
@@ -415,3 +438,112 @@ def test_the_root_uri_is_the_one_claude_code_sends(tmp_path: Path) -> None:
         while not said.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert said.read_text() == folder_uri(folder), name
+
+
+# -- Claude Code itself, with the plugin installed, its model faked over HTTP ---------------------------------------
+
+TOOLS = "mcp__plugin_memrl_memrl__"
+LEARNED = "run make migrate first, then make deploy ENV=staging and check /health"
+
+
+def install_plugin(home: Path) -> None:
+    home.mkdir()
+    for step in (("marketplace", "add", str(ROOT)), ("install", "memrl@memrl-mcp")):
+        done = claude(home, "plugin", *step)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def said(message: dict[str, Any]) -> str:
+    """What a message of the API's conversation says: its text blocks and its tool results' text."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        inner = block.get("content") if block.get("type") == "tool_result" else [block]
+        for part in [{"type": "text", "text": inner}] if isinstance(inner, str) else inner or []:
+            parts.append(part.get("text", "") if part.get("type") == "text" else "")
+    return "\n".join(parts)
+
+
+def called(messages: list[dict[str, Any]], tool: str) -> list[dict[str, Any]]:
+    """The arguments of each call of ``tool`` the model made in the conversation so far."""
+    return [
+        block["input"]
+        for message in messages
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_use" and block.get("name") == tool
+    ]
+
+
+def the_model(recall_first: bool) -> Script:
+    """A model that does what the hooks' words ask: it acts ("Done."), and reports the recall a held stop names,
+    once; with ``recall_first``, it first recalls through the memory's MCP tool on its own."""
+
+    def reply(request: dict[str, Any]) -> Reply:
+        messages = request["messages"]
+        held = [said(message) for message in messages if "Stop hook" in said(message)]
+        reported = {call["recall_id"] for call in called(messages, f"{TOOLS}report_outcome")}
+        if held and recall_id_in(held[-1]) not in reported:
+            arguments = {"recall_id": recall_id_in(held[-1]), "reward": 1.0, "experience": LEARNED}
+            return Reply(tool=f"{TOOLS}report_outcome", arguments=arguments)
+        if recall_first and not called(messages, f"{TOOLS}recall_experience"):
+            return Reply(tool=f"{TOOLS}recall_experience", arguments={"task": TASK})
+        return Reply("Done.")
+
+    return reply
+
+
+def holds(model: FakeModel) -> list[str]:
+    """The reasons of the stops held in the model's conversation (Claude Code's note of each)."""
+    final = [said(message) for message in model.requests[-1]["messages"]]
+    return [text for text in final if text.startswith("Stop hook blocking error from command")]
+
+
+def claude_session(home: Path, store: LocalStore, project: Path, model: FakeModel) -> dict[str, Any]:
+    """``claude -p TASK`` in ``project``: one session of Claude Code with the plugin, the memory's two tools allowed."""
+    env = {key: value for key, value in store.env().items() if key.startswith(("MEMRL_", "PYTHON"))}
+    env |= {"ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": "sk-ant-fake"}
+    env |= {"ENABLE_TOOL_SEARCH": "false", "MCP_CONNECTION_NONBLOCKING": "0"}  # the tools listed from the first turn
+    allowed = f"{TOOLS}report_outcome,{TOOLS}recall_experience"
+    done = claude(home, "-p", TASK, "--output-format", "json", "--allowedTools", allowed, cwd=project,
+                  PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", **env)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_claude_code_runs_the_loop_with_the_plugin(alpha: ClaudeSession, tmp_path: Path) -> None:
+    """Claude Code itself (its model faked over HTTP), the plugin installed from the repository's marketplace: the
+    prompt's context carries the project's memory and the recall id; the end of the turn is held with the recall's
+    id; the model's report goes through Claude Code's own MCP session to the same memory; the next session's prompt
+    finds what was reported, as does the model's own recall through Claude Code's MCP session (its namespace, from
+    Claude Code's roots, is the hooks')."""
+    home = tmp_path / "home"
+    install_plugin(home)
+    with anyio.fail_after(DEADLINE_S):
+        async with mcp_session(alpha) as client:
+            await call(client, "store_experience", task=TASK, experience=LESSON)
+            with fake_model(the_model(recall_first=False)) as model:
+                first = await anyio.to_thread.run_sync(claude_session, home, alpha.store, alpha.project, model)
+            assert first["result"] == "Done." and not first["is_error"], first
+            context = "\n".join(said(message) for message in model.requests[0]["messages"])
+            assert LESSON in context and "no need to call recall_experience" in context
+            held = holds(model)
+            assert len(held) == 1 and "report_outcome" in held[0], held
+            recall_id = recall_id_in(context)
+            assert recall_id in held[0]
+            state = await recall_state(client, recall_id)
+            assert (state["status"], state["reward"]) == ("reported", 1.0)
+
+            with fake_model(the_model(recall_first=True)) as model:
+                second = await anyio.to_thread.run_sync(claude_session, home, alpha.store, alpha.project, model)
+            assert second["result"] == "Done." and not second["is_error"], second
+            prompted = "\n".join(said(message) for message in model.requests[0]["messages"])
+            assert LEARNED in prompted  # the hook's recall: the experience the report stored
+            assert LEARNED in said(model.requests[1]["messages"][-1])  # the model's own recall through Claude Code
+            (reason,) = holds(model)
+            assert recall_id_in(reason) != recall_id  # the new recall of this session, not the model's own

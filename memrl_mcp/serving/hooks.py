@@ -11,9 +11,10 @@ stdout.
 - ``session-end``: forgets the session's record.
 
 The hooks reach the memory the session's MCP server uses: the same store through the user's local server
-(:mod:`memrl_mcp.serving.attach`), and the same project namespace, because they hand the server the project folder
-as the very root URI Claude Code sends (:func:`folder_uri`), from which the server derives the namespace as for any
-session. Each runs as a fresh process per event, so it imports the standard library and the attach path only.
+(:mod:`memrl_mcp.serving.attach`), and the same project namespace: they hand the server the project folder as the
+very root URI Claude Code sends (:func:`~memrl_mcp.serving.projects.folder_uri`), from which it derives the namespace
+as for any session, and the plugin's MCP server names the same folder (its ``project_dir``). Each hook runs as a
+fresh process per event, so it imports the standard library and the attach path only.
 
 A hook never fails or blocks a prompt: whatever goes wrong (no memory, a server that cannot start, bad input), it
 says why on stderr, answers nothing and exits 0.
@@ -37,9 +38,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import quote
 
 from memrl_mcp.serving.attach import LocalClient, Target, ToolCallError, attach, target_of
+from memrl_mcp.serving.projects import folder_uri
 from memrl_mcp.serving.runtime import AttachError, place_of, private_folder
 
 START_SECONDS = 20.0  # the first prompt may wait for the server's cold start; hooks.json allows the hook 30 s
@@ -50,8 +51,6 @@ RECORD_DAYS = 7.0  # a record untouched this long belongs to a session that ende
 PROMPTED = (None, "user", "sdk")
 """The sources of a prompt that is a task: typed by the user, or given to ``claude -p``; not one the client
 injected (a task notification, a loop's wake-up)."""
-URI_SAFE = "/!$&'()*+,:;=@"
-"""What Node's ``pathToFileURL`` (Claude Code's roots) leaves unescaped besides letters, digits and ``-._``."""
 
 
 class HookInputError(ValueError):
@@ -89,13 +88,6 @@ class HookEvent:
         source = data.get("source")
         source = source if isinstance(source, str) else None
         return cls(session_id, Path(folder), prompt, source, data.get("stop_hook_active") is True)
-
-
-def folder_uri(folder: str | os.PathLike[str]) -> str:
-    """The ``file://`` URI Claude Code sends as the root of a session opened in ``folder`` (Node's
-    ``pathToFileURL(folder).href``): the server derives the project namespace from this exact text."""
-    path = "/" + os.path.normpath(os.path.abspath(folder)).lstrip("/")
-    return "file://" + quote(os.fsencode(path), safe=URI_SAFE).replace("~", "%7E")
 
 
 @dataclass

@@ -44,6 +44,7 @@ from memrl_mcp.serving.auth import TokenTable, caller
 from memrl_mcp.serving.calls import OnLoop, served
 from memrl_mcp.serving.feedback import Feedback
 from memrl_mcp.serving.observability import Metrics
+from memrl_mcp.serving.projects import folder_uri, project_namespace
 from memrl_mcp.serving.recalls import add_recall_resource
 from memrl_mcp.serving.roots import roots_namespace
 from memrl_mcp.serving.schema import MemoryTool
@@ -164,16 +165,21 @@ def create_server(
     ]
 
     from_roots = settings.namespaces.namespace_from_roots and not settings.is_set("namespace")
+    project_dir = settings.namespaces.project_dir
+    folder_namespace = project_namespace(folder_uri(project_dir)) if project_dir is not None else None
 
     async def identify(ctx: Context[Any, Any]) -> Access:
         """A tool's caller: the token of the request that carried the call, and, when neither that token nor
-        the settings name a default namespace, the one of the client's project root."""
+        the settings name a default namespace, the one of the session's project (``project_dir``, else the client's
+        root)."""
         access = caller(ctx.request_context.request, tokens)
         if access is None:  # over HTTP the SDK answered 401 already; this is a call without HTTP, or a bug
             raise MemoryRequestError(TOKEN_REQUIRED)
         if access.default is not None:
             return access
-        project = await roots_namespace(ctx) if from_roots else None
+        project = None
+        if from_roots:
+            project = folder_namespace or await roots_namespace(ctx)
         return dataclasses.replace(access, default=project or settings.namespaces.namespace)
 
     def reader(ctx: Context[Any, Any]) -> Access:

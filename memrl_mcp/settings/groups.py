@@ -352,3 +352,10 @@ class NamespaceSettings(Group):
         "names a namespace, use one derived from the first root (<folder name>-<hash of its URI>), so one server "
         "shared by several projects keeps their memories apart.",
     )
+    project_dir: Path | None = Field(
+        None,
+        description="The folder of this session's project, when its client says it otherwise than by MCP roots "
+        "(a client of the 2026-07-28 protocol cannot be asked for them): with namespace_from_roots, the session's "
+        "namespace is the one this folder's root would give, and the client is not asked. The Claude Code plugin "
+        "sets it to the project (CLAUDE_PROJECT_DIR).",
+    )
