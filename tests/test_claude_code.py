@@ -26,6 +26,7 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.serving.hooks import HookEvent, HookInputError, hold_reason
 from memrl_mcp.serving.projects import folder_uri, project_namespace
 from memrl_mcp.serving.tools import create_server
+from memrl_mcp.settings import load_settings
 from tests.support.anthropic import FakeModel, Reply, Script, fake_model
 from tests.support.local import LocalStore, local_store
 from tests.support.mcp import call, make_service
@@ -317,6 +318,18 @@ async def test_project_dir_names_the_project_of_a_client_that_cannot_be_asked_fo
         service.close()
 
 
+def test_claude_codes_project_folder_is_read_as_project_dir() -> None:
+    """Claude Code gives every MCP server it starts ``CLAUDE_PROJECT_DIR``: read as ``project_dir``;
+    ``MEMRL_PROJECT_DIR`` wins."""
+    given = load_settings(environ={"CLAUDE_PROJECT_DIR": "/home/ann/alpha"})
+    assert (given.namespaces.project_dir, given.origin("project_dir")) == (
+        Path("/home/ann/alpha"),
+        "environment CLAUDE_PROJECT_DIR",
+    )
+    both = {"CLAUDE_PROJECT_DIR": "/home/ann/alpha", "MEMRL_PROJECT_DIR": "/home/ann/beta"}
+    assert load_settings(environ=both).namespaces.project_dir == Path("/home/ann/beta")
+
+
 def test_an_event_that_is_not_claude_codes_is_refused_by_field() -> None:
     """The event's fields are checked, each refusal naming the field."""
     cases = {
@@ -378,8 +391,7 @@ def claude(home: Path, *args: str, cwd: Path = ROOT, **env: str) -> subprocess.C
 def test_the_plugin_and_its_marketplace_validate_strictly_and_install_offline(tmp_path: Path) -> None:
     """``claude plugin validate --strict`` accepts the plugin and the repository's marketplace; added as a local
     marketplace, the plugin installs, is enabled, and Claude Code connects to its memory server (``mcp list``)."""
-    server = {"command": "memrl-mcp", "env": {"MEMRL_PROJECT_DIR": "${CLAUDE_PROJECT_DIR}"}}
-    assert json.loads((PLUGIN / ".mcp.json").read_text()) == {"mcpServers": {"memrl": server}}
+    assert json.loads((PLUGIN / ".mcp.json").read_text()) == {"mcpServers": {"memrl": {"command": "memrl-mcp"}}}
     home = tmp_path / "home"
     home.mkdir()
     for folder in (PLUGIN, ROOT):

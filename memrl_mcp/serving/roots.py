@@ -5,7 +5,7 @@ when neither the call, its token nor the ``namespace`` setting names a namespace
 (:func:`~memrl_mcp.serving.projects.project_namespace`): a readable slug of the folder name and a short hash of the
 full URI (``memrl-mcp-3fa9c2d1``), so one server attached to several projects keeps their memories apart, and two
 folders of the same name do not meet. A client of the 2026-07-28 protocol cannot be asked for its roots: the
-``project_dir`` setting names its project folder instead (the Claude Code plugin sets it).
+``project_dir`` setting names its project folder instead (Claude Code gives it to every server it starts).
 
 This only ever picks the *default*: the namespaces a token may use are unchanged, and the derived one is checked
 against them like any other.

@@ -170,8 +170,8 @@ def create_server(
 
     async def identify(ctx: Context[Any, Any]) -> Access:
         """A tool's caller: the token of the request that carried the call, and, when neither that token nor
-        the settings name a default namespace, the one of the session's project (``project_dir``, else the client's
-        root)."""
+        the settings name a default namespace, the one of the session's project (the client's root, else
+        ``project_dir``)."""
         access = caller(ctx.request_context.request, tokens)
         if access is None:  # over HTTP the SDK answered 401 already; this is a call without HTTP, or a bug
             raise MemoryRequestError(TOKEN_REQUIRED)
@@ -179,7 +179,7 @@ def create_server(
             return access
         project = None
         if from_roots:
-            project = folder_namespace or await roots_namespace(ctx)
+            project = await roots_namespace(ctx) or folder_namespace
         return dataclasses.replace(access, default=project or settings.namespaces.namespace)
 
     def reader(ctx: Context[Any, Any]) -> Access:

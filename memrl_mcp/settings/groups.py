@@ -354,8 +354,8 @@ class NamespaceSettings(Group):
     )
     project_dir: Path | None = Field(
         None,
-        description="The folder of this session's project, when its client says it otherwise than by MCP roots "
-        "(a client of the 2026-07-28 protocol cannot be asked for them): with namespace_from_roots, the session's "
-        "namespace is the one this folder's root would give, and the client is not asked. The Claude Code plugin "
-        "sets it to the project (CLAUDE_PROJECT_DIR).",
+        description="The folder of this session's project, for a client that sends no MCP roots (one of the "
+        "2026-07-28 protocol cannot be asked for them): with namespace_from_roots, such a session's namespace is the "
+        "one this folder's root would give. Claude Code names it to every MCP server it starts (CLAUDE_PROJECT_DIR, "
+        "read as this setting).",
     )
