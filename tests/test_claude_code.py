@@ -237,16 +237,28 @@ async def test_the_stop_is_held_until_the_recall_is_reported_and_never_otherwise
 
 @pytest.mark.slow
 def test_a_memory_that_is_down_never_blocks_or_fails_the_prompt(alpha: ClaudeSession, tmp_path: Path) -> None:
-    """No server can start (the store's folder cannot be made: a file stands where its parent should be): every hook
-    exits 0 with nothing on stdout, well within the timeout hooks.json gives it, and says why on stderr. The same for
-    input that is not Claude Code's."""
+    """No server can start (the store's folder cannot be made: a file stands where its parent should be): the prompt's
+    hook exits 0 with nothing on stdout, well within the timeout hooks.json gives it, and says why on stderr. A server
+    gone before the stop (``local stop``): the stop happens, and the recall is held at the next stop the memory
+    answers. Input that is not Claude Code's: nothing, status 0."""
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
-    down = {"MEMRL_DATA_DIR": str(blocker / "data")}
-    for run, event in ((alpha.prompt(TASK, **down), "UserPromptSubmit"), (alpha.stop(**down), "Stop")):
-        let_go(run)
-        assert run.seconds < hook_command(event)[1] / 2, run.seconds
-    assert "memory is unavailable" in alpha.prompt(TASK, **down).stderr
+    down = alpha.prompt(TASK, MEMRL_DATA_DIR=str(blocker / "data"))
+    let_go(down)
+    assert down.seconds < hook_command("UserPromptSubmit")[1] / 2, down.seconds
+    assert "memory is unavailable" in down.stderr and "could not start" in down.stderr
+
+    let_go(alpha.prompt("translate the release notes into German"))  # recalled, nothing found: recorded
+    stopped = alpha.store.local("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    alpha.store.wait_gone()
+    gone = alpha.stop()
+    let_go(gone)
+    assert gone.seconds < hook_command("Stop")[1] / 2 and "memory is unavailable" in gone.stderr
+    let_go(alpha.prompt("rename the staging cluster"))  # starts the server again
+    held = held_for(alpha.stop())
+    assert "translate the release notes" in held and "rename the staging cluster" in held
+
     for garbage in ("", "not json", "[]", '{"prompt": "x"}'):
         done = subprocess.run(
             ["/bin/sh", "-c", hook_command("UserPromptSubmit")[0]],
