@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,12 +50,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hooks-"))
-    project, runtime = work / "project", Path(tempfile.mkdtemp(prefix="mrl", dir="/tmp"))
+    project, runtime = work / "project", Path(tempfile.mkdtemp(prefix="mrl", dir="/tmp"))  # a socket's path is short
     project.mkdir()
     env = {key: value for key, value in os.environ.items() if not key.startswith("MEMRL_")}
     env |= {"MEMRL_DATA_DIR": str(work / "data"), "MEMRL_RUNTIME_DIR": str(runtime)}
     env |= {"CLAUDE_PROJECT_DIR": str(project), "CLAUDE_PLUGIN_ROOT": str(PLUGIN)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    try:
+        measure(env, project, args.runs)
+    finally:
+        local_stop = [sys.executable, "-m", "memrl_mcp.cli", "local", "stop"]
+        subprocess.run(local_stop, env=env, check=False, capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def measure(env: dict[str, str], project: Path, runs: int) -> None:
     common = {"transcript_path": str(project / "t.jsonl"), "cwd": str(project), "permission_mode": "default"}
 
     def prompt(text: str, session: str) -> Callable[[], tuple[float, str]]:
@@ -73,7 +84,7 @@ def main() -> None:
     assert store.returncode == 0, store.stderr
     kinds: dict[str, list[float]] = {k: [] for k in ("prompt, memories found", "prompt, nothing found", "stop, held",
                                                       "stop, nothing waiting", "python -c pass")}  # fmt: skip
-    for i in range(args.runs):
+    for i in range(runs):
         seconds, out = prompt("deploy the web app to staging", f"found-{i}")()
         assert "additionalContext" in out, out
         kinds["prompt, memories found"].append(seconds)
@@ -94,7 +105,6 @@ def main() -> None:
     ]
     print(f"cold start (the first prompt's hook starts the server): {cold:.2f} s")
     print(B.table(("hook (fresh process)", "median ms", "p90 ms", "max ms"), rows))
-    subprocess.run([sys.executable, "-m", "memrl_mcp.cli", "local", "stop"], env=env, check=False, capture_output=True)
 
 
 STORE = """
