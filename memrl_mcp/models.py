@@ -146,6 +146,22 @@ class RecallResult(SearchResult):
     recall_id: str = Field(description="Report the episode's outcome with it (report_outcome), once.")
 
 
+class RecallState(BaseModel):
+    """Where one recall stands: whether it still waits for its report (the resource ``memrl://recalls/{id}``)."""
+
+    recall_id: str
+    namespace: str
+    task: str
+    status: Literal["pending", "applying", "reported", "expired"] = Field(
+        description="pending: waits for its report; applying: a report is being applied; reported: done; expired: "
+        "past recall_ttl_seconds unreported, it can no longer be reported."
+    )
+    memories: int = Field(description="How many memories the recall returned (0: nothing similar was found).")
+    created_at: Timestamp
+    expires_at: Timestamp
+    reward: KeptFloat | None = Field(None, description="The reward reported, once reported.")
+
+
 class QChange(BaseModel):
     """One recalled memory's utility, moved by a report."""
 

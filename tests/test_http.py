@@ -110,6 +110,10 @@ async def test_a_tenant_never_sees_or_touches_another_tenants_memory(tmp_path: P
             for recall_id in (alice_recall["recall_id"], guessed):
                 message = await refused(bob, "report_outcome", recall_id=recall_id, reward=-1.0)
                 assert f"recall_id: unknown recall {recall_id!r}" in message
+                with pytest.raises(Exception, match=f"recall_id: unknown recall {recall_id!r}"):
+                    await bob.read_resource(f"memrl://recalls/{recall_id}")  # whether it waits for its report
+            state = await alice.read_resource(f"memrl://recalls/{alice_recall['recall_id']}")
+            assert json.loads(state.contents[0].text)["status"] == "pending"  # type: ignore[union-attr]
 
             # Bob's statistics cover his namespaces only; alice's memory is untouched and hers to report on.
             assert (await call(bob, "memory_stats"))["memories"] == 1

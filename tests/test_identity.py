@@ -390,7 +390,12 @@ async def test_a_server_with_tokens_serves_no_call_that_carries_none(service: Me
         for name, arguments in valid_calls.items():
             message = await refused(client, name, **arguments)
             assert message.endswith("authorization: a valid bearer token is required"), (name, message)
-        for uri in ("memrl://stats", "memrl://stats/alice", f"memrl://memories/{memory}"):
+        for uri in (
+            "memrl://stats",
+            "memrl://stats/alice",
+            f"memrl://memories/{memory}",
+            f"memrl://recalls/{'0' * 36}",
+        ):
             with pytest.raises(Exception, match="authorization: a valid bearer token is required"):
                 await client.read_resource(uri)
     assert service.get(memory, access=EVERYTHING).experience == ALICE_SECRET

@@ -16,7 +16,7 @@ import pytest
 from mcp import Client, types
 
 from memrl_mcp.serving.attach import LocalClient, attach
-from memrl_mcp.serving.roots import project_namespace
+from memrl_mcp.serving.projects import project_namespace
 from tests.support.local import LocalStore, local_store, python_with, servers_of
 from tests.support.mcp import call
 from tests.support.node import CLIENT, node_with_sdk

@@ -19,7 +19,7 @@ from mcp import Client, types
 from mcp.shared.exceptions import MCPError
 
 import memrl_mcp
-from memrl_mcp.serving.roots import project_namespace
+from memrl_mcp.serving.projects import project_namespace
 from memrl_mcp.serving.runtime import flocked
 from tests.support.local import LocalStore, local_store, servers_of
 from tests.support.mcp import call, resource_text

@@ -19,7 +19,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.calls import tool
-from memrl_mcp.serving.roots import project_namespace
+from memrl_mcp.serving.projects import project_namespace
 from memrl_mcp.serving.server import create_server
 from memrl_mcp.serving.tools import READS
 from memrl_mcp.validation import NAMESPACE_PATTERN

@@ -58,6 +58,7 @@ from memrl_mcp.models import (
     QSummary,
     RecallPool,
     RecallResult,
+    RecallState,
     ReportResult,
     SearchResult,
     Stats,
@@ -297,6 +298,22 @@ class MemoryService:
         """The caller's recall if it can be reported now, and its memories: checked before anyone is asked."""
         with self._call():
             return self.episodes.pending(recall_id, access)
+
+    def recall_state(self, recall_id: str, *, access: Access) -> RecallState:
+        """Whether the caller's recall ``recall_id`` still waits for its report; another tenant's is unknown."""
+        with self._call():
+            record = self.episodes.record(recall_id, access)
+        expired = record.status == "pending" and record.expires_at < self.clock()
+        return RecallState(
+            recall_id=recall_id,
+            namespace=record.namespace,
+            task=record.task,
+            status="expired" if expired else record.status,
+            memories=len(record.memory_ids),
+            created_at=record.created_at,
+            expires_at=record.expires_at,
+            reward=record.report.reward if record.report else None,
+        )
 
     # -- the step memory (Rememberer) ----------------------------------------------------------
 

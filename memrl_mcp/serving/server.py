@@ -31,6 +31,8 @@ from memrl_mcp.serving.auth import TokenTable, caller
 from memrl_mcp.serving.calls import served
 from memrl_mcp.serving.feedback import Feedback
 from memrl_mcp.serving.observability import Metrics
+from memrl_mcp.serving.projects import folder_uri, project_namespace
+from memrl_mcp.serving.recalls import add_recall_resource
 from memrl_mcp.serving.roots import roots_namespace
 from memrl_mcp.serving.schema import Arguments, MemoryTool, argument_values
 from memrl_mcp.serving.tools import TOOLS
@@ -132,17 +134,23 @@ class Callers:
     tokens: TokenTable | None
 
     async def tool_caller(self, ctx: Context[Any, Any]) -> Access:
-        """A tool's caller; when its token names no default namespace, the one of the client's project root, else
-        the client's ``namespace`` setting."""
+        """A tool's caller; when its token names no default namespace, the one of the client's project (its root,
+        else the ``project_dir`` setting), else the client's ``namespace`` setting."""
         access = caller(ctx.request_context.request, self.tokens)
         if access is None:  # over HTTP the SDK answered 401 already; this is a call without HTTP, or a bug
             raise MemoryRequestError(TOKEN_REQUIRED)
         if access.default is not None:
             return access
         settings = self.settings
-        from_roots = settings.namespaces.namespace_from_roots and not settings.is_set("namespace")
-        project = await roots_namespace(ctx) if from_roots else None
+        project = None
+        if settings.namespaces.namespace_from_roots and not settings.is_set("namespace"):
+            project = await roots_namespace(ctx) or self._folder_namespace()
         return dataclasses.replace(access, default=project or settings.namespaces.namespace)
+
+    def _folder_namespace(self) -> str | None:
+        """The namespace of the ``project_dir`` setting (what a client that sends no roots says of its project)."""
+        folder = self.settings.namespaces.project_dir
+        return None if folder is None else project_namespace(folder_uri(folder))
 
     def resource_caller(self, ctx: Context[Any, Any]) -> Access:
         """A resource's caller: the token of the request that carried the read."""
@@ -193,6 +201,8 @@ def _add_resources(server: MCPServer, service: MemoryService, reader: Callable[[
             return service.get(memory_id, access=reader(ctx)).model_dump_json()
         except MemoryRequestError as error:
             raise ResourceError(str(error)) from None
+
+    add_recall_resource(server, service, reader)
 
 
 def _add_prompt(server: MCPServer, settings: Settings) -> None:

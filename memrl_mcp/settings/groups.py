@@ -354,3 +354,10 @@ class NamespaceSettings(Group):
         "names a namespace, use one derived from the first root (<folder name>-<hash of its URI>), so one server "
         "shared by several projects keeps their memories apart.",
     )
+    project_dir: Path | None = Field(
+        None,
+        description="The folder of this session's project, for a client that sends no MCP roots (one of the "
+        "2026-07-28 protocol cannot be asked for them): with namespace_from_roots, such a session's namespace is the "
+        "one this folder's root would give. Claude Code names it to every MCP server it starts (CLAUDE_PROJECT_DIR, "
+        "read as this setting).",
+    )

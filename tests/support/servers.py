@@ -50,9 +50,10 @@ its client, as before the local server existed; tests/test_local*.py attach, eac
 
 
 def child_env(data_dir: Path | None = None, /, **variables: str) -> dict[str, str]:
-    """This process's environment without any MEMRL_* of the user's, plus the suite's default (:data:`ONE_PROCESS`)
-    and the test's own variables."""
+    """This process's environment without any setting of the user's (MEMRL_*, CLAUDE_PROJECT_DIR), plus the suite's
+    default (:data:`ONE_PROCESS`) and the test's own variables."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("MEMRL_")} | ONE_PROCESS
+    env.pop("CLAUDE_PROJECT_DIR", None)  # read as project_dir: a suite run inside Claude Code would name a project
     if data_dir is not None:
         env["MEMRL_DATA_DIR"] = str(data_dir)
     env.update(variables)
