@@ -29,6 +29,12 @@ PEER_STAMP := $(PEER_VENV)/.installed
 
 .PHONY: setup dev serve demo test test-fast bench llm alfworld sandbox mariadb docker peer browser node
 
+# The type checker ([tool.mypy] in pyproject.toml) checks memrl_mcp, memrl_harness and tests from here; perf/'s
+# scripts import _bench as a sibling, so they are checked from their folder, with the packages they use found on
+# PYTHONPATH (read as installed: their own errors are the first run's). The config's sections for the harness's
+# libraries serve the first run only.
+MYPY_PERF := cd perf && PYTHONPATH=.. $(abspath $(VENV))/bin/mypy --config-file ../pyproject.toml --no-warn-unused-configs *.py
+
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -119,11 +125,13 @@ browser: | $(STAMP)
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
 # The TypeScript SDK client of tests/test_typescript_client.py: Debian's node and npm, and the SDK at the version of
-# tests/ts_client/package-lock.json, installed into that folder (npm ci: from the lock file, nothing else).
+# tests/ts_client/package-lock.json, installed into that folder (npm ci: from the lock file, nothing else); and
+# Claude Code's CLI of tests/test_claude_code.py the same way (its package runs a native binary, whatever node's version).
 node:
 	@command -v node >/dev/null && command -v npm >/dev/null || \
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm; }
 	cd tests/ts_client && npm ci --no-audit --no-fund
+	cd tests/claude_code && npm ci --no-audit --no-fund
 
 # The Claude Desktop bundle, dist/memrl-mcp-VERSION.mcpb (integrations/claude-desktop/build.sh): the server's wheel
 # and a uv.lock of its dependencies, validated and packed by the official @anthropic-ai/mcpb (npm ci in that folder).
@@ -142,13 +150,17 @@ demo: $(HARNESS_STAMP)
 test: dev llm alfworld sandbox mariadb docker peer browser node
 	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests perf
 	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests perf
+	$(VENV)/bin/mypy
+	$(MYPY_PERF)
 	$(PY) -m pytest -q
 
-# The everyday tier: ruff and the tests not marked slow (no MariaDB, dockerd, browser, sandbox, local LLM or
-# benchmark data: nothing beside the clone).
+# The everyday tier: ruff, the type checker and the tests not marked slow (no MariaDB, dockerd, browser, sandbox,
+# local LLM or benchmark data: nothing beside the clone).
 test-fast: dev
 	$(VENV)/bin/ruff check memrl_mcp memrl_harness tests perf
 	$(VENV)/bin/ruff format --check memrl_mcp memrl_harness tests perf
+	$(VENV)/bin/mypy
+	$(MYPY_PERF)
 	$(PY) -m pytest -q -m "not slow"
 
 bench: dev

@@ -1,4 +1,4 @@
-"""Learning-curve metrics of one run, from its episode records (MEMRL.md, "Benchmark protocol").
+"""Learning-curve metrics of one run, from its episode records (docs/algorithm.md, "The benchmark protocol").
 
 Pure functions: the records of several epochs over the same task list go in, a typed summary comes
 out. A run killed mid-epoch is fine: its last epoch is marked ``partial`` and kept out of the
@@ -321,8 +321,8 @@ def aggregate_seeds(
     epochs = [
         EpochSpread(
             epoch=epoch,
-            success_rate=spread([e.success_rate for e in rows]),  # type: ignore[arg-type]
-            csr=spread([e.csr for e in rows]),  # type: ignore[arg-type]
+            success_rate=spread([e.success_rate for e in rows]),
+            csr=spread([e.csr for e in rows]),
         )
         for epoch, rows in sorted(per_epoch.items())
     ]

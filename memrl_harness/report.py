@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from memrl_harness.metrics import (
     RunSummary,
@@ -362,6 +363,14 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", "-.", ":")
 
 
+class LineStyle(TypedDict):
+    """How one setting's line is drawn (keyword arguments of matplotlib's ``plot``)."""
+
+    marker: str
+    linestyle: str
+    alpha: float
+
+
 def plot_metric(settings: Sequence[Setting], metric: str, name: str, title: str, out: Path) -> None:
     """One line per setting over epochs (markers and dashes differ, so equal curves stay visible).
 
@@ -380,7 +389,11 @@ def plot_metric(settings: Sequence[Setting], metric: str, name: str, title: str,
     try:
         any_partial = False
         for i, setting in enumerate(settings):
-            style = {"marker": MARKERS[i % len(MARKERS)], "linestyle": LINESTYLES[i % len(LINESTYLES)], "alpha": 0.9}
+            style: LineStyle = {
+                "marker": MARKERS[i % len(MARKERS)],
+                "linestyle": LINESTYLES[i % len(LINESTYLES)],
+                "alpha": 0.9,
+            }
             if len(setting.runs) > 1:
                 spreads = [(e.epoch, getattr(e, metric)) for e in setting.aggregate.epochs]
                 if not spreads:

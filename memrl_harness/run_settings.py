@@ -51,7 +51,9 @@ class RunSettings:
             raise ValueError(f"--config {path}: must be a mapping of groups (llm: and memrl-mcp's)")
         for group in content:
             if group != LLM_GROUP and group not in GROUPS:
-                raise ValueError(f"--config {path}: " + unknown_name(str(group), {LLM_GROUP, *GROUPS}, "group"))
+                raise ValueError(
+                    f"--config {path}: " + unknown_name(str(group), frozenset({LLM_GROUP, *GROUPS}), "group")
+                )
         llm = content.pop(LLM_GROUP, None) or {}
         if isinstance(llm, dict) and "api_key" in llm:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""The paper's protocol (MEMRL.md), driven through an MCP client of memrl-mcp.
+"""The paper's protocol (docs/algorithm.md, "The benchmark protocol"), driven through an MCP client of memrl-mcp.
 
 Runtime learning: an epoch replays the benchmark's tasks in a seeded order. Per task: recall (query =
 the task's intent) -> the agent acts with the recalled memories -> the benchmark's checker gives the
@@ -61,6 +61,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.types import ReadResourceResult, TextContent, TextResourceContents
 
 from memrl_harness.benchmarks.base import (
     ActionAdvice,
@@ -178,10 +179,19 @@ def epoch_order(tasks: Sequence[Task], seed: int, epoch: int) -> list[Task]:
     return order
 
 
+def _text(resource: ReadResourceResult) -> str:
+    """A resource of memrl-mcp, all of which are JSON text."""
+    contents = resource.contents[0]
+    if not isinstance(contents, TextResourceContents):
+        raise RunError(f"memrl-mcp sent {contents.uri} as binary, not as JSON text")
+    return contents.text
+
+
 async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
     result = await client.call_tool(tool, arguments)
     if result.is_error or result.structured_content is None:
-        text = result.content[0].text if result.content else "no content"
+        first = result.content[0] if result.content else None
+        text = first.text if isinstance(first, TextContent) else "no content"
         if text.startswith("Unknown tool"):  # a --memory-url server started with a smaller tool profile
             text += f" (this mode calls a tool the server does not offer: start memrl-mcp with {ENV_TOOL_PROFILE}=full)"
         raise RunError(f"memrl-mcp {tool} failed: {text}")
@@ -528,7 +538,7 @@ class Runner:
         """Put the memory server's effective constants in run.json; a resumed run must find the same ones (a changed
         setting, e.g. a MEMRL_* variable set since, would make it another run)."""
         resource = await client.read_resource("memrl://settings")
-        settings = json.loads(resource.contents[0].text)
+        settings = json.loads(_text(resource))
         stored = self.run_dir.read_config()
         if stored.memory_settings is None:
             self.run_dir.write_config(stored.model_copy(update={"memory_settings": settings}))
@@ -578,7 +588,7 @@ class Runner:
                 result = await client.read_resource(f"memrl://memories/{memory_id}")
             except Exception:  # forgotten since (merges keep ids, so this is rare): no final Q
                 continue
-            q_values[memory_id] = json.loads(result.contents[0].text)["q"]
+            q_values[memory_id] = json.loads(_text(result))["q"]
         (self.run_dir.path / Q_VALUES_FILE).write_text(json.dumps(q_values, indent=0) + "\n")
 
 

@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     _store_options(parser, default=None)
     commands = parser.add_subparsers(
-        dest="command", title="commands (instead of serving)", metavar="{export,import,calibrate,config,local}"
+        dest="command", title="commands (instead of serving)", metavar="{export,import,calibrate,config,local,hook}"
     )
     export = commands.add_parser(
         "export", help="Write the memories as JSON Lines.", description="Write the memories as JSON Lines."
@@ -105,6 +105,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     local.add_argument("action", nargs="?", choices=("status", "ui", "stop", "run"), default="status")
     _store_options(local, default=argparse.SUPPRESS)
+    hook = commands.add_parser(
+        "hook",
+        help="A Claude Code hook (the plugin in integrations/claude-code): the event's JSON on stdin.",
+        description="Run one of the Claude Code plugin's hooks: read the event's JSON on stdin, answer in Claude "
+        "Code's JSON on stdout, always exit 0. user-prompt-submit recalls for the prompt and adds the memories "
+        "found to the context; stop holds the session once while a recall of it waits for its report; session-end "
+        "forgets the session's record (docs/claude-code.md).",
+    )
+    hook.add_argument("event", choices=("user-prompt-submit", "stop", "session-end"))
+    _store_options(hook, default=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -149,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_config(args)
     if args.command == "local":
         return run_local(args)
+    if args.command == "hook":
+        from memrl_mcp.serving import hooks
+
+        return hooks.main(args.event, args.data_dir, args.config)
     return serve(args) if args.command is None else run_backup(args)
 
 

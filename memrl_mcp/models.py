@@ -8,11 +8,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, StrictFloat, StrictInt, StrictStr, with_config
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
+from memrl_mcp.requests import RecallQuery
 from memrl_mcp.storage.numbers import KeptFloat, KeptJson
 from memrl_mcp.storage.tally import Q_STEP, Counts
 from memrl_mcp.validation import MAX_TIMESTAMP, Outcome
+
+Q_DIGITS = 6  # a tally's Q is exact to Q_STEP (1e-4); two more digits keep the quartiles' interpolation
 
 
 def iso_time(seconds: float) -> str:
@@ -118,21 +121,6 @@ class SearchResult(BaseModel):
     memories: list[RecalledMemory]
 
 
-@with_config(ConfigDict(extra="forbid"))  # as a JSON body (the inspector): no stray key; no coercion (Strict*)
-@dataclass(frozen=True)
-class RecallQuery:
-    """What a recall (or a search, or a preview of either) is asked: the task, and optionally the namespace and
-    Phase A and B's numbers; ``None`` is the server's setting. The service checks every field and fills in the
-    settings: the query it hands on is resolved (no ``None``)."""
-
-    task: StrictStr
-    namespace: StrictStr | None = None
-    k1: StrictInt | None = None
-    k2: StrictInt | None = None
-    q_weight: StrictFloat | None = None
-    delta: StrictFloat | None = None
-
-
 class PoolCandidate(MemoryView):
     """A memory of Phase A's pool with every number Phase B chose by."""
 
@@ -156,6 +144,22 @@ class RecallResult(SearchResult):
     """The memories to give the agent; report the episode's reward with ``recall_id``."""
 
     recall_id: str = Field(description="Report the episode's outcome with it (report_outcome), once.")
+
+
+class RecallState(BaseModel):
+    """Where one recall stands: whether it still waits for its report (the resource ``memrl://recalls/{id}``)."""
+
+    recall_id: str
+    namespace: str
+    task: str
+    status: Literal["pending", "applying", "reported", "expired"] = Field(
+        description="pending: waits for its report; applying: a report is being applied; reported: done; expired: "
+        "past recall_ttl_seconds unreported, it can no longer be reported."
+    )
+    memories: int = Field(description="How many memories the recall returned (0: nothing similar was found).")
+    created_at: Timestamp
+    expires_at: Timestamp
+    reward: KeptFloat | None = Field(None, description="The reward reported, once reported.")
 
 
 class QChange(BaseModel):
@@ -197,6 +201,11 @@ class ForgetResult(BaseModel):
     steps_deleted: int = Field(0, description="Step records deleted with the namespace.")
 
 
+def as_q(steps: float) -> float:
+    """A count of :data:`Q_STEP` as a Q, to the digits the tally holds: 0.2, not 0.20000000000000001."""
+    return round(steps * Q_STEP, Q_DIGITS)
+
+
 class QSummary(BaseModel):
     """The spread of the learned utilities: quartiles and mean."""
 
@@ -223,15 +232,15 @@ class QSummary(BaseModel):
             low, high = int(np.floor(rank)), int(np.ceil(rank))
             value_low = steps[np.searchsorted(ends, low, side="right")]
             value_high = steps[np.searchsorted(ends, high, side="right")]
-            return float(value_low + (value_high - value_low) * (rank - low)) * Q_STEP
+            return as_q(float(value_low + (value_high - value_low) * (rank - low)))
 
         return cls(
-            min=float(steps[0]) * Q_STEP,
+            min=as_q(float(steps[0])),
             p25=at(0.25),
             median=at(0.5),
             p75=at(0.75),
-            max=float(steps[-1]) * Q_STEP,
-            mean=float((steps * weights).sum()) / n * Q_STEP,
+            max=as_q(float(steps[-1])),
+            mean=as_q(float((steps * weights).sum()) / n),
         )
 
 

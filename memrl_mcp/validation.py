@@ -23,10 +23,10 @@ import json
 import reprlib
 import unicodedata
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Generic, Literal, TypeVar, get_args
 
-from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import ErrorDetails
 
 from memrl_mcp.errors import MemoryRequestError
@@ -79,7 +79,7 @@ def plain_error(error: ErrorDetails, field: str = "") -> str:
     kind = error["type"]
     if kind == "missing":
         return f"{where}: required"
-    if kind == "extra_forbidden":
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):  # a model's, a dataclass's
         return f"{where}: no such field"
     message = REWORDED.get(kind) or error["msg"].removeprefix("Value error, ")
     value, limits = error["input"], error.get("ctx", {})
@@ -215,11 +215,11 @@ def _uuid(text: str) -> str:
     return text
 
 
-CandidateCount = Annotated[int, Field(ge=1, le=MAX_K)]
-QWeight = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
-Similarity = Annotated[float, Field(ge=-1.0, le=1.0, allow_inf_nan=False)]
-NamespaceName = Annotated[str, Field(pattern=NAMESPACE_PATTERN)]
-TextQuery = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_QUERY_CHARS), AfterValidator(has_word)]
+CandidateCount = Annotated[int, Field(ge=1, le=MAX_K, strict=True)]
+QWeight = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False, strict=True)]
+Similarity = Annotated[float, Field(ge=-1.0, le=1.0, allow_inf_nan=False, strict=True)]
+NamespaceName = Annotated[str, Field(pattern=NAMESPACE_PATTERN, strict=True)]
+TextQuery = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_QUERY_CHARS, strict=True), AfterValidator(has_word)]
 
 K = Rule[int](CandidateCount)
 Q_WEIGHT = Rule[float](QWeight)
@@ -254,7 +254,7 @@ def is_point_id(text: str) -> bool:
 def check_outcome(outcome: str) -> Outcome:
     if outcome not in OUTCOMES:
         raise MemoryRequestError(f"outcome: must be 'success' or 'failure', got {outcome!r}")
-    return outcome  # type: ignore[return-value]
+    return outcome
 
 
 def outcome_of(reward: float) -> Outcome:
@@ -266,14 +266,25 @@ MAX_EPISODE_ID_CHARS = 200
 EPISODE_ID = text_rule(MAX_EPISODE_ID_CHARS)
 
 
+class TrajectoryStep(BaseModel):
+    """One decision of an episode: what the agent saw, what it did, the reward that followed (the last: the
+    episode's). The bounds are settings: :func:`trajectory_rule` makes the checked kind."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    observation: str
+    action: str
+    reward: float | None = None
+
+
 def trajectory_rule(
     max_steps: int, max_observation_chars: int, max_action_chars: int, reward: Rule[float]
-) -> Rule[Any]:
+) -> Rule[list[TrajectoryStep]]:
     """A reported trajectory: 1 to ``max_steps`` steps, each exactly {observation, action, reward}. An error
     names the step and its field (``steps[3].reward``)."""
     step = create_model(
         "TrajectoryStep",
-        __config__=ConfigDict(extra="forbid", strict=True),
+        __base__=TrajectoryStep,
         __doc__="One decision: what the agent saw, what it did, the reward that followed (the last: the episode's).",
         observation=(
             text_rule(max_observation_chars).type,
@@ -292,10 +303,16 @@ def trajectory_rule(
             ),
         ),
     )
-    return Rule(Annotated[list[step], Field(min_length=1, max_length=max_steps)])  # type: ignore[valid-type]
+    return Rule(Annotated[list[step], Field(min_length=1, max_length=max_steps)])
 
 
-def check_step_rewards(steps: list[Any], last_may_lack: bool) -> None:
+def rewarded(steps: Sequence[TrajectoryStep]) -> list[tuple[str, str, float]]:
+    """A trajectory as (observation, action, reward) triples; every step must name its reward."""
+    check_step_rewards(steps, last_may_lack=False)
+    return [(step.observation, step.action, step.reward) for step in steps if step.reward is not None]
+
+
+def check_step_rewards(steps: Sequence[TrajectoryStep], last_may_lack: bool) -> None:
     """Every step of a trajectory names its reward; the last one may lack it when ``last_may_lack`` (the server then
     asks the user how the episode went)."""
     for i, step in enumerate(steps[:-1] if last_may_lack else steps):
@@ -321,6 +338,7 @@ class Limits:
         reward: tuple[float, float],
         trajectory: tuple[int, int, int],
         max_page: int,
+        max_trajectory_chars: int,
     ) -> None:
         self.task = text_rule(max_task_chars)
         self.experience = text_rule(max_experience_chars)
@@ -331,3 +349,4 @@ class Limits:
         self.action = text_rule(max_action_chars)
         self.steps = trajectory_rule(max_steps, max_observation_chars, max_action_chars, self.reward)
         self.page = Rule[int](Annotated[int, Field(ge=1, le=max_page)])
+        self.trajectory = text_rule(max_trajectory_chars)  # an episode as text, for a model to write its experience

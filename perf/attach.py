@@ -30,6 +30,7 @@ import tempfile
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import TextIO
 
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -55,10 +56,10 @@ def session(env: dict[str, str], *args: str) -> StdioServerParameters:
     )
 
 
-async def first_answer(params: StdioServerParameters, errlog: object) -> float:
+async def first_answer(params: StdioServerParameters, errlog: TextIO) -> float:
     """Seconds from spawning the session to the answer of its first call."""
     started = time.perf_counter()
-    async with Client(stdio_client(params, errlog=errlog)) as client:  # type: ignore[arg-type]
+    async with Client(stdio_client(params, errlog=errlog)) as client:
         await client.call_tool("memory_stats", {})
         return time.perf_counter() - started
 

@@ -38,11 +38,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench as B
 
-from memrl_mcp.storage import EdgeStore, Point, QdrantClientStore, Store
+from memrl_mcp.storage import EdgeStore, Point, QdrantClientStore, Store, Where
 
 TOP_K = 5
 THRESHOLD = 0.3  # same-cluster pairs sit near 0.4, unrelated ones near 0
-FILTER = {"namespace": B.NAMESPACES[0]}
+FILTER: Where = {"namespace": B.NAMESPACES[0]}
 BATCH = 1000
 ENGINES = ("edge", "qdrant-local")
 
@@ -103,7 +103,8 @@ def bench_engine(engine: str, n: int, data: dict[str, Any], root: Path, args: ar
     assert store is not None
     assert store.count("memories") == n, f"{engine}: {store.count('memories')} points after loading {n}"
 
-    closes, opens = [], []
+    closes: list[float] = []
+    opens: list[float] = []
     while len(opens) < 3 and sum(opens) < 4:  # three reopens, or one when it takes seconds
         start = time.perf_counter()
         store.close()

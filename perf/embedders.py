@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -117,7 +117,7 @@ def median_query_ms(embed: Embed, queries: list[str]) -> tuple[float, float]:
     return 1000 * statistics.median(cpu), 1000 * statistics.median(wall)
 
 
-def speed_report(embedders: dict[str, Embed], samples: dict[str, list[str]], rounds: int) -> None:
+def speed_report(embedders: Mapping[str, Embed], samples: dict[str, list[str]], rounds: int) -> None:
     baseline = next(iter(embedders))
     for kind, queries in samples.items():
         cpu: dict[str, list[float]] = {name: [] for name in embedders}

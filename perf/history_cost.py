@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery
 from memrl_mcp.settings import load_settings
 
 POINT = "00000000-0000-4000-8000-000000000001"
@@ -73,14 +73,14 @@ def cycles(events: int, rounds: int, count: int, tasks: int) -> None:
             settings = load_settings(data_dir=Path(folder) / str(kept), embedded_engine="edge", q_history_size=kept)
             service = MemoryService.open(settings, embedder)
             for text in texts:
-                service.store_experience(text, "take it, heat it, put it down", access=EVERYTHING)
+                service.store_experience(NewExperience(text, "take it, heat it, put it down"), access=EVERYTHING)
             services[kept] = service
 
         def run(service: MemoryService, n: int) -> float:
             start = time.process_time()
             for i in range(n):
                 recall = service.recall(RecallQuery(texts[i % tasks]), access=EVERYTHING)
-                service.report(recall.recall_id, 1.0 if i % 3 else 0.0, access=EVERYTHING)
+                service.report(OutcomeReport(recall.recall_id, 1.0 if i % 3 else 0.0), access=EVERYTHING)
             return (time.process_time() - start) / n * 1000
 
         for service in services.values():

@@ -47,8 +47,8 @@ import _bench as B
 from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.requests import OutcomeReport, RecallQuery, StatsQuery
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import Settings, load_settings
 from memrl_mcp.storage import EdgeStore, Point, open_store
 
@@ -193,7 +193,7 @@ def direct_loop(service: MemoryService, queries, with_experience: bool, seed: in
         found.append(len(result.memories))
         experience = experience_text(rng) if with_experience else None
         start = time.perf_counter()
-        service.report(result.recall_id, rng.choice([1.0, -1.0]), experience, access=EVERYTHING)
+        service.report(OutcomeReport(result.recall_id, rng.choice([1.0, -1.0]), experience), access=EVERYTHING)
         report_ms.append((time.perf_counter() - start) * 1000)
     return trimmed(out)
 
@@ -222,7 +222,7 @@ async def run_size(n: int, args, embedder, pairs, base, queries, overrides, env,
     async with Client(create_server(service)) as client:
         out["inproc"] = await mcp_loop(client, queries, True, 3, base)
         out["inproc_noexp"] = await mcp_loop(client, queries, False, 4, base)
-    out["stats_ms"] = B.timed_ms(lambda: service.stats(access=EVERYTHING), 3)
+    out["stats_ms"] = B.timed_ms(lambda: service.stats(StatsQuery(), access=EVERYTHING), 3)
     service.close()
 
     params = StdioServerParameters(

@@ -32,6 +32,7 @@ import _bench as B
 from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.requests import ListQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import EdgeStore, Point, QdrantClientStore, Store
 
@@ -65,7 +66,9 @@ def baseline_page(store: Store, skip: int) -> list[str]:
 
 def measure(service: MemoryService, store: Store, runs: int) -> list[Any]:
     def page(cursor: str | None = None, text: str | None = None) -> Any:
-        return service.list_memories(NAMESPACE, sort="q", limit=PAGE, cursor=cursor, text=text, access=EVERYTHING)
+        return service.list_memories(
+            ListQuery(NAMESPACE, sort="q", limit=PAGE, cursor=cursor, text=text), access=EVERYTHING
+        )
 
     first = page()
     deep, cursor = 0, first.next_cursor  # page 10, or the last one of a small namespace

@@ -148,8 +148,8 @@ async def run_size(n: int, args, pairs, base, queries: dict[str, list[str]], roo
             row = Row(n, length, times[0], finds, times[1] if other_client else None)
             rows.append(row)
             shown = f" ({args.compare_threads} thread(s): {B.p50(row.others):.1f} ms)" if row.others else ""
-            ours = B.p50(row.recalls)
-            print(f"    {length} queries: our recall p50 {ours:.1f} ms{shown}, the peer's find {row.find:.1f} ms")
+            our_p50 = B.p50(row.recalls)
+            print(f"    {length} queries: our recall p50 {our_p50:.1f} ms{shown}, the peer's find {row.find:.1f} ms")
     return rows
 
 

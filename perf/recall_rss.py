@@ -22,16 +22,29 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Literal, TypedDict
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import DIM, NAMESPACES, clustered_vectors, synthetic_text, table
 
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import Point, open_store
-from perf._bench import DIM, NAMESPACES, clustered_vectors, synthetic_text, table
+from memrl_mcp.storage import Point, Table, open_store
 
 BATCH = 500
+TABLES: tuple[Table, ...] = ("recalls", "memories")
+
+
+class Rss(TypedDict):
+    """What a child process measured: its RSS (:func:`rss_kb`) at each step, and the recalls its store held."""
+
+    before: dict[str, int]
+    opened: dict[str, int]
+    written: dict[str, int]
+    recalls: int
 
 
 def rss_kb() -> dict[str, int]:
@@ -64,24 +77,24 @@ def recall_points(rng: random.Random, vectors: np.ndarray, start: int) -> list[P
     ]
 
 
-def child(data_dir: Path, engine: str, recalls: int, memories: int) -> dict[str, object]:
+def child(data_dir: Path, engine: str, recalls: int, memories: int) -> Rss:
     """Open the store (writing ``recalls`` recalls and ``memories`` memories first if asked); RSS at each step."""
     settings = load_settings(data_dir=data_dir, embedded_engine=engine)
     before = rss_kb()
     store = open_store(settings.storage, DIM)
     opened = rss_kb()
     rng = random.Random(0)
-    for table_name, count in (("recalls", recalls), ("memories", memories)):
+    for table_name, count in zip(TABLES, (recalls, memories), strict=True):
         for start in range(0, count, BATCH):
             vectors, _ = clustered_vectors(min(BATCH, count - start), np.random.default_rng(start), clusters=50)
-            store.upsert(table_name, recall_points(rng, vectors, start))  # type: ignore[arg-type]
+            store.upsert(table_name, recall_points(rng, vectors, start))
     written = rss_kb()
     pending = store.count("recalls")
     store.close()
     return {"before": before, "opened": opened, "written": written, "recalls": pending}
 
 
-def run_child(data_dir: Path, engine: str, recalls: int, memories: int) -> dict[str, object]:
+def run_child(data_dir: Path, engine: str, recalls: int, memories: int) -> Rss:
     args = [sys.executable, __file__, "--child", str(data_dir), "--engine", engine]
     args += ["--recalls", str(recalls), "--memories", str(memories)]
     return json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
@@ -104,16 +117,15 @@ def main() -> None:
         reopened = run_child(data_dir / "full", args.engine, 0, 0)
         size_mb = sum(f.stat().st_blocks * 512 for f in (data_dir / "full").rglob("*") if f.is_file()) / 1e6
     rows = []
-    for label, result, step in (
+    steps: list[tuple[str, Rss, Literal["opened", "written"]]] = [
         ("empty store, opened", empty, "opened"),
         (f"{args.recalls} recalls written", written, "written"),
         ("same store, reopened", reopened, "opened"),
-    ):
+    ]
+    for label, result, step in steps:
         rss = result[step]
         base = result["before"]
-        rows.append(
-            (label, rss["VmRSS"] // 1024, (rss["RssAnon"] - base["RssAnon"]) // 1024, rss["RssFile"] // 1024)  # type: ignore[index]
-        )
+        rows.append((label, rss["VmRSS"] // 1024, (rss["RssAnon"] - base["RssAnon"]) // 1024, rss["RssFile"] // 1024))
     pending = reopened["recalls"]
     print(f"engine {args.engine}, {pending} recalls pending, {args.memories} memories, {size_mb:.1f} MB on disk")
     print(table(("step", "VmRSS MB", "RssAnon added MB", "RssFile MB"), rows))

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,9 +41,10 @@ import _bench as B
 from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import MemoryEdit, NewExperience, OutcomeReport, RecallQuery, TrajectoryReport
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage.quota import QuotaExceededError
+from memrl_mcp.validation import TrajectoryStep
 
 TASK = "summarise the nightly build log"
 NAMESPACE = "tenant"
@@ -62,15 +64,15 @@ def du_mb(folder: Path) -> float:
 
 def rewrite(case: str, service: MemoryService, memory_id: str, i: int, chars: int) -> None:
     if case == "update_memory":
-        service.update_memory(memory_id, experience=distinct_text(i, chars), access=EVERYTHING)
+        service.update_memory(MemoryEdit(memory_id, experience=distinct_text(i, chars)), access=EVERYTHING)
     elif case == "merge":
-        service.store_experience(TASK, distinct_text(i, chars), NAMESPACE, access=EVERYTHING)
+        service.store_experience(NewExperience(TASK, distinct_text(i, chars), NAMESPACE), access=EVERYTHING)
     elif case == "report":
         recall = service.recall(RecallQuery(TASK, NAMESPACE, k1=1, k2=1), access=EVERYTHING)
-        service.report(recall.recall_id, random.Random(i).uniform(-1, 1), access=EVERYTHING)
+        service.report(OutcomeReport(recall.recall_id, random.Random(i).uniform(-1, 1)), access=EVERYTHING)
     else:
-        step = {"observation": distinct_text(0, 300), "action": "look", "reward": 1.0}
-        service.report_trajectory(TASK, [step], f"episode-{i}", NAMESPACE, access=EVERYTHING)
+        step = TrajectoryStep(observation=distinct_text(0, 300), action="look", reward=1.0)
+        service.report_trajectory(TrajectoryReport(TASK, [step], f"episode-{i}", NAMESPACE), access=EVERYTHING)
 
 
 def with_retries(call: Callable[[], None], wait: float) -> int:
@@ -94,11 +96,14 @@ def measure(case: str, engine: str, args: argparse.Namespace, embedder: MiniLMEm
             data_dir=data_dir, embedded_engine=engine, namespace_quota_mb=QUOTA_MB[case], tool_profile="full"
         )
         service = MemoryService.open(settings, embedder)
-        sizes, refusals = [], 0
+        sizes: list[float] = []
+        refusals = 0
         try:
-            memory_id = service.store_experience(TASK, distinct_text(-1, args.chars), NAMESPACE, access=EVERYTHING).id
+            memory_id = service.store_experience(
+                NewExperience(TASK, distinct_text(-1, args.chars), NAMESPACE), access=EVERYTHING
+            ).id
             for i in range(1, args.rewrites + 1):
-                refusals += with_retries(lambda i=i: rewrite(case, service, memory_id, i, args.chars), wait)
+                refusals += with_retries(partial(rewrite, case, service, memory_id, i, args.chars), wait)
                 if i % max(1, args.rewrites // 3) == 0 and len(sizes) < 3:
                     sizes.append(du_mb(data_dir))
             usage = service._store.usage(NAMESPACE)

@@ -59,7 +59,7 @@ from latency import corpus
 from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import RecallQuery, StatsQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import EdgeStore, Point
 
@@ -275,9 +275,14 @@ def during_build(args: argparse.Namespace, qs: list[tuple[str, np.ndarray]]) -> 
         print(f"before the build ({points} memories, {indexed} of them indexed): search {summary(searches)} ms")
         print(f"                                               write  {summary([ms for _, ms in writes])} ms")
         done = threading.Event()
+
+        def build() -> None:
+            store.build_index(wait=True)
+            done.set()
+
         with PeakRss() as peak:
             began = time.perf_counter()
-            builder = threading.Thread(target=lambda: (store.build_index(wait=True), done.set()))
+            builder = threading.Thread(target=build)
             builder.start()
             searches, writes = measure(done, 0) if args.build_load == "searches" else ([], [])
             builder.join()
@@ -372,7 +377,7 @@ def serve_child(args: argparse.Namespace) -> None:
     service = MemoryService.open(settings)
     open_s = time.perf_counter() - start
     opened = status_mb()
-    stats_ms = B.timed_ms(lambda: service.stats(access=EVERYTHING), 5)
+    stats_ms = B.timed_ms(lambda: service.stats(StatsQuery(), access=EVERYTHING), 5)
     texts = B.real_task_texts(B.shared_data_dir()) or {"default": ["open the drawer and take the key"]}
     pairs = [(ns, t) for ns, group in texts.items() for t in group]
     chosen = random.Random(1).sample(pairs, min(args.queries, len(pairs)))

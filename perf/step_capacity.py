@@ -30,8 +30,10 @@ from memrl_mcp.embeddings import MiniLMEmbedder, embed_scoped, embed_tasks
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.memory.steps import embedded_text
+from memrl_mcp.requests import TrajectoryReport
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
+from memrl_mcp.validation import TrajectoryStep
 
 TASK = "put a clean mug in the coffee machine"
 PLACES = ["countertop", "cabinet", "drawer", "fridge", "sinkbasin", "microwave", "shelf", "diningtable", "desk"]
@@ -72,9 +74,11 @@ def measure(embedder: MiniLMEmbedder, capacity: int, steps: int, runs: int) -> d
         settings = load_settings(data_dir=folder, step_max_records=capacity)
         store = open_store(settings.storage, embedder.dim)
         service = MemoryService.open(settings, embedder, store)
-        fill = [{"observation": text, "action": "look", "reward": 0.0} for text in texts[:capacity]]
-        for start in range(0, capacity, 100):
-            service.report_trajectory(TASK, fill[start : start + 100], f"fill-{start}", access=EVERYTHING)
+        fill = [TrajectoryStep(observation=text, action="look", reward=0.0) for text in texts[:capacity]]
+        for first in range(0, capacity, 100):
+            service.report_trajectory(
+                TrajectoryReport(TASK, fill[first : first + 100], f"fill-{first}"), access=EVERYTHING
+            )
         task = embed_tasks(embedder, [TASK], "default")[0]
         old_ms, new_ms, report_ms, agreed = [], [], [], 0
         for n, text in enumerate(texts[capacity:]):
@@ -93,8 +97,8 @@ def measure(embedder: MiniLMEmbedder, capacity: int, steps: int, runs: int) -> d
             old_ms.append(statistics.median(old_runs))
             new_ms.append(statistics.median(new_runs))
             start = time.perf_counter()
-            step = [{"observation": text, "action": "look", "reward": 0.0}]
-            service.report_trajectory(TASK, step, f"new-{n}", access=EVERYTHING)
+            step = [TrajectoryStep(observation=text, action="look", reward=0.0)]
+            service.report_trajectory(TrajectoryReport(TASK, step, f"new-{n}"), access=EVERYTHING)
             report_ms.append((time.perf_counter() - start) * 1000)
         service.close()
     return {

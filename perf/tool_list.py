@@ -20,7 +20,7 @@ from mcp import Client
 
 from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import TOOL_PROFILES, load_settings
 
 

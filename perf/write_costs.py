@@ -35,11 +35,12 @@ from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.history import HISTORY_TAIL, chunk_id, joined
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage import PLACEHOLDER, Point
+from memrl_mcp.storage import PLACEHOLDER, Point, Store
 from memrl_mcp.storage.files import free_bytes
 from memrl_mcp.storage.numbers import kept
+from memrl_mcp.storage.quota import MeteredStore
 
 
 def cpu_us(work: Callable[[], object], calls: int) -> float:
@@ -59,11 +60,14 @@ def main() -> None:
     texts = [f"heat the mug number {i} in the microwave and put it on the table" for i in range(args.tasks)]
     with tempfile.TemporaryDirectory() as folder:
         service = MemoryService.open(load_settings(data_dir=Path(folder), embedded_engine="edge"), MiniLMEmbedder())
-        ids = [service.store_experience(text, "take it, heat it", access=EVERYTHING).id for text in texts]
+        ids = [
+            service.store_experience(NewExperience(text, "take it, heat it"), access=EVERYTHING).id for text in texts
+        ]
         for i in range(args.age * args.tasks):
             recall = service.recall(RecallQuery(texts[i % args.tasks]), access=EVERYTHING)
-            service.report(recall.recall_id, 1.0 if i % 3 else -1.0, access=EVERYTHING)
+            service.report(OutcomeReport(recall.recall_id, 1.0 if i % 3 else -1.0), access=EVERYTHING)
         metered = service._store  # the quota layer over the embedded store
+        assert isinstance(metered, MeteredStore), metered
         edge = metered._inner
         memory_id, memory = max(edge.get("memories", ids).items(), key=lambda item: item[1]["visits"])
         fields = ("q", "visits", "last_reward", "updated_at", "history", "history_chunks", "applied")
@@ -78,7 +82,7 @@ def main() -> None:
             metered.upsert("history", [point])
             copies += 1
 
-        def write(store: object, conditional: bool) -> Callable[[], object]:
+        def write(store: Store, conditional: bool) -> Callable[[], object]:
             def once() -> None:
                 nonlocal version
                 fields = {**update, "version": version + 1}

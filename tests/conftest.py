@@ -21,7 +21,7 @@ from mcp import Client
 
 from memrl_mcp.embeddings import Embedder, MiniLMEmbedder
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.serving.server import create_server
 from tests.support.mcp import make_service
 from tests.support.servers import ONE_PROCESS
 from tests.support.stores import ENGINES

@@ -82,6 +82,7 @@ def docker_engine() -> Iterator[Any]:
     if client is None:
         started = start_dockerd()
         client = answering()
+        assert client is not None, "dockerd answered, then no longer"
     try:
         yield client
     finally:

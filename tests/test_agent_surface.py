@@ -14,7 +14,8 @@ from typing import Annotated, Any
 import anyio
 import pytest
 from mcp import Client
-from pydantic import ConfigDict, Field, create_model
+from mcp.types import TextContent
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
@@ -31,14 +32,17 @@ from memrl_mcp.models import (
     StoreResult,
     TrajectoryResult,
 )
+from memrl_mcp.requests import StatsQuery
 from memrl_mcp.serving.schema import compact_schema
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import TOOL_PROFILES, SettingsError, load_settings
 from memrl_mcp.validation import CandidateCount, NamespaceName, Outcome, SortKey
-from tests.support.mcp import call
+from tests.support.mcp import call, hints, prompt_text, text_of
 from tests.support.servers import child_env, http_server, run_cli
 
-DEFAULT_LIST_BUDGET = 8 * 1024  # characters of compact JSON: about 2,000 tokens on every turn of the agent
+DEFAULT_LIST_BUDGET = 5 * 1024  # characters of compact JSON: about 1,300 tokens on every turn of the agent
+RECALL_TEXT_BUDGET = 1.35  # the text a recall's model reads, against its memories' own experiences
+NOISY_NUMBER = re.compile(r"\d\.\d{3,}")  # more than two decimals: float noise, or precision no model needs
 JARGON = re.compile(r"Phase [AB]|lambda|λ|z\(|Q_init", re.I)
 ISO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 TASK = "Rotate the logs of a web server every night"
@@ -101,7 +105,7 @@ async def test_the_reward_says_what_to_give_even_in_a_chat(embedder: Embedder, t
             assert words in reward, (words, reward)
 
 
-HIDDEN_CALLS = {
+HIDDEN_CALLS: dict[str, dict[str, Any]] = {
     "recall_experience": {"task": TASK},
     "report_outcome": {"recall_id": "3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", "reward": 1.0},
     "store_experience": {"task": "another task", "experience": "another lesson"},
@@ -131,17 +135,17 @@ async def test_each_profile_offers_its_tools_teaches_only_those_and_serves_no_ot
     writer.close()
     service = MemoryService.open(load_settings(data_dir=tmp_path / "data", tool_profile=profile), embedder)
     try:
-        before = service.stats(access=EVERYTHING)
+        before = service.stats(StatsQuery(), access=EVERYTHING)
         async with Client(create_server(service)) as client:
             tools = (await client.list_tools()).tools
-            prompt = (await client.get_prompt("memory_loop", {"task": TASK})).messages[0].content.text
+            prompt = prompt_text(await client.get_prompt("memory_loop", {"task": TASK}))
             instructions = client.instructions or ""
             offered = {tool.name for tool in tools}
             assert set(HIDDEN_CALLS) == set(TOOL_PROFILES["full"])
             for hidden in set(HIDDEN_CALLS) - offered:
                 result = await client.call_tool(hidden, HIDDEN_CALLS[hidden])
-                assert result.is_error and f"Unknown tool: {hidden}" in result.content[0].text, hidden
-        assert service.stats(access=EVERYTHING) == before
+                assert result.is_error and f"Unknown tool: {hidden}" in text_of(result), hidden
+        assert service.stats(StatsQuery(), access=EVERYTHING) == before
     finally:
         service.close()
     assert offered == set(TOOL_PROFILES[profile])
@@ -149,7 +153,7 @@ async def test_each_profile_offers_its_tools_teaches_only_those_and_serves_no_ot
     assert {name for name in every_tool if name in instructions} == offered  # no tool it cannot call
     assert {name for name in every_tool if name in prompt} <= offered
     if profile == "read_only":
-        assert all(tool.annotations.read_only_hint for tool in tools)
+        assert all(hints(tool).read_only_hint for tool in tools)
         assert "search_experience" in prompt
 
 
@@ -187,12 +191,13 @@ def test_the_compact_schema_keeps_every_bound(embedder: Embedder, tmp_path: Path
     service = MemoryService.open(load_settings(data_dir=tmp_path / "data"), embedder)
     rules = service.limits
     service.close()
+    reward: Any = Annotated[rules.reward.type, Field(description="r")]  # a type made at run time, from the settings
     arguments = create_model(
         "Arguments",
         __config__=ConfigDict(strict=True, extra="forbid"),
         task=(rules.task.type, ...),
         steps=(rules.steps.type, ...),
-        reward=(Annotated[rules.reward.type, Field(description="r")], ...),
+        reward=(reward, ...),
         experience=(rules.experience.type | None, None),
         namespace=(NamespaceName | None, None),
         k1=(CandidateCount | None, None),
@@ -251,6 +256,49 @@ async def default_client(embedder: Embedder, tmp_path: Path) -> AsyncIterator[Cl
         service.close()
 
 
+LOG_TASKS = [f"Rotate the logs of the {name} server every night" for name in ("web", "mail", "database")]
+LOG_EXPERIENCES = [
+    f"For the {name} server: install logrotate, add a file under /etc/logrotate.d with daily, rotate 14, compress, "
+    "missingok and notifempty, then run logrotate -d to check it before the first night; "
+    f"{extra}"
+    for name, extra in (
+        ("web", "reload nginx in postrotate so it reopens its files."),
+        ("mail", "keep postfix's own maillog rotation out of the way."),
+        ("database", "never rotate the live binary logs this way."),
+    )
+]
+
+
+async def test_a_recall_reads_in_little_more_than_its_memories(default_client: Client) -> None:
+    """The text the model reads of a recall: each experience, whether it worked, how far to trust it, the recall
+    id, numbers rounded, within RECALL_TEXT_BUDGET of the experiences' own length; every field stays structured."""
+    for task, experience in zip(LOG_TASKS, LOG_EXPERIENCES, strict=True):
+        await call(default_client, "store_experience", task=task, experience=experience)
+    for reward in (1.0, 0.7, -0.3):  # q values with float noise
+        recall = await call(default_client, "recall_experience", task=LOG_TASKS[0])
+        await call(default_client, "report_outcome", recall_id=recall["recall_id"], reward=reward)
+    result = await default_client.call_tool("recall_experience", {"task": LOG_TASKS[0]})
+    (content,) = result.content
+    assert isinstance(content, TextContent), content
+    memories = result.structured_content["memories"]
+    assert len(memories) == 3 and all(200 <= len(m["experience"]) <= 250 for m in memories)
+    own = sum(len(m["experience"]) for m in memories)
+    text = content.text
+    assert len(text) <= RECALL_TEXT_BUDGET * own, (len(text) / own, text)
+    assert result.structured_content["recall_id"] in text
+    for memory in memories:
+        assert memory["experience"] in text and f"q {round(memory['q'], 2):g}" in text
+        assert memory["q"] != round(memory["q"], 2)  # the exact value is structured
+    assert not NOISY_NUMBER.search(text), text
+    report = await default_client.call_tool(
+        "report_outcome",
+        {"recall_id": result.structured_content["recall_id"], "reward": 1.0, "experience": LOG_EXPERIENCES[0]},
+    )
+    said = text_of(report)
+    assert said.startswith("reported reward 1: q of the recalled memories ") and "memory" in said, said
+    assert len(said) < 300 and not NOISY_NUMBER.search(said), said
+
+
 async def test_results_are_structured_with_iso_times_without_an_output_schema(default_client: Client) -> None:
     stored = await call(default_client, "store_experience", task=TASK, experience="logrotate, daily, compress")
     recall = await call(default_client, "recall_experience", task=TASK)
@@ -272,7 +320,7 @@ async def test_log_lines_have_iso_times_and_no_colour_codes(tmp_path: Path) -> N
             async with Client(server.url) as client:
                 await call(client, "store_experience", task=TASK, experience="logrotate, daily, compress")
                 refused = await client.call_tool("store_experience", {"task": TASK, "experience": "x", "q": "4242x"})
-                assert refused.is_error and "q: Input should be a valid number, got '4242x'" in refused.content[0].text
+                assert refused.is_error and "q: Input should be a valid number, got '4242x'" in text_of(refused)
         log = server.log_path.read_text()
         assert "Uvicorn running on" in log and "tool call" in log
         assert "rejected arguments: ['q']" in log and "4242x" not in log  # the field, never the caller's value
@@ -288,7 +336,7 @@ async def test_log_lines_have_iso_times_and_no_colour_codes(tmp_path: Path) -> N
 # -- the results' structure, documented in docs/tools.md ---------------------------------------------------------
 
 TOOLS_MD = Path(__file__).resolve().parents[1] / "docs" / "tools.md"
-RESULTS = {
+RESULTS: dict[str, type[BaseModel]] = {
     "recall_experience": RecallResult,
     "report_outcome": ReportResult,
     "store_experience": StoreResult,

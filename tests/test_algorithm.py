@@ -10,7 +10,7 @@ from memrl_mcp.memory.algorithm import Candidate, SimilarityScale, phase_b_score
 CORPUS = SimilarityScale(mode="corpus", mean=0.3, std=0.1)
 POOL = SimilarityScale(mode="pool", mean=0.0, std=1.0)
 
-# MEMRL.md's case: a small similarity gap (0.85 / 0.83 / 0.78) and a clear utility winner.
+# docs/algorithm.md's case: a small similarity gap (0.85 / 0.83 / 0.78) and a clear utility winner.
 SMALL_GAP = [Candidate(0.85, 0.0), Candidate(0.83, 0.0), Candidate(0.78, 1.0)]
 
 

@@ -112,7 +112,8 @@ def test_lines_are_split_whole_across_chunks() -> None:
 
 
 def test_an_answers_id_is_read_from_its_head() -> None:
-    assert ANSWER.match(b'{"jsonrpc":"2.0","id":12,"result":{"content":[]}}\n').group(1) == b"12"  # type: ignore[union-attr]
+    plain = ANSWER.match(b'{"jsonrpc":"2.0","id":12,"result":{"content":[]}}\n')
+    assert plain is not None and plain[1] == b"12"
     quoted = ANSWER.match(b'{"jsonrpc":"2.0","id":"a\\"b","error":{"code":-1}}\n')
     assert quoted is not None and json.loads(quoted.group(1)) == 'a"b'
     assert ANSWER.match(b'{"jsonrpc":"2.0","id":3,"method":"roots/list"}\n') is None  # a question: parsed whole

@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -105,7 +106,7 @@ def test_what_the_typescript_sdk_client_and_the_mcp_inspector_show(tmp_path: Pat
             assert f"{problem}: {HOW}" in shown[case]["error"]
         assert "recall_experience" in shown["right"]["tools"]  # the right token lists the tools
 
-        def inspect(token: str | None, *options: str) -> tuple[int, dict[str, object]]:
+        def inspect(token: str | None, *options: str) -> tuple[int, dict[str, Any]]:
             header = [] if token is None else ["--header", f"Authorization: Bearer {token}"]
             command = [*inspector(), "--cli", server.url, *header, *options, "--method", "tools/list"]
             env = child_env(HOME=str(tmp_path / "inspector-home"))  # where the Inspector keeps its OAuth state
@@ -116,9 +117,9 @@ def test_what_the_typescript_sdk_client_and_the_mcp_inspector_show(tmp_path: Pat
 
         for token, problem in ((None, NONE), (WRONG, UNKNOWN)):
             code, answer = inspect(token, "--stored-auth-only")
-            assert code == 3 and answer["error"]["code"] == "auth_required"  # type: ignore[index]
-            assert f"{problem}: {HOW}" in answer["error"]["message"]  # type: ignore[index]
+            assert code == 3 and answer["error"]["code"] == "auth_required"
+            assert f"{problem}: {HOW}" in answer["error"]["message"]
             code, answer = inspect(token)  # the Inspector's default: OAuth on any 401, whatever it says
-            assert code == 3 and "Interactive OAuth requires a TTY" in answer["error"]["message"]  # type: ignore[index]
+            assert code == 3 and "Interactive OAuth requires a TTY" in answer["error"]["message"]
         code, answer = inspect(ALICE)
-        assert code == 0 and [tool["name"] for tool in answer["tools"]] == shown["right"]["tools"]  # type: ignore[union-attr]
+        assert code == 0 and [tool["name"] for tool in answer["tools"]] == shown["right"]["tools"]

@@ -17,10 +17,13 @@ import pytest
 from memrl_mcp.cli import parse_args
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.memory.archive import import_memories, write_atomically, write_records
+from memrl_mcp.memory.archive import import_memories, write_records
 from memrl_mcp.memory.records import step_id
-from memrl_mcp.models import MemoryView, RecallQuery, StepRecordView
+from memrl_mcp.models import MemoryView, StepRecordView
+from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery, StepQuery, TrajectoryReport
 from memrl_mcp.settings import load_settings
+from memrl_mcp.storage.files import write_atomically
+from memrl_mcp.validation import TrajectoryStep
 from tests.support.mcp import make_service
 from tests.support.servers import child_env, run_cli
 from tests.support.stores import ENGINES
@@ -36,25 +39,28 @@ def seed(embedder: Embedder, data_dir: Path, engine: str = "edge") -> dict[str, 
     try:
         metadata = {"source": "tests", "nested": {"tags": ["ü", "日本語", "🚀"], "values": [1, 2.5, None, True]}}
         service.store_experience(
-            CSV_TASK, "1. csv.reader 2. sort by r[1] 3. csv.writer", metadata=metadata, access=EVERYTHING
+            NewExperience(CSV_TASK, "1. csv.reader 2. sort by r[1] 3. csv.writer", metadata=metadata), access=EVERYTHING
         )
         merged = service.store_experience(
-            CSV_TASK, "1. pandas.read_csv 2. sort_values 3. to_csv", metadata={"v": 2}, access=EVERYTHING
+            NewExperience(CSV_TASK, "1. pandas.read_csv 2. sort_values 3. to_csv", metadata={"v": 2}), access=EVERYTHING
         )
         assert merged.merged
         service.store_experience(
-            CSV_TASK, "Sorting the column as text put 10 before 9.", outcome="failure", access=EVERYTHING
+            NewExperience(CSV_TASK, "Sorting the column as text put 10 before 9.", outcome="failure"), access=EVERYTHING
         )
         service.store_experience(
-            README_TASK, "Glossaire d'abord, puis section par section.", namespace="team", q=1 / 3, access=EVERYTHING
+            NewExperience(README_TASK, "Glossaire d'abord, puis section par section.", namespace="team", q=1 / 3),
+            access=EVERYTHING,
         )
         service.store_experience(
-            PNG_TASK, "Image.thumbnail keeps the aspect ratio: not 64x64.", "team", "failure", access=EVERYTHING
+            NewExperience(PNG_TASK, "Image.thumbnail keeps the aspect ratio: not 64x64.", "team", "failure"),
+            access=EVERYTHING,
         )
         for task, namespace, reward in ((CSV_TASK, None, 1.0), (CSV_TASK, None, 0.7), (PNG_TASK, "team", -0.45)):
             service.report(
-                service.recall(RecallQuery(task, namespace=namespace), access=EVERYTHING).recall_id,
-                reward,
+                OutcomeReport(
+                    service.recall(RecallQuery(task, namespace=namespace), access=EVERYTHING).recall_id, reward
+                ),
                 access=EVERYTHING,
             )
         memories = {m.id: m for m in service.memories()}
@@ -233,7 +239,7 @@ def test_import_completes_an_interrupted_one_and_keeps_other_memories(embedder: 
         target.restore([first, second.model_copy(update={"q": -0.9, "experience": "stale"})])  # the crashed run
         # As stored: qdrant-edge may move a float by an ulp on its first write (a fixed point from then on).
         elsewhere = target.store_experience(
-            PNG_TASK, "Image.resize((64, 64))", namespace="elsewhere", access=EVERYTHING
+            NewExperience(PNG_TASK, "Image.resize((64, 64))", namespace="elsewhere"), access=EVERYTHING
         )
         detail = target.get(elsewhere.id, access=EVERYTHING)
         kept = MemoryView.model_validate(detail.model_dump(exclude={"history"}))  # a backup holds no Q history
@@ -301,13 +307,13 @@ def test_serving_stays_the_default_command() -> None:
 
 
 STEPS = [
-    {
-        "observation": "You are in the kitchen. You see a fridge 1 and a countertop 1.",
-        "action": "go to fridge 1",
-        "reward": 0.0,
-    },
-    {"observation": "The fridge 1 is closed.", "action": "open fridge 1", "reward": 0.0},
-    {"observation": "You open the fridge 1. In it, you see an apple 1.", "action": "take apple 1", "reward": 1.0},
+    TrajectoryStep(
+        observation="You are in the kitchen. You see a fridge 1 and a countertop 1.",
+        action="go to fridge 1",
+        reward=0.0,
+    ),
+    TrajectoryStep(observation="The fridge 1 is closed.", action="open fridge 1", reward=0.0),
+    TrajectoryStep(observation="You open the fridge 1. In it, you see an apple 1.", action="take apple 1", reward=1.0),
 ]
 
 
@@ -317,8 +323,10 @@ def seed_steps(embedder: Embedder, data_dir: Path, engine: str) -> dict[str, Ste
     service = make_service(embedder, data_dir, engine)
     try:
         for episode, namespace in (("e1", "default"), ("e2", "team"), ("e3", "team")):
-            steps = STEPS if episode != "e3" else [{**STEPS[0], "action": "look", "reward": -0.5}]
-            service.report_trajectory("cool an apple", steps, episode, namespace=namespace, access=EVERYTHING)
+            steps = STEPS if episode != "e3" else [STEPS[0].model_copy(update={"action": "look", "reward": -0.5})]
+            service.report_trajectory(
+                TrajectoryReport("cool an apple", steps, episode, namespace=namespace), access=EVERYTHING
+            )
         return {r.id: r for r in service.step_records()}
     finally:
         service.close()
@@ -344,10 +352,10 @@ def test_steps_round_trip_with_the_memories(embedder: Embedder, tmp_path: Path, 
     try:
         assert {r.id: r for r in service.step_records()} == steps
         # Re-embedded: the advice finds each record by its task and observation, and reports land on them.
-        advice = service.recall_step_advice("cool an apple", STEPS[2]["observation"], k=1, access=EVERYTHING)
+        advice = service.recall_step_advice(StepQuery("cool an apple", STEPS[2].observation, k=1), access=EVERYTHING)
         assert advice.records[0].observation_similarity == pytest.approx(1.0, abs=1e-5)
         assert [a.action for a in advice.encouraged] == ["take apple 1"]
-        report = service.report_trajectory("cool an apple", STEPS, "e4", access=EVERYTHING)
+        report = service.report_trajectory(TrajectoryReport("cool an apple", STEPS, "e4"), access=EVERYTHING)
         assert (report.created, report.merged) == (0, 3)
     finally:
         service.close()

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
         ),
         ("embedders.py", ("--rounds", "1", "--queries", "5", "--texts", "40"), "fp32 (FastEmbed's all-MiniLM-L6-v2)"),
         ("history_cost.py", ("--events", "5", "--rounds", "2", "--cycles", "20"), "as JSON text"),
-        ("cycle_cost.py", ("--rounds", "2", "--passes", "1", "--tasks", "5", "--age", "3"), "this / baseline"),
+        ("cycle_cost.py", ("--rounds", "2", "--passes", "1", "--tasks", "5", "--age", "3"), "full / fresh"),
         ("write_costs.py", ("--tasks", "3", "--age", "3", "--rounds", "2", "--writes", "20"), "metered (quota)"),
         ("step_capacity.py", ("--capacities", "20", "--steps", "3", "--runs", "2"), "same pick"),
         ("rewrites.py", ("--rewrites", "6", "--chars", "500", "--engines", "edge"), "reopened"),

@@ -19,9 +19,10 @@ from memrl_mcp.embeddings.calibrate import MIN_TASKS, same_task_key
 from memrl_mcp.embeddings.minilm import MINILM_FOLDER
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.requests import NewExperience
 from memrl_mcp.settings import load_settings
 
-THINGS = ("mug", "apple", "egg", "potato", "tomato", "bread", "lettuce", "bowl", "plate", "pan")
+THINGS: tuple[str, ...] = ("mug", "apple", "egg", "potato", "tomato", "bread", "lettuce", "bowl", "plate", "pan")
 THINGS += ("knife", "spoon", "book", "pencil", "cellphone", "keychain", "vase", "candle", "soapbar", "towel")
 PLACES = ("countertop", "cabinet", "drawer", "fridge", "shelf", "desk", "sidetable", "diningtable", "dresser", "safe")
 CHORES = (
@@ -121,9 +122,9 @@ def test_calibrate_a_namespace_of_the_store(
     service = MemoryService.open(load_settings(data_dir=tmp_path / "data"), embedder)
     try:
         for goal in goals[:25]:
-            service.store_experience(goal, "did it", namespace="kitchen", access=EVERYTHING)
+            service.store_experience(NewExperience(goal, "did it", namespace="kitchen"), access=EVERYTHING)
         for goal in goals[25:60]:
-            service.store_experience(goal, "did it", namespace="garden", access=EVERYTHING)
+            service.store_experience(NewExperience(goal, "did it", namespace="garden"), access=EVERYTHING)
     finally:
         service.close()
     status, out, err = run(capsys, tmp_path, "--namespace", "kitchen")

@@ -10,7 +10,9 @@ import pytest
 from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.serving.server import create_server
+from memrl_mcp.storage import EdgeStore
+from memrl_mcp.storage.quota import MeteredStore
 from tests.support.mcp import call, make_service
 
 pytestmark = pytest.mark.anyio
@@ -25,7 +27,9 @@ async def test_a_report_waiting_for_the_store_holds_back_no_other_client(embedde
     answered meanwhile. Served on the event loop, the waiting report would hold back every request of the process
     until the lock was let go."""
     service = make_service(embedder, tmp_path / "data")
-    writing = service._store._inner._writing  # the embedded store's write lock (a flush, a swap hold it)
+    metered = service._store  # the quota layer over the embedded store
+    assert isinstance(metered, MeteredStore) and isinstance(metered._inner, EdgeStore), metered
+    writing = metered._inner._writing  # the embedded store's write lock (a flush, a swap hold it)
     try:
         server = create_server(service)  # as the HTTP transports serve it
         async with Client(server) as alice, Client(server) as bob:

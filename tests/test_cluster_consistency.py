@@ -4,14 +4,14 @@ twice or lose it. No Qdrant server runs here, so the calls themselves are checke
 which takes the same arguments."""
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from qdrant_client import models
+from qdrant_client import QdrantClient, models
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery, StatsQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import QdrantClientStore
 
@@ -42,17 +42,21 @@ def test_every_write_is_strongly_ordered_and_every_read_a_majority_read(embedder
     settings = load_settings(data_dir=tmp_path, embedded_engine="qdrant-local")
     store = QdrantClientStore(embedder.dim, settings.storage.collection, path=tmp_path / "qdrant-local")
     recording = Recording(store._client)
-    store._client = recording
+    store._client = cast(QdrantClient, recording)  # a stand-in: every attribute it has is the client's
     service = MemoryService.open(settings, embedder, store)
     try:
-        kept = service.store_experience("water the plants", "use the blue can", "garden", access=EVERYTHING)
-        service.store_experience("water the plants", "use the green can", "garden", access=EVERYTHING)  # a merge
+        kept = service.store_experience(
+            NewExperience("water the plants", "use the blue can", "garden"), access=EVERYTHING
+        )
+        service.store_experience(
+            NewExperience("water the plants", "use the green can", "garden"), access=EVERYTHING
+        )  # a merge
         recall = service.recall(RecallQuery("water the plants", "garden"), access=EVERYTHING)
-        service.report(recall.recall_id, 1.0, "filled the can first", access=EVERYTHING)
+        service.report(OutcomeReport(recall.recall_id, 1.0, "filled the can first"), access=EVERYTHING)
         service.search(RecallQuery("water the plants", "garden"), access=EVERYTHING)
-        service.stats("garden", access=EVERYTHING)
-        service.forget(kept.id, access=EVERYTHING)
-        service.forget(namespace="garden", access=EVERYTHING)
+        service.stats(StatsQuery("garden"), access=EVERYTHING)
+        service.forget(ForgetRequest(kept.id), access=EVERYTHING)
+        service.forget(ForgetRequest(namespace="garden"), access=EVERYTHING)
         service.housekeeping(stale_after=0.0)
     finally:
         service.close()

@@ -93,7 +93,8 @@ def test_the_manifest_describes_this_server() -> None:
     assert (server["type"], server["entry_point"]) == ("uv", "server/main.py")
     env = server["mcp_config"]["env"]
     assert set(env) <= {f"MEMRL_{name.upper()}" for name in GROUP_OF}
-    assert set(MANIFEST["user_config"]) == {re.fullmatch(r"\$\{user_config\.(\w+)\}", v)[1] for v in env.values()}  # type: ignore[index]
+    placeholders = [re.fullmatch(r"\$\{user_config\.(\w+)\}", value) for value in env.values()]
+    assert set(MANIFEST["user_config"]) == {found[1] if found else None for found in placeholders}
     defaults = {name: str(MANIFEST["user_config"][value[14:-1]]["default"]) for name, value in env.items()}
     settings = load_settings(environ={name: value for name, value in defaults.items() if value})
     assert (settings.namespaces.namespace, settings.serving.tool_profile) == ("desktop", "core")
@@ -167,7 +168,7 @@ async def test_the_bundle_runs_as_claude_desktop_starts_it_and_then_offline(
     chosen = {"namespace": "desk", "data_dir": str(tmp_path / "memories"), "tool_profile": "full"}
     with anyio.fail_after(TIMEOUT_S):  # the first start installs the dependencies
         async with serve_as_desktop(extension, app_env(tmp_path), chosen, log) as client:
-            assert client.server_info.version == memrl_mcp.__version__
+            assert client.server_info is not None and client.server_info.version == memrl_mcp.__version__
             assert {tool.name for tool in (await client.list_tools()).tools} == set(TOOL_PROFILES["full"])
             stored = await call(client, "store_experience", task=task, experience="logrotate -f, then check the cron")
             assert stored["memory"]["namespace"] == "desk"

@@ -27,7 +27,7 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import DiskFullError, open_store
 from tests.support.crashes import DiesAtWrite
@@ -118,7 +118,9 @@ def small_tmpfs(tmp_path: Path, megabytes: int) -> Iterator[Path]:
     """A fresh tmpfs of ``megabytes`` (root): where qdrant-edge's memory-mapped files allocate as they are mapped."""
     mountpoint = tmp_path / "tmpfs"
     mountpoint.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(mountpoint)])
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(mountpoint)], capture_output=True, text=True
+    )
     if result.returncode != 0:
         pytest.fail(f"this test needs root to mount a tmpfs: {result.stderr}")
     try:
@@ -132,7 +134,7 @@ def write_store(embedder: Embedder, data_dir: Path, memories: int, **overrides: 
     service = make_service(embedder, data_dir, **overrides)
     try:
         ids = [
-            service.store_experience(task_text(random.Random(i), i), f"lesson {i}", access=EVERYTHING).id
+            service.store_experience(NewExperience(task_text(random.Random(i), i), f"lesson {i}"), access=EVERYTHING).id
             for i in range(memories)
         ]
         service.recall(RecallQuery(task_text(random.Random(0), 0)), access=EVERYTHING)
@@ -193,8 +195,8 @@ def write_store_with_an_interrupted_report(embedder: Embedder, data_dir: Path) -
     try:
         recall = service.recall(RecallQuery(task_text(random.Random(0), 0)), access=EVERYTHING)
         with pytest.raises(KeyboardInterrupt):
-            dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # type: ignore[arg-type]
-            dying.report(recall.recall_id, 1.0, access=EVERYTHING)
+            dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))
+            dying.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
     finally:
         service.close()
     return ids
@@ -262,7 +264,7 @@ async def test_a_refused_start_on_a_full_tmpfs_takes_no_room_and_the_room_it_nam
             while True:
                 rng = random.Random(stored)
                 experience = " ".join(rng.randbytes(4).hex() for _ in range(EXPERIENCE_CHARS // 9))
-                service.store_experience(task_text(rng, stored), experience, access=EVERYTHING)
+                service.store_experience(NewExperience(task_text(rng, stored), experience), access=EVERYTHING)
                 stored += 1
         except DiskFullError:
             pass

@@ -11,7 +11,6 @@ or succeeds accordingly).
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from mcp import Client
 
 from memrl_mcp.memory.algorithm import update_q
-from tests.support.mcp import call, refused
+from tests.support.mcp import call, read_json, refused
 from tests.support.servers import http_server
 
 pytestmark = pytest.mark.slow  # kills server processes
@@ -130,13 +129,12 @@ def check_chain(ledger: Ledger, memory_id: str) -> None:
     """The acknowledged updates of a memory follow one another: no gap, no repeat, no lost q."""
     visits, q = 0, 0.0
     for v, q_before, q_after in ledger.chains.get(memory_id, []):
-        assert (v, q_before) == (visits + 1, pytest.approx(q, abs=1e-12)), (memory_id, ledger.chains[memory_id])
+        assert (v, q_before) == pytest.approx((visits + 1, q), abs=1e-12), (memory_id, ledger.chains[memory_id])
         visits, q = v, q_after
 
 
 async def memory(client: Client, memory_id: str) -> dict[str, Any]:
-    result = await client.read_resource(f"memrl://memories/{memory_id}")
-    return json.loads(result.contents[0].text)
+    return await read_json(client, f"memrl://memories/{memory_id}")
 
 
 async def settle_report_in_flight(client: Client, ledger: Ledger, flight: InFlight) -> None:

@@ -43,7 +43,7 @@ from memrl_mcp.embeddings.minilm import MINILM_FILES, MINILM_FOLDER, MINILM_PROF
 from memrl_mcp.embeddings.providers import OPENAI_PROFILE
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import NewExperience, RecallQuery
 from memrl_mcp.settings import load_settings
 
 NATIVE_DIM = 64  # the fake model's output size when the request names no ``dimensions``
@@ -337,7 +337,7 @@ def test_fastembed_model_without_constants_needs_calibration(tmp_path: Path) -> 
     folder = tmp_path / "bge"
     shutil.copytree(MINILM_FOLDER, folder)
     (folder / "model.onnx").rename(folder / "model_optimized.onnx")  # the file name FastEmbed expects for it
-    common = {"data_dir": tmp_path, "embedder": "fastembed", "embedding_model_path": folder}
+    common: dict[str, Any] = {"data_dir": tmp_path, "embedder": "fastembed", "embedding_model_path": folder}
     settings = load_settings(**common, embedding_model="BAAI/bge-small-en-v1.5")
     with pytest.raises(UncalibratedModelError, match=r"fastembed:BAAI/bge-small-en-v1.5: .*memrl-mcp calibrate"):
         create_embedder(settings.embeddings, settings.similarity)
@@ -345,7 +345,7 @@ def test_fastembed_model_without_constants_needs_calibration(tmp_path: Path) -> 
         1,
         384,
     )  # what calibrate measures with
-    measured = {"sim_mean": 0.3, "sim_std": 0.1, "delta": 0.6, "merge_threshold": 0.97}
+    measured: dict[str, Any] = {"sim_mean": 0.3, "sim_std": 0.1, "delta": 0.6, "merge_threshold": 0.97}
     settings = load_settings(**common, embedding_model="BAAI/bge-small-en-v1.5", **measured)
     e = create_embedder(settings.embeddings, settings.similarity)
     assert e.similarity == SimilarityProfile(mean=0.3, std=0.1, delta=0.6, merge=0.97)
@@ -423,7 +423,7 @@ def test_openai_batches_at_most_256_inputs_and_keeps_order(fake_api: FakeEmbeddi
 def test_openai_embeds_nothing_without_a_request(fake_api: FakeEmbeddingsAPI) -> None:
     e = OpenAIEmbedder(model="m", base_url=fake_api.base_url, api_key=KEY, dimensions=16)
     empty = e.embed([])
-    assert (empty.shape, empty.dtype) == ((0, 16), np.float32)
+    assert (empty.shape, empty.dtype) == ((0, 16), np.dtype(np.float32))
     assert fake_api.requests == []
 
 
@@ -533,7 +533,13 @@ def test_service_over_openai_recalls_by_shared_words_and_refuses_another_vector_
     fake_api: FakeEmbeddingsAPI, tmp_path: Path, engine: str
 ) -> None:
     def settings(**overrides: Any) -> Any:
-        common = {"data_dir": tmp_path, "embedded_engine": engine, "sim_mean": 0.0, "sim_std": 0.2, "delta": 0.1}
+        common: dict[str, Any] = {
+            "data_dir": tmp_path,
+            "embedded_engine": engine,
+            "sim_mean": 0.0,
+            "sim_std": 0.2,
+            "delta": 0.1,
+        }
         return load_settings(**common, **overrides)
 
     openai_settings = settings(embedder="openai", openai_base_url=fake_api.base_url, openai_api_key=KEY)
@@ -541,9 +547,11 @@ def test_service_over_openai_recalls_by_shared_words_and_refuses_another_vector_
     try:
         assert service.embedder.dim == NATIVE_DIM  # probed
         soup = service.store_experience(
-            "heat some soup in the microwave", "open the microwave, put the soup in", access=EVERYTHING
+            NewExperience("heat some soup in the microwave", "open the microwave, put the soup in"), access=EVERYTHING
         )
-        code = service.store_experience("sort a python list of numbers", "use sorted(numbers)", access=EVERYTHING)
+        code = service.store_experience(
+            NewExperience("sort a python list of numbers", "use sorted(numbers)"), access=EVERYTHING
+        )
         assert not soup.merged and not code.merged
         result = service.recall(RecallQuery("warm the soup in the microwave"), access=EVERYTHING)
         assert result.memories, result
@@ -572,7 +580,7 @@ def test_service_over_openai_handles_a_punctuation_only_task(fake_api: FakeEmbed
     try:
         # Accepted by the task check (not blank), and embedded as written: its canonical form is never the empty
         # string, which an OpenAI-compatible API refuses. Both texts have no words: the fake embeds them alike.
-        stored = service.store_experience("...", "nothing to do", access=EVERYTHING)
+        stored = service.store_experience(NewExperience("...", "nothing to do"), access=EVERYTHING)
         assert stored.memory.task == "..."
         recalled = service.recall(RecallQuery("?"), access=EVERYTHING)
         assert [memory.id for memory in recalled.memories] == [stored.memory.id]

@@ -29,9 +29,10 @@ from memrl_mcp.embeddings import CachedEmbedder, Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING, Access
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import MemoryView, RecallQuery
-from memrl_mcp.serving.tools import create_server
-from memrl_mcp.validation import MAX_METADATA_DEPTH
+from memrl_mcp.models import MemoryView
+from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery, StatsQuery, TrajectoryReport
+from memrl_mcp.serving.server import create_server
+from memrl_mcp.validation import MAX_METADATA_DEPTH, TrajectoryStep
 from tests.support.mcp import call, make_service, refused
 from tests.support.servers import child_env, http_server, run_cli
 
@@ -118,9 +119,9 @@ async def test_hostile_metadata_is_refused_everywhere_and_the_store_reopens_whol
             assert (await call(client, "memory_stats", namespace="default"))["memories"] == len(TASKS) + 1
         for name, metadata in {**HOSTILE_METADATA, **PYTHON_ONLY_METADATA}.items():
             with pytest.raises(MemoryRequestError, match=r"^metadata"):
-                service.store_experience(f"evil {name}", "x", metadata=metadata, access=EVERYTHING)
-            (stored,) = [m for m in service.memories() if m.id == deepest["id"]]  # with its times as floats
-            memory = stored.model_dump() | {"id": "0c9a3b8e-3d43-4f0e-8f4e-64f3f0a0e3b2"}
+                service.store_experience(NewExperience(f"evil {name}", "x", metadata=metadata), access=EVERYTHING)
+            (deep,) = [m for m in service.memories() if m.id == deepest["id"]]  # with its times as floats
+            memory = deep.model_dump() | {"id": "0c9a3b8e-3d43-4f0e-8f4e-64f3f0a0e3b2"}
             with pytest.raises(MemoryRequestError, match=r"^metadata"):
                 service.restore([MemoryView.model_construct(**(memory | {"metadata": metadata}))])
         before = snapshot(service)
@@ -156,7 +157,7 @@ async def test_hostile_metadata_is_refused_everywhere_and_the_store_reopens_whol
     try:
         assert snapshot(reopened) == before
         found = reopened.recall(RecallQuery(MUG), access=EVERYTHING)
-        assert found.memories and reopened.stats(access=EVERYTHING).memories == len(before)
+        assert found.memories and reopened.stats(StatsQuery(), access=EVERYTHING).memories == len(before)
     finally:
         reopened.close()
     exported = run_cli("export", "--data-dir", str(data), env=env)
@@ -170,15 +171,15 @@ def test_unreported_recalls_are_bounded_per_namespace_oldest_first(embedder: Emb
         other = service.recall(RecallQuery(MUG, namespace="other"), access=EVERYTHING)
         recalls = [service.recall(RecallQuery(f"{MUG} #{i}"), access=EVERYTHING) for i in range(30)]
         for _ in recalls:
-            assert service.stats("default", access=EVERYTHING).recalls_pending <= 10
-        pending = service.stats("default", access=EVERYTHING).recalls_pending
+            assert service.stats(StatsQuery("default"), access=EVERYTHING).recalls_pending <= 10
+        pending = service.stats(StatsQuery("default"), access=EVERYTHING).recalls_pending
         assert 9 <= pending <= 10
         oldest, newest = recalls[0], recalls[-1]
         message = r"unknown recall .* max_pending_recalls=10 of its namespace"
         with pytest.raises(MemoryRequestError, match=message):
-            service.report(oldest.recall_id, 1.0, experience="late", access=EVERYTHING)
-        service.report(newest.recall_id, 1.0, experience="in time", access=EVERYTHING)
-        service.report(other.recall_id, 1.0, access=EVERYTHING)  # another namespace is untouched
+            service.report(OutcomeReport(oldest.recall_id, 1.0, experience="late"), access=EVERYTHING)
+        service.report(OutcomeReport(newest.recall_id, 1.0, experience="in time"), access=EVERYTHING)
+        service.report(OutcomeReport(other.recall_id, 1.0), access=EVERYTHING)  # another namespace is untouched
         # The survivors are exactly the newest.
         kept = [r for r in recalls[:-1] if _reportable(service, r.recall_id)]
         assert kept == recalls[len(recalls) - 1 - len(kept) : -1]
@@ -188,7 +189,7 @@ def test_unreported_recalls_are_bounded_per_namespace_oldest_first(embedder: Emb
 
 def _reportable(service: MemoryService, recall_id: str) -> bool:
     try:
-        service.report(recall_id, 0.0, access=EVERYTHING)
+        service.report(OutcomeReport(recall_id, 0.0), access=EVERYTHING)
     except MemoryRequestError:
         return False
     return True
@@ -224,6 +225,7 @@ from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import open_store
+from memrl_mcp.requests import ForgetRequest
 
 data_dir, engine, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
 settings = load_settings(data_dir=data_dir, embedded_engine=engine)
@@ -251,7 +253,7 @@ class KilledAtDelete:
 
 
 service = MemoryService.open(settings, embedder, KilledAtDelete())
-print(service.forget(namespace="gone", access=EVERYTHING), flush=True)
+print(service.forget(ForgetRequest(namespace="gone"), access=EVERYTHING), flush=True)
 """
 
 
@@ -267,11 +269,13 @@ def test_sigkill_during_forget_never_brings_the_namespace_back(
     service = make_service(embedder, tmp_path, engine)
     try:
         for task in TASKS:
-            service.store_experience(task, "the forgotten procedure", namespace="gone", access=EVERYTHING)
-        kept = service.store_experience(MUG, "kept", namespace="kept", access=EVERYTHING)
+            service.store_experience(
+                NewExperience(task, "the forgotten procedure", namespace="gone"), access=EVERYTHING
+            )
+        kept = service.store_experience(NewExperience(MUG, "kept", namespace="kept"), access=EVERYTHING)
         recalls = [service.recall(RecallQuery(task, namespace="gone"), access=EVERYTHING).recall_id for task in TASKS]
-        steps = [{"observation": f"screen {i}", "action": "press enter", "reward": 0.0} for i in range(3)]
-        service.report_trajectory(TASKS[0], steps, "episode", namespace="gone", access=EVERYTHING)
+        steps = [TrajectoryStep(observation=f"screen {i}", action="press enter", reward=0.0) for i in range(3)]
+        service.report_trajectory(TrajectoryReport(TASKS[0], steps, "episode", namespace="gone"), access=EVERYTHING)
     finally:
         service.close()
 
@@ -289,20 +293,25 @@ def test_sigkill_during_forget_never_brings_the_namespace_back(
 
     reopened = make_service(embedder, tmp_path, engine)
     try:
-        left = reopened.stats("gone", access=EVERYTHING).memories
+        left = reopened.stats(StatsQuery("gone"), access=EVERYTHING).memories
         if kill_at == 0:  # killed before anything was deleted: nothing was forgotten yet
             assert left == len(TASKS)
         else:  # the recalls went first: not one can be reported, whatever memories are left
             assert left == (len(TASKS) if kill_at <= 2 else 0)
             for recall_id in recalls:
                 with pytest.raises(MemoryRequestError, match=r"unknown recall .* its namespace was forgotten"):
-                    reopened.report(recall_id, 1.0, experience="REVIVED", access=EVERYTHING)
-        assert reopened.forget(namespace="gone", access=EVERYTHING).deleted == left  # forget again: completes
+                    reopened.report(OutcomeReport(recall_id, 1.0, experience="REVIVED"), access=EVERYTHING)
+        assert (
+            reopened.forget(ForgetRequest(namespace="gone"), access=EVERYTHING).deleted == left
+        )  # forget again: completes
         for recall_id in recalls:
             with pytest.raises(MemoryRequestError, match="unknown recall"):
-                reopened.report(recall_id, 1.0, experience="REVIVED", access=EVERYTHING)
-        assert reopened.stats("gone", access=EVERYTHING).memories == 0
-        assert (reopened.stats("gone", access=EVERYTHING).steps, reopened.stats(access=EVERYTHING).steps) == (0, 0)
+                reopened.report(OutcomeReport(recall_id, 1.0, experience="REVIVED"), access=EVERYTHING)
+        assert reopened.stats(StatsQuery("gone"), access=EVERYTHING).memories == 0
+        assert (
+            reopened.stats(StatsQuery("gone"), access=EVERYTHING).steps,
+            reopened.stats(StatsQuery(), access=EVERYTHING).steps,
+        ) == (0, 0)
         assert [m.namespace for m in reopened.memories()] == ["kept"]
         assert reopened.get(kept.id, access=EVERYTHING).experience == "kept"
     finally:
@@ -316,7 +325,7 @@ def test_forget_racing_reports_refuses_clearly_and_leaves_nothing(
     service = make_service(embedder, tmp_path, engine)
     try:
         for task in TASKS:
-            service.store_experience(task, "procedure", namespace="ns", access=EVERYTHING)
+            service.store_experience(NewExperience(task, "procedure", namespace="ns"), access=EVERYTHING)
         recalls = [
             service.recall(RecallQuery(TASKS[i % len(TASKS)], namespace="ns"), access=EVERYTHING) for i in range(24)
         ]
@@ -326,13 +335,15 @@ def test_forget_racing_reports_refuses_clearly_and_leaves_nothing(
         def report(recall_id: str, i: int) -> None:
             barrier.wait()
             try:
-                outcomes.append(service.report(recall_id, 1.0, experience=f"new experience {i}", access=EVERYTHING))
+                outcomes.append(
+                    service.report(OutcomeReport(recall_id, 1.0, experience=f"new experience {i}"), access=EVERYTHING)
+                )
             except Exception as error:  # every exception is inspected below
                 outcomes.append(error)
 
         def forget() -> None:
             barrier.wait()
-            outcomes.append(service.forget(namespace="ns", access=EVERYTHING))
+            outcomes.append(service.forget(ForgetRequest(namespace="ns"), access=EVERYTHING))
 
         threads = [threading.Thread(target=report, args=(r.recall_id, i)) for i, r in enumerate(recalls)]
         threads.insert(len(threads) // 2, threading.Thread(target=forget))
@@ -346,8 +357,8 @@ def test_forget_racing_reports_refuses_clearly_and_leaves_nothing(
             assert str(error).startswith("recall_id: ") and ("forgotten" in str(error)), str(error)
         assert len(outcomes) == len(recalls) + 1
         # Whatever finished before the forget was forgotten with it; whatever came after was refused.
-        assert service.stats("ns", access=EVERYTHING).memories == 0
-        assert service.stats("ns", access=EVERYTHING).recalls_pending == 0
+        assert service.stats(StatsQuery("ns"), access=EVERYTHING).memories == 0
+        assert service.stats(StatsQuery("ns"), access=EVERYTHING).recalls_pending == 0
     finally:
         service.close()
 
@@ -373,7 +384,7 @@ def test_raw_http_payloads_change_nothing_and_the_server_restarts(
     service = make_service(embedder, data, engine)
     try:
         for task in TASKS:
-            service.store_experience(task, "kept", access=EVERYTHING)
+            service.store_experience(NewExperience(task, "kept"), access=EVERYTHING)
         before = snapshot(service)
     finally:
         service.close()

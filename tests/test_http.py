@@ -18,7 +18,7 @@ from mcp import Client
 from mcp.client.sse import sse_client
 
 from memrl_mcp.settings import SettingsError, load_grants, load_settings
-from tests.support.mcp import call, refused
+from tests.support.mcp import call, read_json, refused
 from tests.support.servers import (
     ALICE,
     BOB,
@@ -110,10 +110,14 @@ async def test_a_tenant_never_sees_or_touches_another_tenants_memory(tmp_path: P
             for recall_id in (alice_recall["recall_id"], guessed):
                 message = await refused(bob, "report_outcome", recall_id=recall_id, reward=-1.0)
                 assert f"recall_id: unknown recall {recall_id!r}" in message
+                with pytest.raises(Exception, match=f"recall_id: unknown recall {recall_id!r}"):
+                    await bob.read_resource(f"memrl://recalls/{recall_id}")  # whether it waits for its report
+            state = await alice.read_resource(f"memrl://recalls/{alice_recall['recall_id']}")
+            assert json.loads(state.contents[0].text)["status"] == "pending"  # type: ignore[union-attr]
 
             # Bob's statistics cover his namespaces only; alice's memory is untouched and hers to report on.
             assert (await call(bob, "memory_stats"))["memories"] == 1
-            bob_stats = json.loads((await bob.read_resource("memrl://stats")).contents[0].text)
+            bob_stats = await read_json(bob, "memrl://stats")
             assert bob_stats["memories"] == 1
             report = await call(alice, "report_outcome", recall_id=alice_recall["recall_id"], reward=1.0)
             assert [c["id"] for c in report["updated"]] == [mine["id"]]

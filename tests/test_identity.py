@@ -26,8 +26,9 @@ from mcp import Client
 
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.requests import NewExperience, StatsQuery
 from memrl_mcp.serving.auth import TokenTable
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import TokenGrant
 from tests.support.mcp import call, refused
 from tests.support.servers import (
@@ -171,7 +172,8 @@ async def sse_session(base: str, http: httpx.AsyncClient, token: str) -> AsyncIt
         lines = stream.aiter_lines()
 
         async def event() -> tuple[str, str]:
-            kind, data = "message", []
+            kind = "message"
+            data: list[str] = []
             async for line in lines:
                 if not line:
                     if data:
@@ -291,8 +293,8 @@ async def test_a_large_authenticated_body_lends_its_identity_to_no_later_request
                         assert opening.status_code == 401
                         in_alices = {**MCP_HEADERS, **headers, "Mcp-Session-Id": alice.address}
                         assert (await http.post("/mcp", json=STATS_CALL, headers=in_alices)).status_code == 401
-                    as_bob = {**MCP_HEADERS, **bearer(BOB), "Mcp-Session-Id": alice.address}
-                    assert (await http.post("/mcp", json=STATS_CALL, headers=as_bob)).status_code == 404
+                    bob_in_alices = {**MCP_HEADERS, **bearer(BOB), "Mcp-Session-Id": alice.address}
+                    assert (await http.post("/mcp", json=STATS_CALL, headers=bob_in_alices)).status_code == 404
             kept = await http.get(f"/ui/api/memories/{tenants.alice_memory}", headers=bearer(ALICE))
             assert kept.status_code == 200 and kept.json()["experience"] == ALICE_SECRET
     assert len(ports) == 1
@@ -369,8 +371,8 @@ async def test_a_server_with_tokens_serves_no_call_that_carries_none(service: Me
     """Every tool and resource takes its caller from the request that carried the call, through one function:
     called where there is no request (an in-process client) on a server that requires tokens, each one refuses.
     A tool that looked its caller up anywhere else would answer here."""
-    memory = service.store_experience(ALICE_TASK, ALICE_SECRET, namespace="alice", access=EVERYTHING).id
-    valid_calls = {
+    memory = service.store_experience(NewExperience(ALICE_TASK, ALICE_SECRET, namespace="alice"), access=EVERYTHING).id
+    valid_calls: dict[str, dict[str, Any]] = {
         "recall_experience": {"task": ALICE_TASK},
         "search_experience": {"task": ALICE_TASK},
         "report_outcome": {"recall_id": "0" * 36, "reward": 1.0},
@@ -388,8 +390,13 @@ async def test_a_server_with_tokens_serves_no_call_that_carries_none(service: Me
         for name, arguments in valid_calls.items():
             message = await refused(client, name, **arguments)
             assert message.endswith("authorization: a valid bearer token is required"), (name, message)
-        for uri in ("memrl://stats", "memrl://stats/alice", f"memrl://memories/{memory}"):
+        for uri in (
+            "memrl://stats",
+            "memrl://stats/alice",
+            f"memrl://memories/{memory}",
+            f"memrl://recalls/{'0' * 36}",
+        ):
             with pytest.raises(Exception, match="authorization: a valid bearer token is required"):
                 await client.read_resource(uri)
     assert service.get(memory, access=EVERYTHING).experience == ALICE_SECRET
-    assert service.stats(access=EVERYTHING).memories == 1
+    assert service.stats(StatsQuery(), access=EVERYTHING).memories == 1

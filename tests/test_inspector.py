@@ -21,7 +21,7 @@ from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import NewExperience, RecallQuery, StatsQuery
 from memrl_mcp.serving.inspector import CONTENT_SECURITY_POLICY, preview
 from tests.support.inspector import (
     ALICE,
@@ -129,8 +129,8 @@ def test_every_answer_carries_the_security_headers(with_tokens: Seeded) -> None:
             assert response.headers["x-content-type-options"] == "nosniff"
             assert response.headers["x-frame-options"] == "DENY"
             assert "set-cookie" not in response.headers
-        for script in ("app.js", "charts.js"):
-            assert http.get(f"/ui/{script}").headers["content-type"].startswith("text/javascript")
+        for script_name in ("app.js", "charts.js"):
+            assert http.get(f"/ui/{script_name}").headers["content-type"].startswith("text/javascript")
         assert http.get("/ui/../ui/secrets.txt").status_code == 404
         assert http.get("/ui/index.htm").status_code == 404
     scripts = sorted((ROOT / "memrl_mcp" / "serving" / "ui").glob("*.js"))
@@ -239,8 +239,8 @@ def test_bad_requests_are_named(with_tokens: Seeded) -> None:
             response = http.patch(f"/ui/api/memories/{memory}", json=body)
             assert response.status_code == 400, body
             assert response.json()["error_description"].startswith(named), response.json()
-        for body, named in (({"task": "x", "k1": 2, "k2": 3}, "k2"), ({"task": "x", "q_weight": 2.0}, "q_weight")):
-            response = http.post("/ui/api/preview", json=body)
+        for preview, named in (({"task": "x", "k1": 2, "k2": 3}, "k2"), ({"task": "x", "q_weight": 2.0}, "q_weight")):
+            response = http.post("/ui/api/preview", json=preview)
             assert response.status_code == 400 and response.json()["error_description"].startswith(named)
         big = http.patch(f"/ui/api/memories/{memory}", content=b" " * (2 << 20), headers=JSON_WRITE)
         assert big.status_code == 413
@@ -249,8 +249,8 @@ def test_bad_requests_are_named(with_tokens: Seeded) -> None:
 
 def test_preview_gives_algorithms_numbers_and_logs_no_recall(service: MemoryService) -> None:
     for task, q in ((CLOSEST, -0.8), (FARTHER, 0.9), (UNRELATED, 0.0)):
-        service.store_experience(task, "steps", q=q, access=EVERYTHING)
-    before = service.stats(access=EVERYTHING)
+        service.store_experience(NewExperience(task, "steps", q=q), access=EVERYTHING)
+    before = service.stats(StatsQuery(), access=EVERYTHING)
     for q_weight in (0.0, 0.5, 1.0):
         shown = preview(service, RecallQuery(task=CLOSEST, k1=5, k2=1, q_weight=q_weight), access=EVERYTHING)
         pool = [algorithm.Candidate(c.similarity, c.q) for c in shown.candidates]
@@ -275,7 +275,7 @@ def test_preview_gives_algorithms_numbers_and_logs_no_recall(service: MemoryServ
     assert farther.reason.startswith("chosen for its utility")
     closest = next(c for c in utility_wins.candidates if c.task == CLOSEST)
     assert closest.reason.startswith("displaced by higher utility")
-    assert service.stats(access=EVERYTHING) == before  # no recall logged, no Q moved
+    assert service.stats(StatsQuery(), access=EVERYTHING) == before  # no recall logged, no Q moved
     with pytest.raises(MemoryRequestError, match=r"^k2: 3 exceeds k1"):
         preview(service, RecallQuery(task=CLOSEST, k1=2, k2=3), access=EVERYTHING)
 
@@ -335,6 +335,7 @@ def test_hostile_bodies_are_refused_by_name_and_never_crash_a_route(with_tokens:
     log_before = len(with_tokens.server.log_path.read_text())
     with httpx.Client(base_url=with_tokens.base, timeout=30, headers={**auth(ALICE), **JSON_WRITE}) as http:
         before = http.get(path).json()
+        attempts: list[tuple[str, str, str | bytes, int, str]]  # (method, path, body, status, the refusal starts with)
         attempts = [("PATCH", path, body, status, named) for body, status, named in HOSTILE_EDITS]
         attempts += [("POST", "/ui/api/preview", body, status, named) for body, status, named in HOSTILE_PREVIEWS]
         attempts += [
@@ -347,8 +348,8 @@ def test_hostile_bodies_are_refused_by_name_and_never_crash_a_route(with_tokens:
             assert response.status_code == status, (*shown, response.text[:300])
             assert response.json()["error_description"].startswith(named), (*shown, response.json())
         # A body past the limit is refused whether it says its length or not (chunked).
-        for body in (b" " * (2 << 20), iter([b" " * (1 << 20)] * 3)):
-            assert http.patch(path, content=body).status_code == 413
+        for too_big in (b" " * (2 << 20), iter([b" " * (1 << 20)] * 3)):
+            assert http.patch(path, content=too_big).status_code == 413
         assert http.get(path).json() == before
     # ... and the server stops reading it there: it never holds more than the limit of one body in memory.
     assert endless_body_sent(with_tokens, path) < ENDLESS_BYTES

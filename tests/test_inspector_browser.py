@@ -378,6 +378,7 @@ def test_learning_curves_of_harness_runs(page: Watched, server: Seeded, tmp_path
     # The points are the report's numbers: the run's summary per epoch.
     from memrl_harness.report import load_run
 
+    assert server.runs is not None  # the fixture's server shows harness runs
     memrl = load_run(server.runs / "controlled-memrl-seed0")
     titles = charts.nth(1).locator("circle.point title").all_text_contents()
     for epoch in memrl.summary.epochs:

@@ -4,9 +4,9 @@ tenants over the real HTTP server with tokens."""
 from __future__ import annotations
 
 import itertools
-import json
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,8 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import QEvent
-from memrl_mcp.serving.tools import create_server
-from tests.support.mcp import call, make_service, refused
+from memrl_mcp.serving.server import create_server
+from tests.support.mcp import call, hints, make_service, read_json, refused
 from tests.support.scripts import run
 from tests.support.servers import ALICE, BOB, DEADLINE_S, http_server, mcp_client, tokens_file
 
@@ -43,7 +43,7 @@ TASKS = [
 
 
 async def read_memory(client: Client, memory_id: str) -> dict[str, Any]:
-    return json.loads((await client.read_resource(f"memrl://memories/{memory_id}")).contents[0].text)
+    return await read_json(client, f"memrl://memories/{memory_id}")
 
 
 async def every_page(client: Client, **arguments: Any) -> tuple[list[dict[str, Any]], int]:
@@ -239,7 +239,7 @@ async def test_concurrent_reports_across_the_tail_show_each_change_once(client: 
     recalls = [(await call(client, "recall_experience", task=MUG))["recall_id"] for _ in range(30)]
     async with anyio.create_task_group() as group:
         for recall_id in recalls:
-            group.start_soon(lambda r=recall_id: call(client, "report_outcome", recall_id=r, reward=1.0))
+            group.start_soon(partial(call, client, "report_outcome", recall_id=recall_id, reward=1.0))
     memory = await read_memory(client, stored["id"])
     assert memory["visits"] == len(recalls)
     assert sorted(e["recall_id"] for e in memory["history"]) == sorted(recalls)
@@ -287,7 +287,7 @@ async def test_list_is_a_lookup_and_update_a_write(embedder: Embedder, tmp_path:
     finally:
         service.close()
     assert "list_memories" in tools and "update_memory" not in tools  # a frozen memory can be read, not edited
-    assert tools["list_memories"].annotations.read_only_hint is True
+    assert hints(tools["list_memories"]).read_only_hint is True
     schema = tools["list_memories"].input_schema
     assert schema["additionalProperties"] is False
     limit = schema["properties"]["limit"]

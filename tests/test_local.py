@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ import pytest
 from mcp import Client, types
 
 from memrl_mcp.serving.attach import LocalClient, attach
-from memrl_mcp.serving.roots import project_namespace
+from memrl_mcp.serving.projects import project_namespace
 from tests.support.local import LocalStore, local_store, python_with, servers_of
 from tests.support.mcp import call
 from tests.support.node import CLIENT, node_with_sdk
@@ -41,13 +41,13 @@ class User:
 
 def offering(*uris: str) -> Any:
     async def list_roots(context: Any) -> types.ListRootsResult:
-        return types.ListRootsResult(roots=[types.Root(uri=uri) for uri in uris])  # type: ignore[arg-type]
+        return types.ListRootsResult(roots=[types.Root(uri=uri) for uri in uris])
 
     return list_roots
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> AsyncIterator[LocalStore]:
+def store(tmp_path: Path) -> Iterator[LocalStore]:
     with local_store(tmp_path) as found:
         yield found
 
@@ -126,11 +126,14 @@ async def test_a_question_reaches_only_the_session_that_asked(store: LocalStore,
     """Two sessions report at the same moment without a reward (each also has its client's model write the
     experience from a trajectory): each question and each sampling request goes to its own session only."""
     tasks = ["migrate the billing database", "renew the TLS certificate of the mail server"]
-    users, models = [User(), User()], [[], []]
+    users = [User(), User()]
+    models: list[list[str]] = [[], []]  # the text each session's model was asked
 
     def model_of(asked: list[str]) -> Any:
         async def model(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
-            asked.append(params.messages[0].content.text)  # type: ignore[union-attr]
+            content = params.messages[0].content
+            assert isinstance(content, types.TextContent), content
+            asked.append(content.text)
             return types.CreateMessageResult(
                 role="assistant", content=types.TextContent(type="text", text="1. Plan. 2. Do."), model="m"
             )
@@ -157,6 +160,44 @@ async def test_a_question_reaches_only_the_session_that_asked(store: LocalStore,
         assert task in question and tasks[1 - index] not in question
         (request,) = models[index]
         assert f"$ start {index}" in request and f"$ start {1 - index}" not in request
+
+
+async def test_one_recall_reported_from_several_sessions_at_once_asks_one_question(store: LocalStore) -> None:
+    """The sessions of the local server share one MCP server per settings, on threads of their own: the holds of
+    the questions they ask (at most one per recall) must hold across them. Two sessions send ten reports each of one
+    recall, without a reward, at the same moment: one question in all, the other nineteen refused by name."""
+    calls = 10
+    asked: list[str] = []
+    refused: list[str] = []
+    every_other_answered = anyio.Event()
+
+    async def user(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        with anyio.move_on_after(60):  # the question stays open while the other reports arrive
+            await every_other_answered.wait()
+        return types.ElicitResult(action="accept", content={"succeeded": True})
+
+    async def report(client: Client, recall_id: str) -> None:
+        result = await client.call_tool("report_outcome", {"recall_id": recall_id, "experience": "it worked"})
+        if result.is_error:
+            refused.append(" ".join(getattr(block, "text", "") for block in result.content))
+            if len(refused) == 2 * calls - 1:
+                every_other_answered.set()
+
+    with anyio.fail_after(START_S):
+        async with (
+            session(store, elicitation_callback=user) as first,
+            session(store, elicitation_callback=user) as other,
+        ):
+            await call(first, "store_experience", task="rotate the nightly logs", experience="logrotate daily")
+            recall = await call(first, "recall_experience", task="rotate the nightly logs")
+            async with anyio.create_task_group() as group:
+                for client in (first, other) * calls:
+                    group.start_soon(report, client, recall["recall_id"])
+            stats = await call(other, "memory_stats")
+    assert len(asked) == 1 and len(refused) == 2 * calls - 1
+    assert all("another report of recall_id" in message for message in refused), refused[0]
+    assert stats["recalls_reported"] == 1 and stats["visits"] == 1
 
 
 async def test_each_session_has_its_roots_namespace_and_profile(store: LocalStore) -> None:
@@ -225,7 +266,7 @@ MODERN = {  # the 2026-07-28 envelope each request carries instead of a handshak
 }
 
 
-def opening(**capabilities: object) -> list[dict[str, object]]:
+def opening(**capabilities: object) -> list[dict[str, Any]]:
     params = {
         "protocolVersion": "2025-11-25",
         "capabilities": capabilities,
@@ -237,7 +278,7 @@ def opening(**capabilities: object) -> list[dict[str, object]]:
     ]
 
 
-def tool_call(request_id: int, name: str, **arguments: object) -> dict[str, object]:
+def tool_call(request_id: int, name: str, **arguments: object) -> dict[str, Any]:
     return {
         "jsonrpc": "2.0",
         "id": request_id,
@@ -246,7 +287,7 @@ def tool_call(request_id: int, name: str, **arguments: object) -> dict[str, obje
     }
 
 
-def serve_to_the_end(store: LocalStore, messages: list[dict[str, object]]) -> list[dict[str, Any]]:
+def serve_to_the_end(store: LocalStore, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` written to an attached session's stdin, which is then closed; what it wrote by its exit."""
     lines = "".join(json.dumps(message) + "\n" for message in messages).encode()
     done = subprocess.run(
@@ -266,11 +307,11 @@ def test_every_request_before_the_end_of_stdin_is_answered_through_the_relay(sto
         answers = serve_to_the_end(store, [*opening(), *requests])
     else:
         for request in requests:
-            request["params"]["_meta"] = MODERN  # type: ignore[index]
+            request["params"]["_meta"] = MODERN
         answers = [{"id": 0}, *serve_to_the_end(store, requests)]
     assert sorted(answer["id"] for answer in answers) == list(range(21))
     stats = serve_to_the_end(store, [*opening(), tool_call(1, "memory_stats")])[-1]
-    assert json.loads(stats["result"]["content"][0]["text"])["memories"] == 20
+    assert stats["result"]["structuredContent"]["memories"] == 20
 
 
 def test_a_cancelled_request_is_never_answered_through_the_relay(store: LocalStore) -> None:

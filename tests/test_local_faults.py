@@ -19,10 +19,10 @@ from mcp import Client, types
 from mcp.shared.exceptions import MCPError
 
 import memrl_mcp
-from memrl_mcp.serving.roots import project_namespace
+from memrl_mcp.serving.projects import project_namespace
 from memrl_mcp.serving.runtime import flocked
 from tests.support.local import LocalStore, local_store, servers_of
-from tests.support.mcp import call
+from tests.support.mcp import call, resource_text
 from tests.support.servers import run_cli
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # every test starts and kills servers
@@ -54,10 +54,11 @@ async def refusal(store: LocalStore, **variables: str) -> str:
         async with session(store, env=variables):
             pass
     except Exception as error:
-        while isinstance(error, BaseExceptionGroup):
-            error = error.exceptions[0]
-        assert isinstance(error, MCPError), repr(error)
-        return str(error)
+        cause: BaseException = error
+        while isinstance(cause, BaseExceptionGroup):
+            cause = cause.exceptions[0]
+        assert isinstance(cause, MCPError), repr(cause)
+        return str(cause)
     pytest.fail("the session was served")
 
 
@@ -126,7 +127,7 @@ async def resilient_writer(
 async def test_a_sigkill_between_calls_is_not_seen_by_the_session(store: LocalStore) -> None:
     """The owner dies while the session is idle: the next call starts a new owner and answers, with the session's
     handshake replayed to it (its roots still give its project namespace)."""
-    roots = [types.Root(uri=ROOT)]  # type: ignore[arg-type]
+    roots = [types.Root(uri=ROOT)]
 
     async def list_roots(context: Any) -> types.ListRootsResult:
         return types.ListRootsResult(roots=roots)
@@ -221,7 +222,7 @@ async def test_other_settings_of_the_memory_are_refused_beside_sessions_and_rest
             await call(first, "memory_stats")
         async with session(store, env={"MEMRL_K1": "3"}) as third:
             settings = await third.read_resource("memrl://settings")
-            assert '"k1":3' in settings.contents[0].text.replace(" ", "")  # type: ignore[union-attr]
+            assert '"k1":3' in resource_text(settings).replace(" ", "")
             assert store.server_pid() != owner
 
 

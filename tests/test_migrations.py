@@ -20,12 +20,13 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.records import operation_token
-from memrl_mcp.models import QEvent, RecallQuery
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.models import QEvent
+from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, new_id, open_store
 from memrl_mcp.storage.migrations import SCHEMA_POINT, SCHEMA_VERSION, schema_version
-from tests.support.mcp import call, make_service, refused
+from tests.support.mcp import call, make_service, refused, resource_text
 from tests.support.stores import TASKS, old_payload, write_old_store
 
 
@@ -105,7 +106,7 @@ async def test_a_version_1_store_gets_its_q_histories_as_text_and_they_go_on(
             recalled = await call(client, "recall_experience", task=TASKS[0], namespace="team")
             await call(client, "report_outcome", recall_id=recalled["recall_id"], reward=1.0)
             read = await client.read_resource(f"memrl://memories/{point.id}")
-            history = json.loads(read.contents[0].text)["history"]
+            history = json.loads(resource_text(read))["history"]
     finally:
         service.close()
     assert [e["q_after"] for e in history] == [0.25, pytest.approx(0.25 + 0.3 * 0.75)]
@@ -138,11 +139,11 @@ async def test_a_version_4_store_opens_with_every_q_history_whole(
     try:
         async with Client(create_server(service)) as client:
             read = await client.read_resource(f"memrl://memories/{point.id}")
-            assert json.loads(read.contents[0].text)["history"] == shown
+            assert json.loads(resource_text(read))["history"] == shown
             recalled = await call(client, "recall_experience", task=TASKS[0], namespace="team")
             await call(client, "report_outcome", recall_id=recalled["recall_id"], reward=1.0)
             read = await client.read_resource(f"memrl://memories/{point.id}")
-            after = json.loads(read.contents[0].text)["history"]
+            after = json.loads(resource_text(read))["history"]
             assert after[:-1] == shown[1:] and after[-1]["recall_id"] == recalled["recall_id"]
             assert after[-1]["q_before"] == 0.5
         assert schema_version(service._store) == SCHEMA_VERSION == 5
@@ -294,7 +295,9 @@ def test_records_of_version_3_go_on_and_an_operation_they_applied_is_not_applied
     new forms, their histories read whole."""
     data_dir = tmp_path / "data"
     service = make_service(embedder, data_dir, engine, k1=2, k2=2)
-    first, second = (service.store_experience(task, f"how to {task}", "team", access=EVERYTHING) for task in TASKS[:2])
+    first, second = (
+        service.store_experience(NewExperience(task, f"how to {task}", "team"), access=EVERYTHING) for task in TASKS[:2]
+    )
     recall = service.recall(RecallQuery(TASKS[0], "team", delta=-1.0), access=EVERYTHING)
     service.close()
     assert {m.id for m in recall.memories} == {first.id, second.id}
@@ -316,12 +319,12 @@ def test_records_of_version_3_go_on_and_an_operation_they_applied_is_not_applied
     try:
         assert service.get(first.id, access=EVERYTHING).visits == 1  # not updated twice
         detail = service.get(second.id, access=EVERYTHING)
-        assert (detail.visits, detail.q) == (1, pytest.approx(0.3))
+        assert (detail.visits, detail.q) == pytest.approx((1, 0.3))
         assert [event.event for event in detail.history] == ["reset", "reward"]
         with pytest.raises(MemoryRequestError, match="already reported"):
-            service.report(recall.recall_id, 1.0, access=EVERYTHING)
+            service.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
         again = service.recall(RecallQuery(TASKS[0], "team", delta=-1.0), access=EVERYTHING)
-        service.report(again.recall_id, -1.0, access=EVERYTHING)
+        service.report(OutcomeReport(again.recall_id, -1.0), access=EVERYTHING)
         for memory_id, events in ((first.id, 3), (second.id, 3)):
             assert len(service.get(memory_id, access=EVERYTHING).history) == events
     finally:

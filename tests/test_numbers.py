@@ -3,7 +3,6 @@ the nearest ones it keeps, and every tool result shows the number the next read 
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import AsyncIterator
@@ -16,11 +15,11 @@ from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, open_store
 from memrl_mcp.storage.numbers import kept, kept_float
-from tests.support.mcp import call
+from tests.support.mcp import call, read_json
 from tests.support.stores import ENGINES
 
 MOVED_TIME = 1795468687.2779167  # a time.time() the engine read back as 1795468687.277917 (a failed CI run)
@@ -48,7 +47,10 @@ def test_the_edge_engine_moves_floats_and_the_kept_ones_come_back_exact(tmp_path
     )
     payloads = [{"raw": x, "kept": kept_float(x)} for x in floats]
     shard.update(edge.UpdateOperation.upsert_points([edge.Point(i, [1.0, 0.0], p) for i, p in enumerate(payloads)]))
-    back = {r.id: r.payload for r in shard.retrieve(list(range(len(floats))), True, False)}
+    back: dict[int, dict[str, Any]] = {}
+    for record in shard.retrieve(list(range(len(floats))), True, False):  # with the payloads
+        assert isinstance(record.id, int) and record.payload is not None
+        back[record.id] = record.payload
     moved = sum(back[i]["raw"] != p["raw"] for i, p in enumerate(payloads))
     assert moved > len(floats) // 20  # the premise: written as they are, about one float in six comes back changed
     assert [back[i]["kept"] for i in range(len(floats))] == [p["kept"] for p in payloads]
@@ -89,7 +91,7 @@ async def moved_clock_client(embedder: Embedder, tmp_path: Path, engine: str) ->
 
 
 async def read_memory(client: Client, memory_id: str) -> dict[str, Any]:
-    return json.loads((await client.read_resource(f"memrl://memories/{memory_id}")).contents[0].text)
+    return await read_json(client, f"memrl://memories/{memory_id}")
 
 
 @pytest.mark.anyio

@@ -19,8 +19,9 @@ from mcp import Client, types
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.tools import create_server
-from tests.support.mcp import call, make_service
+from memrl_mcp.requests import StatsQuery
+from memrl_mcp.serving.server import create_server
+from tests.support.mcp import call, make_service, text_of
 from tests.support.servers import ALICE, BOB, DEADLINE_S, http_server, mcp_client, tokens_file
 
 pytestmark = pytest.mark.anyio
@@ -51,8 +52,9 @@ class Held:
 
 @asynccontextmanager
 async def connect(service: MemoryService, mode: str, held: Held) -> AsyncIterator[Client]:
-    options = {"elicitation_callback": held.user, "sampling_callback": held.model, "mode": mode}
-    async with Client(create_server(service), **options) as client:  # type: ignore[arg-type]
+    async with Client(
+        create_server(service), elicitation_callback=held.user, sampling_callback=held.model, mode=mode
+    ) as client:
         yield client
 
 
@@ -75,7 +77,7 @@ async def all_at_once(client: Client, held: Held, calls: list[tuple[str, dict[st
 
 
 def refusals(results: list[Any]) -> list[str]:
-    return [r.content[0].text for r in results if r.is_error]
+    return [text_of(r) for r in results if r.is_error]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -122,7 +124,7 @@ async def test_concurrent_reports_of_one_episode_ask_the_user_once(service: Memo
     assert len(held.asked) == 2  # one per episode_id
     busy = "episode_id: another report of episode_id 'renewal-1' is waiting for the client's answer"
     assert len(refusals(results)) == 49 and all(busy in message for message in refusals(results))
-    assert service.stats(access=EVERYTHING).episodes_reported == 2
+    assert service.stats(StatsQuery(), access=EVERYTHING).episodes_reported == 2
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -174,7 +176,7 @@ async def test_one_tokens_open_questions_do_not_lock_out_another_over_http(tmp_p
                     await anyio.sleep(0.01)
                 second = await alice.call_tool("report_outcome", {"recall_id": recalls["alice", 1]})
                 assert second.is_error
-                assert "(max_open_questions_per_token=1)" in second.content[0].text
+                assert "(max_open_questions_per_token=1)" in text_of(second)
                 bob_held.release.set()
                 theirs = await call(bob, "report_outcome", recall_id=recalls["bob", 0])
                 assert (theirs["reported"], theirs["reward_source"]) == (True, "user")

@@ -9,7 +9,7 @@ from mcp import Client
 
 import memrl_mcp
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.serving.server import create_server
 from tests.support.mcp import make_service
 
 
@@ -27,7 +27,7 @@ async def test_the_server_tells_its_version(embedder: Embedder, tmp_path) -> Non
     service = make_service(embedder, tmp_path / "data")
     try:
         async with Client(create_server(service)) as client:
-            assert client.server_info.version == memrl_mcp.__version__
+            assert client.server_info is not None and client.server_info.version == memrl_mcp.__version__
     finally:
         service.close()
 

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -24,7 +25,7 @@ import yaml
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import ForgetRequest, MemoryEdit, NewExperience, OutcomeReport, RecallQuery
 from memrl_mcp.settings import SettingsError, load_settings
 from memrl_mcp.storage import EdgeStore, Point, Store, Table, quota
 from memrl_mcp.storage.quota import GIVE_BACK_EVERY, MeteredStore
@@ -43,7 +44,7 @@ QUOTA_REFUSAL = re.compile(
 
 def text(seed: int, chars: int) -> str:
     """Distinct, incompressible-looking text (the engine's storage does not compress it away)."""
-    words = []
+    words: list[str] = []
     state = seed * 2654435761 % (1 << 32) or 1
     while sum(len(w) + 1 for w in words) < chars:
         state = state * 1103515245 + 12345 & 0x7FFFFFFF
@@ -140,6 +141,7 @@ REWRITTEN_TASK = "summarise the nightly build log"
 REWRITES_BOUND_MB = 12
 
 
+@pytest.mark.slow  # a real HTTP server, restarted
 @pytest.mark.anyio
 @pytest.mark.parametrize("tool", ["update_memory", "store_experience"])
 async def test_rewriting_one_memory_cannot_grow_the_disk_past_a_bound(tmp_path: Path, tool: str, engine: str) -> None:
@@ -198,12 +200,14 @@ def test_the_versions_a_rewrite_replaces_count_until_the_store_reuses_them(
     service = make_service(embedder, tmp_path / "data", namespace_quota_mb=1)
     store = service._store
     try:
-        memory = service.store_experience("summarise the build log", text(0, LONG), "ns", access=EVERYTHING)
+        memory = service.store_experience(
+            NewExperience("summarise the build log", text(0, LONG), "ns"), access=EVERYTHING
+        )
         refusal, rewrites = "", 0
         while not refusal and rewrites < 400:
             rewrites += 1
             try:
-                service.update_memory(memory.id, experience=text(rewrites, LONG), access=EVERYTHING)
+                service.update_memory(MemoryEdit(memory.id, experience=text(rewrites, LONG)), access=EVERYTHING)
             except quota.QuotaExceededError as error:
                 refusal = str(error)
         assert QUOTA_REFUSAL.search(refusal) and "versions that rewrites replaced" in refusal, refusal
@@ -211,7 +215,7 @@ def test_the_versions_a_rewrite_replaces_count_until_the_store_reuses_them(
         used = store.usage("ns")
         assert used is not None and used <= MB
         monkeypatch.setattr(quota, "GIVE_BACK_EVERY", 0.0)
-        service.update_memory(memory.id, experience=text(rewrites + 1, LONG), access=EVERYTHING)
+        service.update_memory(MemoryEdit(memory.id, experience=text(rewrites + 1, LONG)), access=EVERYTHING)
         held = (store.usage("ns") or 0) - recount(store, "ns")
         assert 0 < held < 2 * LONG  # the room given back first: only the version this rewrite replaced
     finally:
@@ -234,7 +238,7 @@ def test_concurrent_writers_never_overshoot_the_quota_and_the_count_is_exact(
             for i in range(40):
                 try:
                     service.store_experience(
-                        f"job {n}-{i}", text(n * 100 + i, 8000), namespace="busy", access=EVERYTHING
+                        NewExperience(f"job {n}-{i}", text(n * 100 + i, 8000), namespace="busy"), access=EVERYTHING
                     )
                 except MemoryRequestError as error:
                     refusals.append(str(error))
@@ -249,7 +253,7 @@ def test_concurrent_writers_never_overshoot_the_quota_and_the_count_is_exact(
         assert used is not None and used <= MB
         assert counted(store, "busy") == recount(store, "busy")
         service.store_experience(
-            "elsewhere", "another namespace has its own quota", namespace="calm", access=EVERYTHING
+            NewExperience("elsewhere", "another namespace has its own quota", namespace="calm"), access=EVERYTHING
         )
     finally:
         service.close()
@@ -271,17 +275,16 @@ def counted(store: Store, namespace: str) -> int | None:
 KILLED_WRITER = """
 import os, signal, sys
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.models import RecallQuery
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
+from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery
 from memrl_mcp.storage.store import TABLES
 service = MemoryService.open(load_settings(data_dir=sys.argv[1]))
 for i in range(30):
-    service.store_experience(f"job {i}", "lesson " * (50 * i + 1), namespace="ns", access=EVERYTHING)
+    service.store_experience(NewExperience(f"job {i}", "lesson " * (50 * i + 1), namespace="ns"), access=EVERYTHING)
 recall = service.recall(RecallQuery("job 3", namespace="ns"), access=EVERYTHING)
-service.report(recall.recall_id, 1.0, experience="more " * 500, access=EVERYTHING)
-service.forget(namespace="gone", access=EVERYTHING)
+service.report(OutcomeReport(recall.recall_id, 1.0, experience="more " * 500), access=EVERYTHING)
+service.forget(ForgetRequest(namespace="gone"), access=EVERYTHING)
 for table in TABLES:
     service._store.flush(table)  # the versions its writes replaced are reused: the usage is the records' alone
 print(service._store.usage("ns"), flush=True)
@@ -294,8 +297,10 @@ def test_the_usage_is_counted_again_after_a_crash(embedder: Embedder, tmp_path: 
     """A writer killed without closing saves no usage: the next open counts it again, to the byte."""
     data_dir = tmp_path / "data"
     service = make_service(embedder, data_dir)
-    service.store_experience("kept", "from before", namespace="ns", access=EVERYTHING)
-    service.store_experience("gone", "forgotten by the killed writer", namespace="gone", access=EVERYTHING)
+    service.store_experience(NewExperience("kept", "from before", namespace="ns"), access=EVERYTHING)
+    service.store_experience(
+        NewExperience("gone", "forgotten by the killed writer", namespace="gone"), access=EVERYTHING
+    )
     service.close()
     assert (data_dir / "memrl" / "edge" / "usage.json").exists()  # a clean close saved it
 
@@ -318,7 +323,7 @@ def test_the_usage_is_counted_again_after_a_crash(embedder: Embedder, tmp_path: 
 
 @pytest.mark.slow  # the CLI in a child process
 def test_an_import_over_the_quota_is_refused_whole(tmp_path: Path) -> None:
-    lines = [
+    lines: list[dict[str, Any]] = [
         {"kind": "memory", "id": f"00000000-0000-4000-8000-{i:012d}", "namespace": "big", "task": f"task {i}",
          "experience": text(i, 10_000), "outcome": "success", "q": 0.0, "visits": 0, "last_reward": None,
          "merges": 0, "created_at": 1.7e9, "updated_at": 1.7e9, "metadata": {}}
@@ -443,20 +448,24 @@ def test_the_q_histories_chunks_are_counted_and_given_back(embedder: Embedder, t
     store = service._store
     try:
         assert isinstance(store, MeteredStore)
-        mug = service.store_experience("put a clean mug in the coffee machine", "rinse", "ns", access=EVERYTHING)
-        cup = service.store_experience("wash the cup and dry it", "soap, then towel", "ns", access=EVERYTHING)
+        mug = service.store_experience(
+            NewExperience("put a clean mug in the coffee machine", "rinse", "ns"), access=EVERYTHING
+        )
+        cup = service.store_experience(
+            NewExperience("wash the cup and dry it", "soap, then towel", "ns"), access=EVERYTHING
+        )
         for task in ["put a clean mug in the coffee machine", "wash the cup and dry it"] * 20:
             recall = service.recall(RecallQuery(task, "ns", k1=1, k2=1), access=EVERYTHING)
-            service.report(recall.recall_id, 1.0, access=EVERYTHING)
+            service.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
         chunks = store.count("history", {"namespace": "ns"})
         assert chunks == 4  # 20 updates of each memory: two tails of 8 copied
         with_chunks = counted(store, "ns")
         assert with_chunks == recount(store, "ns")
-        service.forget(memory_id=mug.id, access=EVERYTHING)
+        service.forget(ForgetRequest(memory_id=mug.id), access=EVERYTHING)
         assert store.count("history", {"namespace": "ns"}) == 2
         assert counted(store, "ns") == recount(store, "ns") < with_chunks
         assert service.get(cup.id, access=EVERYTHING).visits == 20
-        service.forget(namespace="ns", access=EVERYTHING)
+        service.forget(ForgetRequest(namespace="ns"), access=EVERYTHING)
         assert store.count("history") == 0 and counted(store, "ns") == recount(store, "ns") == 0
     finally:
         service.close()

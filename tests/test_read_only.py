@@ -14,13 +14,14 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery, TrajectoryReport
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, StoreLockedError, new_id, open_store
 from memrl_mcp.storage.migrations import SCHEMA_VERSION
+from memrl_mcp.validation import TrajectoryStep
 from tests.support.crashes import DiesAtWrite
-from tests.support.mcp import call, make_service
+from tests.support.mcp import call, make_service, resource_text
 from tests.support.servers import DEADLINE_S, base_url, child_env, http_server, run_cli, stdio_server
 from tests.support.stores import TASKS, old_payload, small_disk, write_old_store
 
@@ -64,7 +65,7 @@ async def test_the_settings_resource_gives_the_effective_constants(embedder: Emb
     try:
         async with Client(create_server(service)) as client:
             resource = await client.read_resource("memrl://settings")
-            settings = json.loads(resource.contents[0].text)
+            settings = json.loads(resource_text(resource))
     finally:
         service.close()
     assert (settings["k1"], settings["k2"], settings["epsilon"], settings["q_init_success"]) == (10, 5, 0.01, 0.5)
@@ -91,13 +92,13 @@ def write_store_with_an_interrupted_report(embedder: Embedder, data_dir: Path, e
     store = open_store(settings.storage, embedder.dim)
     writer = MemoryService.open(settings, embedder, store)
     try:
-        memory = writer.store_experience("water the plants", "use the blue can", access=EVERYTHING)
-        step = {"observation": "a dry plant", "action": "water it", "reward": 1.0}
-        writer.report_trajectory("water the plants", [step], "e1", access=EVERYTHING)
+        memory = writer.store_experience(NewExperience("water the plants", "use the blue can"), access=EVERYTHING)
+        step = TrajectoryStep(observation="a dry plant", action="water it", reward=1.0)
+        writer.report_trajectory(TrajectoryReport("water the plants", [step], "e1"), access=EVERYTHING)
         recall = writer.recall(RecallQuery("water the plants"), access=EVERYTHING)
-        dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))  # type: ignore[arg-type]
+        dying = MemoryService(settings, embedder, DiesAtWrite(store, 1))
         with pytest.raises(KeyboardInterrupt):
-            dying.report(recall.recall_id, 1.0, experience="rain water is better", access=EVERYTHING)
+            dying.report(OutcomeReport(recall.recall_id, 1.0, experience="rain water is better"), access=EVERYTHING)
     finally:
         writer.close()
     return memory.id

@@ -11,7 +11,8 @@ from __future__ import annotations
 import itertools
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import QChange, RecallQuery
+from memrl_mcp.models import QChange
+from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery, StatsQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
 
@@ -38,7 +40,7 @@ def replicas(embedder: Embedder, tmp_path: Path, engine: str) -> Iterator[tuple[
     store.close()
 
 
-def run_together(jobs: list[Callable[[], Any]]) -> list[Any]:
+def run_together(jobs: Sequence[Callable[[], Any]]) -> list[Any]:
     """Run every job in its own thread, released at once; each result or exception, in order."""
     barrier = threading.Barrier(len(jobs))
     results: list[Any] = [None] * len(jobs)
@@ -60,7 +62,7 @@ def run_together(jobs: list[Callable[[], Any]]) -> list[Any]:
 
 def test_concurrent_reports_on_two_replicas_lose_no_update(replicas: tuple[MemoryService, MemoryService]) -> None:
     first, second = replicas
-    ids = [first.store_experience(task, "look around first", access=EVERYTHING).id for task in TASKS]
+    ids = [first.store_experience(NewExperience(task, "look around first"), access=EVERYTHING).id for task in TASKS]
     rng = random.Random(7)
     work = []
     for i in range(48):
@@ -69,7 +71,7 @@ def test_concurrent_reports_on_two_replicas_lose_no_update(replicas: tuple[Memor
         assert {m.id for m in recall.memories} == set(ids)
         work.append((replica, recall.recall_id, rng.choice((-1.0, 0.5, 1.0))))
 
-    results = run_together([lambda r=r, rid=rid, w=w: r.report(rid, w, access=EVERYTHING) for r, rid, w in work])
+    results = run_together([partial(r.report, OutcomeReport(rid, w), access=EVERYTHING) for r, rid, w in work])
     assert not [r for r in results if isinstance(r, Exception)]
 
     for memory_id in ids:
@@ -84,18 +86,18 @@ def test_concurrent_reports_on_two_replicas_lose_no_update(replicas: tuple[Memor
             reward = next(r.reward for r in results if change in r.updated)
             assert change.q_after == pytest.approx(change.q_before + ALPHA * (reward - change.q_before))
         stored = second.get(memory_id, access=EVERYTHING)
-        assert (stored.visits, stored.q) == (len(work), pytest.approx(changes[-1].q_after, abs=1e-12))
+        assert (stored.visits, stored.q) == pytest.approx((len(work), changes[-1].q_after), abs=1e-12)
 
 
 def test_a_recall_reported_on_both_replicas_at_once_counts_once(
     replicas: tuple[MemoryService, MemoryService],
 ) -> None:
     first, second = replicas
-    memory_id = first.store_experience(TASKS[0], "pull the handle", access=EVERYTHING).id
+    memory_id = first.store_experience(NewExperience(TASKS[0], "pull the handle"), access=EVERYTHING).id
     recalls = [first.recall(RecallQuery(TASKS[0], k1=1, k2=1), access=EVERYTHING).recall_id for _ in range(16)]
 
     jobs = [
-        lambda rid=rid, r=r: r.report(rid, 1.0, experience="it worked", access=EVERYTHING)
+        partial(r.report, OutcomeReport(rid, 1.0, experience="it worked"), access=EVERYTHING)
         for rid in recalls
         for r in replicas
     ]
@@ -117,12 +119,14 @@ def test_a_memory_forgotten_on_one_replica_is_not_revived_by_a_report_on_the_oth
     replicas: tuple[MemoryService, MemoryService],
 ) -> None:
     first, second = replicas
-    keep, drop = (first.store_experience(task, "step by step", access=EVERYTHING).id for task in TASKS[:2])
+    keep, drop = (
+        first.store_experience(NewExperience(task, "step by step"), access=EVERYTHING).id for task in TASKS[:2]
+    )
     recall = first.recall(RecallQuery(TASKS[0], k1=2, k2=2), access=EVERYTHING)
-    second.forget(memory_id=drop, access=EVERYTHING)
-    result = first.report(recall.recall_id, 1.0, access=EVERYTHING)
+    second.forget(ForgetRequest(memory_id=drop), access=EVERYTHING)
+    result = first.report(OutcomeReport(recall.recall_id, 1.0), access=EVERYTHING)
     assert [c.id for c in result.updated] == [keep]
     assert result.missing == [drop]
     with pytest.raises(MemoryRequestError, match="no memory"):
         second.get(drop, access=EVERYTHING)
-    assert second.stats(access=EVERYTHING).memories == 1
+    assert second.stats(StatsQuery(), access=EVERYTHING).memories == 1

@@ -3,7 +3,6 @@ stdio and streamable-HTTP clients speak today)."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -18,14 +17,13 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.calls import served
-from memrl_mcp.serving.observability import Metrics
-from memrl_mcp.serving.roots import project_namespace
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.serving.calls import tool
+from memrl_mcp.serving.projects import project_namespace
+from memrl_mcp.serving.server import create_server
+from memrl_mcp.serving.tools import READS
 from memrl_mcp.validation import NAMESPACE_PATTERN
-from tests.support.mcp import call, make_service, refused
+from tests.support.mcp import call, make_service, read_json, refused
 from tests.support.servers import DEADLINE_S, http_server
 
 pytestmark = pytest.mark.anyio
@@ -145,7 +143,7 @@ async def test_a_restricted_token_keeps_its_restriction(tmp_path: Path) -> None:
             )
             assert (await call(tenant, "list_memories"))["total"] == 1
             assert "not one of the namespaces" in await refused(tenant, "list_memories", namespace=derived)
-            stats = json.loads((await tenant.read_resource("memrl://stats")).contents[0].text)
+            stats = await read_json(tenant, "memrl://stats")
             assert stats["memories"] == 1
 
 
@@ -173,15 +171,12 @@ async def test_the_step_memory_keeps_projects_apart_too(service: MemoryService) 
         assert (await call(beta, "list_memories"))["total"] == 0
 
 
-def test_a_tool_that_does_not_take_its_callers_access_cannot_be_served(service: MemoryService) -> None:
+def test_a_tool_that_does_not_take_its_callers_access_cannot_be_served() -> None:
     """Every tool is served through one wrapper that resolves its caller; a tool body that would look its caller
     (or its default namespace) up by itself does not get past it."""
 
     def careless(task: str) -> dict[str, str]:
         return {"task": task}
 
-    async def identify(ctx: Any) -> Access:
-        raise AssertionError("never called")
-
-    with pytest.raises(TypeError, match="the tool careless must take its caller's access"):
-        served(careless, identify, Metrics(service))
+    with pytest.raises(TypeError, match=r"the tool careless must take .* its caller's access"):
+        tool({}, "Careless", READS)(careless)

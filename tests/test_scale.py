@@ -22,7 +22,8 @@ import pytest
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import QSummary, RecallQuery
+from memrl_mcp.models import QSummary
+from memrl_mcp.requests import ListQuery, MemoryEdit, NewExperience, OutcomeReport, RecallQuery, StatsQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import EdgeStore, Point, open_store
 from memrl_mcp.storage.edge import CURRENT, TALLY
@@ -180,14 +181,16 @@ def test_stats_equal_a_full_count_after_concurrent_reports_and_a_reopen(
     service = MemoryService.open(settings, embedder)
     tasks = [f"put the {thing} in the {place}" for thing in ("mug", "apple", "key") for place in ("sink", "box")]
     for i, task in enumerate(tasks):
-        service.store_experience(task, f"did it {i}", namespace=f"ns{i % 2}", access=EVERYTHING)
+        service.store_experience(NewExperience(task, f"did it {i}", namespace=f"ns{i % 2}"), access=EVERYTHING)
 
     def worker(seed: int) -> None:
         rng = random.Random(seed)
         for _ in range(6):
             namespace = f"ns{rng.randint(0, 1)}"
             recall = service.recall(RecallQuery(rng.choice(tasks), namespace, delta=-1.0), access=EVERYTHING)
-            service.report(recall.recall_id, rng.choice([1.0, -1.0]), f"episode {rng.random()}", access=EVERYTHING)
+            service.report(
+                OutcomeReport(recall.recall_id, rng.choice([1.0, -1.0]), f"episode {rng.random()}"), access=EVERYTHING
+            )
 
     threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
     for thread in threads:
@@ -210,7 +213,7 @@ def _assert_stats_match_a_full_count(service: MemoryService) -> None:
     assert any(p["visits"] for p in payloads)  # the reports did update memories
     for namespace in (None, "ns0", "ns1"):
         chosen = [p for p in payloads if namespace is None or p["namespace"] == namespace]
-        stats = service.stats(namespace, access=EVERYTHING)
+        stats = service.stats(StatsQuery(namespace), access=EVERYTHING)
         assert stats.memories == len(chosen)
         assert stats.successes == sum(p["outcome"] == "success" for p in chosen)
         assert stats.visits == sum(p["visits"] for p in chosen)
@@ -225,12 +228,13 @@ CRASHING_WRITER = """
 import os, sys
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import QSummary, RecallQuery
+from memrl_mcp.models import QSummary
 from memrl_mcp.settings import load_settings
+from memrl_mcp.requests import OutcomeReport, RecallQuery
 service = MemoryService.open(load_settings(data_dir=sys.argv[1]))
 for i in range(5):
     recall = service.recall(RecallQuery(f"water the plant number {i}", delta=-1.0), access=EVERYTHING)
-    service.report(recall.recall_id, 1.0, f"watered it {i}", access=EVERYTHING)
+    service.report(OutcomeReport(recall.recall_id, 1.0, f"watered it {i}"), access=EVERYTHING)
 os._exit(0)  # no close: the counts are not saved
 """
 
@@ -239,7 +243,7 @@ os._exit(0)  # no close: the counts are not saved
 def test_stats_are_recounted_after_a_crash(embedder: Embedder, tmp_path: Path) -> None:
     settings = load_settings(data_dir=tmp_path)
     service = MemoryService.open(settings, embedder)
-    service.store_experience("water the plant", "use the can", access=EVERYTHING)
+    service.store_experience(NewExperience("water the plant", "use the can"), access=EVERYTHING)
     service.close()  # saves the counts ...
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     subprocess.run([sys.executable, "-c", CRASHING_WRITER, str(tmp_path)], env=env, check=True, timeout=300)
@@ -253,7 +257,7 @@ def test_stats_are_recounted_after_a_crash(embedder: Embedder, tmp_path: Path) -
 
 def _assert_stats_match_a_full_count_single(service: MemoryService) -> None:
     payloads = [view.model_dump() for view in service.memories()]
-    stats = service.stats(access=EVERYTHING)
+    stats = service.stats(StatsQuery(), access=EVERYTHING)
     assert stats.memories == len(payloads) > 1
     assert stats.visits == sum(p["visits"] for p in payloads) > 0
     assert stats.q == QSummary.of(Tally.of(payloads).total())
@@ -316,25 +320,27 @@ def test_lists_full_text_and_edits_work_the_same_on_a_swapped_in_generation(embe
     try:
         for i in range(40):
             stored = service.store_experience(
-                f"rinse mug number {i}" if i % 4 == 0 else f"sort file number {i}",
-                f"step {i}",
-                outcome="success" if i % 3 else "failure",
-                namespace=f"ns{i % 2}",
+                NewExperience(
+                    f"rinse mug number {i}" if i % 4 == 0 else f"sort file number {i}",
+                    f"step {i}",
+                    outcome="success" if i % 3 else "failure",
+                    namespace=f"ns{i % 2}",
+                ),
                 access=EVERYTHING,
             )
             if i % 5 == 0:
                 recall = service.recall(
                     RecallQuery(f"rinse mug number {i}", f"ns{i % 2}", delta=-1.0), access=EVERYTHING
                 )
-                service.report(recall.recall_id, 1.0, f"rinsed {i}", access=EVERYTHING)
+                service.report(OutcomeReport(recall.recall_id, 1.0, f"rinsed {i}"), access=EVERYTHING)
 
         def listings() -> list[list[str]]:
             pages = []
             for namespace in ("ns0", "ns1"):
                 for sort in ("q", "visits", "updated_at"):
-                    page = service.list_memories(namespace, sort=sort, limit=100, access=EVERYTHING)
+                    page = service.list_memories(ListQuery(namespace, sort=sort, limit=100), access=EVERYTHING)
                     pages.append([m.id for m in page.memories])
-                mugs = service.list_memories(namespace, text="MUG rinse", limit=100, access=EVERYTHING)
+                mugs = service.list_memories(ListQuery(namespace, text="MUG rinse", limit=100), access=EVERYTHING)
                 pages.append(sorted(m.id for m in mugs.memories))
             return pages
 
@@ -344,9 +350,11 @@ def test_lists_full_text_and_edits_work_the_same_on_a_swapped_in_generation(embe
         memories, indexed = store.index_status()
         assert memories == indexed >= 40
         assert listings() == before
-        edited = service.update_memory(stored.id, experience="step 39, corrected", access=EVERYTHING)
+        edited = service.update_memory(MemoryEdit(stored.id, experience="step 39, corrected"), access=EVERYTHING)
         assert edited.experience == "step 39, corrected"
-        assert [m.id for m in service.list_memories("ns1", text="corrected", access=EVERYTHING).memories] == [stored.id]
+        assert [
+            m.id for m in service.list_memories(ListQuery("ns1", text="corrected"), access=EVERYTHING).memories
+        ] == [stored.id]
     finally:
         service.close()
 

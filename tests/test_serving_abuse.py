@@ -160,7 +160,9 @@ class SseStream:
     def refusal(self) -> str:
         """The message of a 429 (its JSON-RPC error)."""
         head, _, body = self._received.partition(b"\r\n\r\n")
-        length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))
+        found = re.search(rb"(?i)content-length: (\d+)", head)
+        assert found is not None, head
+        length = int(found[1])
         while len(body) < length:
             body += self.sock.recv(65536)
         return json.loads(body)["error"]["message"]

@@ -18,12 +18,14 @@ from memrl_mcp.embeddings import Embedder, embed_scoped, embed_tasks
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.memory.steps import embedded_text
-from memrl_mcp.serving.tools import create_server
+from memrl_mcp.requests import TrajectoryReport
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
+from memrl_mcp.validation import TrajectoryStep
 from tests.support.crashes import CountingStore
 from tests.support.mcp import call
-from tests.support.steps import synthetic_trajectory
+from tests.support.steps import steps_of, synthetic_trajectory
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # measures the disk and the reads of long runs
 
@@ -93,7 +95,7 @@ def test_a_long_running_server_reuses_the_space_of_what_it_rewrites(embedder: Em
     sizes = []
     try:
         for i in range(4000):
-            service.report_trajectory("tidy the data", step, f"e-{i}", access=EVERYTHING)
+            service.report_trajectory(TrajectoryReport("tidy the data", steps_of(step), f"e-{i}"), access=EVERYTHING)
             if i + 1 in (2000, 4000):
                 sizes.append((segments_bytes(edge, "steps"), segments_bytes(edge, "episodes")))
     finally:
@@ -177,8 +179,10 @@ def add_one(
     before = {r.id for r in service.step_records()}
     expected = expected_eviction(counting, "default", stored_vector(embedder, "default", task, text), weight)
     counting.reset()
-    steps = [{"observation": text, "action": "look", "reward": 0.0}]
-    result = service.report_trajectory(task, steps, f"new-{len(before)}-{text[:20]}", access=EVERYTHING)
+    steps = [TrajectoryStep(observation=text, action="look", reward=0.0)]
+    result = service.report_trajectory(
+        TrajectoryReport(task, steps, f"new-{len(before)}-{text[:20]}"), access=EVERYTHING
+    )
     read = counting.records_read["steps"]
     after = {r.id for r in service.step_records()}
     if expected is None:
@@ -198,11 +202,16 @@ async def test_at_capacity_a_new_step_reads_a_few_records_and_evicts_as_the_pape
     capacity = 80
     settings = load_settings(data_dir=tmp_path / "data", embedded_engine=engine, step_max_records=capacity)
     counting = CountingStore(open_store(settings.storage, embedder.dim))
-    service = MemoryService.open(settings, embedder, counting)  # type: ignore[arg-type]
+    service = MemoryService.open(settings, embedder, counting)
     fill = synthetic_trajectory(1, capacity, 200, 40)
     newcomers = [step["observation"] for step in synthetic_trajectory(2, 9, 200, 40)]
     try:
-        assert service.report_trajectory("tidy the data", fill, "fill", access=EVERYTHING).created == capacity
+        assert (
+            service.report_trajectory(
+                TrajectoryReport("tidy the data", steps_of(fill), "fill"), access=EVERYTHING
+            ).created
+            == capacity
+        )
         for text in newcomers[:6]:
             evicted, read = add_one(service, counting, embedder, text, 0.6)
             assert evicted is not None and read <= 12, f"{read} step records read at a capacity of {capacity}"
@@ -214,7 +223,7 @@ async def test_at_capacity_a_new_step_reads_a_few_records_and_evicts_as_the_pape
 
     settings = settings.model_copy(update={"steps": settings.steps.model_copy(update={"step_observation_weight": 0.3})})
     counting = CountingStore(open_store(settings.storage, embedder.dim))
-    service = MemoryService.open(settings, embedder, counting)  # type: ignore[arg-type]
+    service = MemoryService.open(settings, embedder, counting)
     try:
         evicted, read = add_one(service, counting, embedder, newcomers[6], 0.3)
         assert read >= capacity  # every neighbour looked up again under the new weight, once

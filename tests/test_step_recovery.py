@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,13 @@ from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.records import EpisodeRecord, ReportedStep, StepPayload, episode_key, step_id
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.memory.steps import EpisodeGone
-from memrl_mcp.models import ActionView, RecallQuery
+from memrl_mcp.models import ActionView
+from memrl_mcp.requests import ForgetRequest, NewExperience, RecallQuery, StatsQuery, TrajectoryReport
 from memrl_mcp.settings import Settings, load_settings
-from memrl_mcp.storage import PLACEHOLDER, Point, Store, open_store
+from memrl_mcp.storage import PLACEHOLDER, Point, Store, Table, open_store
 from tests.support.crashes import WRITES, CountingStore, DiesAtWrite
 from tests.support.servers import child_env
-from tests.support.steps import MUG, SUCCESS, records, synthetic_trajectory
+from tests.support.steps import MUG, SUCCESS, records, steps_of, synthetic_trajectory
 
 # A report of 3 new steps with a recall writes 11 times: the episode claim; per step the progress point (saying what
 # the step is about to do) and the new record; the recall's claim, its memory, its "reported"; then the episode's
@@ -33,10 +34,10 @@ CHILD = """
 import os, signal, sys
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import open_store
 from tests.support.steps import MUG, SUCCESS, synthetic_trajectory
+from memrl_mcp.requests import RecallQuery, TrajectoryReport
 
 class KilledAtWrite:
     def __init__(self, store, n):
@@ -56,7 +57,7 @@ data_dir, engine, kill_at, recall_id, steps = sys.argv[1], sys.argv[2], int(sys.
 settings = load_settings(data_dir=data_dir, embedded_engine=engine)
 service = MemoryService.open(settings, store=KilledAtWrite(open_store(settings.storage, 384), kill_at))
 steps = SUCCESS if steps == "success" else synthetic_trajectory(0, int(steps), 300, 900)
-service.report_trajectory(MUG, steps, "episode-1", recall_id=recall_id or None, access=EVERYTHING)
+service.report_trajectory(TrajectoryReport(MUG, steps, "episode-1", recall_id=recall_id or None), access=EVERYTHING)
 print("finished without being killed", flush=True)
 """
 
@@ -89,7 +90,7 @@ def seed(settings: Settings, embedder: Embedder) -> tuple[str, str]:
     """A memory and a recall that returned it: (memory id, recall id)."""
     service = MemoryService.open(settings, embedder)
     try:
-        memory = service.store_experience(MUG, "rinse the mug first", access=EVERYTHING)
+        memory = service.store_experience(NewExperience(MUG, "rinse the mug first"), access=EVERYTHING)
         recall = service.recall(RecallQuery(MUG), access=EVERYTHING)
         assert [m.id for m in recall.memories] == [memory.id]
         return memory.id, recall.recall_id
@@ -105,19 +106,23 @@ def assert_applied_once(
     try:
         if crashed_at == 0:  # died before claiming the episode: nothing was applied, the report can be sent again
             assert records(reopened) == {}
-            reopened.report_trajectory(MUG, SUCCESS, "episode-1", recall_id=recall_id, access=EVERYTHING)
+            reopened.report_trajectory(
+                TrajectoryReport(MUG, steps_of(SUCCESS), "episode-1", recall_id=recall_id), access=EVERYTHING
+            )
         learned = {r["observation"]: r["actions"] for r in records(reopened).values()}
         # n = 1, gamma = 1, mean, credited last to first: the final reward reaches every step, targets 1, 1, 1.
         assert {o: [(a["action"], a["q"], a["visits"]) for a in actions] for o, actions in learned.items()} == {
             step["observation"]: [(step["action"], 1.0, 1)] for step in SUCCESS
         }
         memory = reopened.get(memory_id, access=EVERYTHING)
-        assert (memory.q, memory.visits, memory.last_reward) == (pytest.approx(0.3), 1, 1.0)
-        again = reopened.report_trajectory(MUG, SUCCESS, "episode-1", recall_id=recall_id, access=EVERYTHING)
+        assert (memory.q, memory.visits, memory.last_reward) == pytest.approx((0.3, 1, 1.0))
+        again = reopened.report_trajectory(
+            TrajectoryReport(MUG, steps_of(SUCCESS), "episode-1", recall_id=recall_id), access=EVERYTHING
+        )
         # The stored result counts each step once, as the uninterrupted report would have: 3 records created.
         assert again.already_applied
         assert (again.updated, again.created, again.merged, again.dropped) == (3, 3, 0, 0)
-        stats = reopened.stats(access=EVERYTHING)
+        stats = reopened.stats(StatsQuery(), access=EVERYTHING)
         assert (stats.steps, stats.episodes_reported, stats.recalls_reported) == (3, 1, 1)
         assert store.count("episodes") == 1  # the episode record alone: no progress point is left behind
     finally:
@@ -131,12 +136,19 @@ def test_an_interrupted_trajectory_is_finished_once_on_reopen(
     settings = load_settings(data_dir=tmp_path, embedded_engine=engine)
     memory_id, recall_id = seed(settings, embedder)
     store = open_store(settings.storage, embedder.dim)
-    dying = MemoryService(settings, embedder, DiesAtWrite(store, crash_at))  # type: ignore[arg-type]
+    dying = MemoryService(settings, embedder, DiesAtWrite(store, crash_at))
     if crash_at < REPORT_WRITES:
         with pytest.raises(KeyboardInterrupt):
-            dying.report_trajectory(MUG, SUCCESS, "episode-1", recall_id=recall_id, access=EVERYTHING)
+            dying.report_trajectory(
+                TrajectoryReport(MUG, steps_of(SUCCESS), "episode-1", recall_id=recall_id), access=EVERYTHING
+            )
     else:  # the count above is exact: one more write than the report makes lets it finish
-        assert dying.report_trajectory(MUG, SUCCESS, "episode-1", recall_id=recall_id, access=EVERYTHING).updated == 3
+        assert (
+            dying.report_trajectory(
+                TrajectoryReport(MUG, steps_of(SUCCESS), "episode-1", recall_id=recall_id), access=EVERYTHING
+            ).updated
+            == 3
+        )
     store.close()
     assert_applied_once(settings, embedder, memory_id, recall_id, crash_at)
 
@@ -183,19 +195,22 @@ def test_a_namespace_forgotten_mid_report_never_comes_back(
     reporter = MemoryService(
         settings,
         embedder,
-        ForgetsAtWrite(store, lambda: other.forget(namespace="default", access=EVERYTHING), forget_at),  # type: ignore[arg-type]
+        ForgetsAtWrite(store, lambda: other.forget(ForgetRequest(namespace="default"), access=EVERYTHING), forget_at),
     )
     try:
         if forget_at == 0:  # forgotten before the report wrote anything: the report is simply newer
-            assert reporter.report_trajectory(MUG, SUCCESS, "e", access=EVERYTHING).created == 3
-            assert other.stats(access=EVERYTHING).steps == 3
+            assert (
+                reporter.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "e"), access=EVERYTHING).created
+                == 3
+            )
+            assert other.stats(StatsQuery(), access=EVERYTHING).steps == 3
             return
         if forget_at < 7:  # a step record is created after the forget: the report sees its episode gone, stops
             with pytest.raises(EpisodeGone, match="episode_id: episode 'e' is gone"):
-                reporter.report_trajectory(MUG, SUCCESS, "e", access=EVERYTHING)
+                reporter.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "e"), access=EVERYTHING)
         else:  # every record was created before: the forget took them with it, the report's last writes miss
-            reporter.report_trajectory(MUG, SUCCESS, "e", access=EVERYTHING)
-        stats = other.stats(access=EVERYTHING)
+            reporter.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "e"), access=EVERYTHING)
+        stats = other.stats(StatsQuery(), access=EVERYTHING)
         assert (stats.steps, stats.episodes_reported) == (0, 0)
         assert records(other) == {}
         assert store.count("episodes") == 0  # nor a progress point the report wrote after the forget
@@ -213,7 +228,7 @@ class DiesAtProgressDelete:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    def delete(self, table: str, ids: Any) -> None:
+    def delete(self, table: Table, ids: Sequence[str]) -> None:
         if table == "episodes":
             raise KeyboardInterrupt("killed before the progress point's delete")
         self._store.delete(table, ids)
@@ -225,16 +240,16 @@ def test_a_progress_point_left_behind_is_dropped_at_the_next_open(
     settings = load_settings(data_dir=tmp_path, embedded_engine=engine)
     MemoryService.open(settings, embedder).close()
     store = open_store(settings.storage, embedder.dim)
-    dying = MemoryService(settings, embedder, DiesAtProgressDelete(store))  # type: ignore[arg-type]
+    dying = MemoryService(settings, embedder, DiesAtProgressDelete(store))
     with pytest.raises(KeyboardInterrupt):
-        dying.report_trajectory(MUG, SUCCESS, "episode-1", access=EVERYTHING)
+        dying.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "episode-1"), access=EVERYTHING)
     assert store.count("episodes", {"status": "progress"}) == 1
     store.close()
     store = open_store(settings.storage, embedder.dim)
     reopened = MemoryService.open(settings, embedder, store)
     try:
         assert store.count("episodes", {"status": "progress"}) == 0 and store.count("episodes") == 1
-        again = reopened.report_trajectory(MUG, SUCCESS, "episode-1", access=EVERYTHING)
+        again = reopened.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "episode-1"), access=EVERYTHING)
         assert again.already_applied and (again.updated, again.created) == (3, 3)
     finally:
         reopened.close()
@@ -259,11 +274,11 @@ def test_a_report_killed_mid_episode_resumes_where_it_stopped_and_counts_each_st
     steps = synthetic_trajectory(0, STEPS, 300, 900)
     ids = [step_id("default", MUG, step["observation"]) for step in steps]
     counting = CountingStore(open_store(settings.storage, embedder.dim))
-    reopened = MemoryService.open(settings, embedder, counting)  # type: ignore[arg-type]  # finishes the report
+    reopened = MemoryService.open(settings, embedder, counting)  # finishes the report
     try:
         assert counting.written["steps"] == set(ids[LANDED + 1 :])  # step 5 had landed: not written again
         assert counting.reads[episode_key("default", "episode-1")] == 1  # the trajectory, read once
-        again = reopened.report_trajectory(MUG, steps, "episode-1", access=EVERYTHING)
+        again = reopened.report_trajectory(TrajectoryReport(MUG, steps_of(steps), "episode-1"), access=EVERYTHING)
         assert again.already_applied
         assert (again.steps, again.updated, again.created, again.merged, again.dropped) == (STEPS, STEPS, STEPS, 0, 0)
         assert sorted(a.visits for r in reopened.step_records() for a in r.actions) == [1] * STEPS
@@ -317,7 +332,7 @@ def test_an_episode_claimed_before_version_3_is_finished_from_its_own_count(
     try:
         learned = {r.observation: [(a.action, a.q, a.visits) for a in r.actions] for r in reopened.step_records()}
         assert learned == {s["observation"]: [(s["action"], s["reward"], 1)] for s in SUCCESS}
-        again = reopened.report_trajectory(MUG, SUCCESS, "episode-1", access=EVERYTHING)
+        again = reopened.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "episode-1"), access=EVERYTHING)
         assert again.already_applied and again.updated == 3
     finally:
         reopened.close()

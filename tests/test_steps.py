@@ -14,10 +14,11 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.tools import create_server
-from tests.support.mcp import call, make_service, refused
+from memrl_mcp.requests import StatsQuery, StepQuery, TrajectoryReport
+from memrl_mcp.serving.server import create_server
+from tests.support.mcp import call, hints, make_service, refused
 from tests.support.servers import ALICE, BOB, DEADLINE_S, http_server, mcp_client, tokens_file
-from tests.support.steps import COUNTER, HOLDING, MUG, ROOM, SUCCESS, records, trajectory_of
+from tests.support.steps import COUNTER, HOLDING, MUG, ROOM, SUCCESS, records, steps_of, trajectory_of
 
 pytestmark = pytest.mark.anyio
 
@@ -80,11 +81,11 @@ def test_forward_credit_is_rememberers_order(embedder: Embedder, tmp_path: Path)
     e-2's G_1 = 0 + max Q(HOLDING) = 1 -> Q(COUNTER, mug) = mean(0, 1) = 0.5."""
     service = make_service(embedder, tmp_path, step_order="forward")
     try:
-        first = service.report_trajectory(MUG, SUCCESS, "e-1", access=EVERYTHING)
+        first = service.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "e-1"), access=EVERYTHING)
         assert [(c.target, c.q_after) for c in first.changes] == [(0.0, 0.0), (0.0, 0.0), (1.0, 1.0)]
-        advice = service.recall_step_advice(MUG, COUNTER, k=1, access=EVERYTHING)
+        advice = service.recall_step_advice(StepQuery(MUG, COUNTER, k=1), access=EVERYTHING)
         assert [a.action for a in advice.discouraged] == ["take mug 1 from countertop 1"] and not advice.encouraged
-        second = service.report_trajectory(MUG, SUCCESS, "e-2", access=EVERYTHING)
+        second = service.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "e-2"), access=EVERYTHING)
         assert [(c.target, c.q_after) for c in second.changes] == [(0.0, 0.0), (1.0, 0.5), (1.0, 1.0)]
     finally:
         service.close()
@@ -109,7 +110,7 @@ async def test_an_episode_id_is_applied_once_and_its_recall_with_it(client: Clie
     assert "already reported" in again["message"] and again["updated"] == 3
     assert records(service) == before
     memory = service.get(stored["id"], access=EVERYTHING)
-    assert (memory.q, memory.visits) == (pytest.approx(0.3), 1)
+    assert (memory.q, memory.visits) == pytest.approx((0.3, 1))
     # The recall itself is spent: report_outcome says so.
     assert "already reported" in await refused(client, "report_outcome", recall_id=recall["recall_id"], reward=1.0)
     # Another namespace has its own episode ids.
@@ -128,7 +129,7 @@ async def test_a_spent_or_foreign_recall_id_is_refused_before_anything_is_writte
         )
         assert message.startswith("recall_id:") or "recall_id:" in message
         assert says in message
-    assert records(service) == {} and service.stats(access=EVERYTHING).episodes_reported == 0
+    assert records(service) == {} and service.stats(StatsQuery(), access=EVERYTHING).episodes_reported == 0
 
 
 async def test_concurrent_duplicates_from_several_clients_apply_once(service: MemoryService) -> None:
@@ -153,7 +154,7 @@ async def test_concurrent_duplicates_from_several_clients_apply_once(service: Me
     assert [r["already_applied"] for r in results] == [False] * 6
     visits = sorted(a["visits"] for r in records(service).values() for a in r["actions"])
     assert visits == [7, 7, 7]
-    holding = service.recall_step_advice(MUG, HOLDING, k=1, access=EVERYTHING)
+    holding = service.recall_step_advice(StepQuery(MUG, HOLDING, k=1), access=EVERYTHING)
     assert [(a.action, a.q) for a in holding.encouraged] == [("go to sinkbasin 1", 1.0)]
 
 
@@ -190,7 +191,7 @@ async def test_hostile_reports_are_refused_by_name_and_change_nothing(
     message = await refused(client, "report_trajectory", **{"task": MUG, "steps": SUCCESS, "episode_id": "e"} | changes)
     assert named in message
     assert records(service) == before
-    assert service.stats(access=EVERYTHING).episodes_reported == 1
+    assert service.stats(StatsQuery(), access=EVERYTHING).episodes_reported == 1
     # The refused episode id was not spent.
     assert (await call(client, "report_trajectory", task=MUG, steps=FAILURE, episode_id="e"))["updated"] == 3
 
@@ -206,13 +207,16 @@ def test_the_python_api_is_as_strict(service: MemoryService) -> None:
     for reward, says in ((float("nan"), "finite"), (True, "valid number"), ("0.5", "valid number")):
         steps = [{**SUCCESS[0], "reward": reward}]
         with pytest.raises(MemoryRequestError, match=rf"steps\[0\]\.reward: .*{says}"):
-            service.report_trajectory(MUG, steps, "e", access=EVERYTHING)
+            service.report_trajectory(TrajectoryReport(MUG, steps, "e"), access=EVERYTHING)  # type: ignore[arg-type]
     with pytest.raises(MemoryRequestError, match=r"steps\[1\]\.observation: .*8000"):
-        service.report_trajectory(MUG, [SUCCESS[0], {**SUCCESS[1], "observation": "y" * 9000}], "e", access=EVERYTHING)
+        service.report_trajectory(
+            TrajectoryReport(MUG, steps_of([SUCCESS[0], {**SUCCESS[1], "observation": "y" * 9000}]), "e"),
+            access=EVERYTHING,
+        )
     with pytest.raises(TypeError, match="access"):
-        service.report_trajectory(MUG, SUCCESS, "e")  # type: ignore[call-arg]
+        service.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "e"))  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="access"):
-        service.recall_step_advice(MUG, ROOM)  # type: ignore[call-arg]
+        service.recall_step_advice(StepQuery(MUG, ROOM))  # type: ignore[call-arg]
     assert records(service) == {}
 
 
@@ -336,9 +340,9 @@ def test_n_step_targets_and_the_constant_rate_through_the_service(embedder: Embe
     0.0625 + 0.5 (0.1875 - 0.0625) = 0.125."""
     service = make_service(embedder, tmp_path, step_n=2, step_gamma=0.5, step_update="const", step_learning_rate=0.5)
     try:
-        first = service.report_trajectory(MUG, SUCCESS, "e-1", access=EVERYTHING)
+        first = service.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "e-1"), access=EVERYTHING)
         assert [(c.target, c.q_after) for c in first.changes] == [(0.125, 0.0625), (0.5, 0.25), (1.0, 0.5)]
-        second = service.report_trajectory(MUG, SUCCESS, "e-2", access=EVERYTHING)
+        second = service.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "e-2"), access=EVERYTHING)
         assert [(c.target, c.q_before, c.q_after) for c in second.changes] == [
             (0.1875, 0.0625, 0.125),
             (0.5, 0.25, 0.375),
@@ -349,7 +353,9 @@ def test_n_step_targets_and_the_constant_rate_through_the_service(embedder: Embe
 
 
 def test_the_tail_comes_from_the_nearest_record_above_the_threshold(service: MemoryService) -> None:
-    service.report_trajectory(MUG, SUCCESS, "e-1", access=EVERYTHING)  # Q(HOLDING, go to sinkbasin 1) = 1
+    service.report_trajectory(
+        TrajectoryReport(MUG, steps_of(SUCCESS), "e-1"), access=EVERYTHING
+    )  # Q(HOLDING, go to sinkbasin 1) = 1
     near = "You pick up the mug 1 from the countertop 1 ."  # not the same text: no exact record
     far = "Nothing happens."
     for episode, observation, tail in (("near", near, 1.0), ("far", far, 0.0)):
@@ -357,7 +363,7 @@ def test_the_tail_comes_from_the_nearest_record_above_the_threshold(service: Mem
             {"observation": ROOM, "action": "take mug 1", "reward": 0.0},
             {"observation": observation, "action": "wait", "reward": 0.0},  # its own record's best: Q 0
         ]
-        report = service.report_trajectory(MUG, steps, episode, access=EVERYTHING)
+        report = service.report_trajectory(TrajectoryReport(MUG, steps_of(steps), episode), access=EVERYTHING)
         # 0 + gamma x the best of the observation's own record (0) and the matched record's max Q (1), if any
         assert report.changes[0].target == tail, observation
         assert report.created == 1  # the near observation is a record of its own all the same
@@ -365,8 +371,8 @@ def test_the_tail_comes_from_the_nearest_record_above_the_threshold(service: Mem
 
 async def test_the_schemas_tell_clients_the_bounds(client: Client) -> None:
     tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert tools["recall_step_advice"].annotations.read_only_hint is True
-    assert tools["report_trajectory"].annotations.idempotent_hint is True
+    assert hints(tools["recall_step_advice"]).read_only_hint is True
+    assert hints(tools["report_trajectory"]).idempotent_hint is True
     report = tools["report_trajectory"].input_schema
     assert report["additionalProperties"] is False
     assert (report["properties"]["steps"]["minItems"], report["properties"]["steps"]["maxItems"]) == (1, 200)

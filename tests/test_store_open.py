@@ -42,7 +42,7 @@ def edge_folder(data_dir: Path) -> Path:
 
 def indexes_of(data_dir: Path) -> dict[str, set[str]]:
     """The payload indexes of each table, as the engine reports them (the store must be closed)."""
-    found = {}
+    found: dict[str, set[str]] = {}
     for table in TABLES:
         shard = edge.EdgeShard.load(str(edge_folder(data_dir) / table))
         found[table] = set(shard.info().payload_schema)

@@ -23,7 +23,7 @@ from memrl_mcp.memory.records import memory_payload, step_id
 from memrl_mcp.models import MemoryView, StepRecordView
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, new_id, open_store
-from tests.support.mcp import call, make_service
+from tests.support.mcp import call, make_service, resource_text
 from tests.support.servers import (
     ALICE,
     DEADLINE_S,
@@ -92,7 +92,7 @@ def write_damaged_store(embedder: Embedder, data_dir: Path, engine: str) -> dict
             metadata={"case": i},
         )
         payload = {**memory_payload(memory), **fields}
-        task = fields.get("task") if isinstance(fields.get("task"), str) else memory.task
+        task = given if isinstance(given := fields.get("task"), str) else memory.task
         points.append(Point(memory.id, embedder.embed([task])[0], payload))
         ids[damage] = memory.id
     store = open_store(load_settings(data_dir=data_dir, embedded_engine=engine).storage, embedder.dim)
@@ -139,9 +139,9 @@ async def test_a_stored_value_no_read_can_use_never_fails_a_read(
             assert record["created_at"] == LAST_DATE
             for memory_id in ids.values():
                 resource = await client.read_resource(f"memrl://memories/{memory_id}")
-                assert json.loads(resource.contents[0].text)["id"] == memory_id  # type: ignore[union-attr]
+                assert json.loads(resource_text(resource))["id"] == memory_id
             stats = await client.read_resource("memrl://stats/alice")
-            assert json.loads(stats.contents[0].text)["memories"] == len(ids)  # type: ignore[union-attr]
+            assert json.loads(resource_text(stats))["memories"] == len(ids)
             # The report of that recall still works: the damaged memories' Q move like any other.
             report = await call(client, "report_outcome", recall_id=recalled["recall_id"], reward=1.0)
             assert len(report["updated"]) == len(ids)

@@ -1,6 +1,5 @@
 """Every tool, resource and error through the real MCP client, on both embedded engines."""
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,20 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import RecallQuery
-from memrl_mcp.serving.tools import create_server
-from tests.support.mcp import call, make_service, refused
+from memrl_mcp.requests import (
+    ForgetRequest,
+    ListQuery,
+    MemoryEdit,
+    NewExperience,
+    OutcomeReport,
+    RecallQuery,
+    StatsQuery,
+    StepQuery,
+    TrajectoryReport,
+)
+from memrl_mcp.serving.server import create_server
+from memrl_mcp.validation import TrajectoryStep
+from tests.support.mcp import call, hints, make_service, prompt_text, read_json, refused
 from tests.support.servers import TOOLS
 
 pytestmark = pytest.mark.anyio
@@ -27,10 +37,10 @@ MUG_PROCEDURE = "1. take the mug from the counter 2. rinse it in the sink 3. put
 async def test_lists_tools_with_schemas_and_hints(client: Client) -> None:
     tools = {t.name: t for t in (await client.list_tools()).tools}
     assert set(tools) == TOOLS
-    assert tools["memory_stats"].annotations.read_only_hint is True
-    assert tools["search_experience"].annotations.read_only_hint is True
-    assert tools["forget_experience"].annotations.destructive_hint is True
-    assert tools["report_outcome"].annotations.destructive_hint is False
+    assert hints(tools["memory_stats"]).read_only_hint is True
+    assert hints(tools["search_experience"]).read_only_hint is True
+    assert hints(tools["forget_experience"]).destructive_hint is True
+    assert hints(tools["report_outcome"]).destructive_hint is False
     assert all(tool.output_schema is None for tool in tools.values())  # documented in docs/tools.md instead
     assert "description" in tools["recall_experience"].input_schema["properties"]["task"]
     # The bounds are in the schemas, so clients are told them; unknown arguments are refused.
@@ -96,9 +106,9 @@ async def test_report_updates_exactly_the_recalled_memories_once(client: Client)
 
     again = await refused(client, "report_outcome", recall_id=recall["recall_id"], reward=-1.0)
     assert "recall_id" in again and "already reported" in again
-    unchanged = json.loads((await client.read_resource(f"memrl://memories/{other['id']}")).contents[0].text)
+    unchanged = await read_json(client, f"memrl://memories/{other['id']}")
     assert unchanged["q"] == 0.0 and unchanged["visits"] == 0
-    updated = json.loads((await client.read_resource(f"memrl://memories/{first['id']}")).contents[0].text)
+    updated = await read_json(client, f"memrl://memories/{first['id']}")
     assert updated["q"] == pytest.approx(0.3) and updated["visits"] == 1 and updated["last_reward"] == 1.0
 
 
@@ -176,14 +186,14 @@ async def test_stats_resources_and_prompt(client: Client) -> None:
         await call(client, "store_experience", task=f"task number {q}", experience="x", q=q, namespace="s")
     stats = await call(client, "memory_stats", namespace="s")
     assert stats["q"] == {"min": -1.0, "p25": -0.25, "median": 0.25, "p75": 0.625, "max": 1.0, "mean": 0.125}
-    everything = json.loads((await client.read_resource("memrl://stats")).contents[0].text)
+    everything = await read_json(client, "memrl://stats")
     assert everything["memories"] == 4 and everything["namespace"] is None
-    one = json.loads((await client.read_resource("memrl://stats/s")).contents[0].text)
+    one = await read_json(client, "memrl://stats/s")
     assert one == stats
     with pytest.raises(Exception, match="no memory"):
         await client.read_resource("memrl://memories/3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11")
     prompt = await client.get_prompt("memory_loop", {"task": "make tea"})
-    text = prompt.messages[0].content.text
+    text = prompt_text(prompt)
     assert "make tea" in text and "recall_experience" in text and "report_outcome" in text
 
 
@@ -259,28 +269,32 @@ def test_non_finite_rewards_are_refused_by_the_service(service: MemoryService) -
     recall = service.recall(RecallQuery(MUG), access=EVERYTHING)
     for reward in (float("nan"), float("inf"), -float("inf")):
         with pytest.raises(MemoryRequestError, match="reward: Input should be a finite number"):
-            service.report(recall.recall_id, reward, access=EVERYTHING)
-    for reward in ("0.5", True):  # the Python API is as strict as the tools
+            service.report(OutcomeReport(recall.recall_id, reward), access=EVERYTHING)
+    for wrong in ("0.5", True):  # the Python API is as strict as the tools
         with pytest.raises(MemoryRequestError, match="reward: Input should be a valid number"):
-            service.report(recall.recall_id, reward, access=EVERYTHING)  # type: ignore[arg-type]
-    assert service.report(recall.recall_id, 0.5, access=EVERYTHING).reward == 0.5
+            service.report(OutcomeReport(recall.recall_id, wrong), access=EVERYTHING)  # type: ignore[arg-type]
+    assert service.report(OutcomeReport(recall.recall_id, 0.5), access=EVERYTHING).reward == 0.5
 
 
 def test_every_caller_facing_method_requires_the_callers_access(service: MemoryService) -> None:
     """Fail-closed tenancy: a new tool that forgets to pass its caller's access gets a TypeError, never every
     tenant's memories."""
     calls = {
-        "recall": (MUG,),
-        "search": (MUG,),
-        "report": ("3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", 1.0),
-        "store_experience": (MUG, MUG_PROCEDURE),
-        "forget": (None, "default"),
-        "get": ("3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11",),
-        "stats": (),
+        "recall": RecallQuery(MUG),
+        "search": RecallQuery(MUG),
+        "report": OutcomeReport("3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", 1.0),
+        "store_experience": NewExperience(MUG, MUG_PROCEDURE),
+        "recall_step_advice": StepQuery(MUG, "You are in the kitchen."),
+        "report_trajectory": TrajectoryReport(MUG, [TrajectoryStep(observation="o", action="a", reward=1.0)], "e"),
+        "forget": ForgetRequest(namespace="default"),
+        "get": "3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11",
+        "stats": StatsQuery(),
+        "list_memories": ListQuery(),
+        "update_memory": MemoryEdit("3f1c2a94-8d55-4c4e-9f0e-0c6b1d2a7e11", reset_q=True),
     }
-    for name, arguments in calls.items():
+    for name, request in calls.items():
         with pytest.raises(TypeError, match="access"):
-            getattr(service, name)(*arguments)
+            getattr(service, name)(request)
 
 
 async def test_an_expired_recall_is_refused(embedder: Embedder, tmp_path: Path) -> None:
@@ -316,5 +330,5 @@ async def test_concurrent_reports_lose_no_update(client: Client) -> None:
         assert change["q_before"] == pytest.approx(q)
         q = q + 0.3 * (change["reward"] - q)
         assert change["q_after"] == pytest.approx(q)
-    final = json.loads((await client.read_resource(f"memrl://memories/{stored['id']}")).contents[0].text)
+    final = await read_json(client, f"memrl://memories/{stored['id']}")
     assert final["visits"] == len(rewards) and final["q"] == pytest.approx(q)

@@ -16,12 +16,13 @@ import sys
 import termios
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.support.mcp import call, refused
+from tests.support.mcp import call, read_json, refused
 from tests.support.servers import CLI, DEADLINE_S, EVERY_TOOL, TOOLS, child_env, http_server, run_cli, stdio_server
 from tests.support.stores import ENGINES
 
@@ -52,7 +53,7 @@ async def store_recall_report(client: Client) -> None:
     assert report["missing"] == []
     assert report["stored"] is None
 
-    stats = json.loads((await client.read_resource("memrl://stats")).contents[0].text)  # in every tool profile
+    stats = await read_json(client, "memrl://stats")  # in every tool profile
     assert (stats["memories"], stats["visits"], stats["recalls_reported"], stats["recalls_pending"]) == (1, 1, 1, 0)
 
 
@@ -236,7 +237,7 @@ async def test_stdio_serves_large_and_concurrent_requests_on_its_own_pipes(tmp_p
             assert (await call(client, "memory_stats"))["memories"] == 30
 
 
-def opening(**capabilities: object) -> list[dict[str, object]]:
+def opening(**capabilities: object) -> list[dict[str, Any]]:
     """A client's handshake, as the first lines of a stdin."""
     client = {"name": "file", "version": "1"}
     params = {"protocolVersion": "2025-06-18", "capabilities": capabilities, "clientInfo": client}
@@ -246,14 +247,14 @@ def opening(**capabilities: object) -> list[dict[str, object]]:
     ]
 
 
-def tool_call(request_id: int, name: str, **arguments: object) -> dict[str, object]:
+def tool_call(request_id: int, name: str, **arguments: object) -> dict[str, Any]:
     params = {"name": name, "arguments": arguments}
     return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
 
 
 def serve_to_the_end(
-    tmp_path: Path, messages: list[dict[str, object]], stdin: str = "pipe", stdout: str = "pipe"
-) -> list[dict[str, object]]:
+    tmp_path: Path, messages: list[dict[str, Any]], stdin: str = "pipe", stdout: str = "pipe"
+) -> list[dict[str, Any]]:
     """Run the server on ``messages`` written to its stdin (a pipe or a file) and closed; what it wrote to its stdout
     (a pipe or a file) by the time it exited on its own."""
     lines = "".join(json.dumps(message) + "\n" for message in messages).encode()
@@ -296,19 +297,19 @@ def test_every_request_before_the_end_of_stdin_is_answered(tmp_path: Path, stdin
     requests.append({"jsonrpc": "2.0", "id": 41, "method": "tools/list", "params": {}})
     if era == "handshake":
         answers = serve_to_the_end(tmp_path, [*opening(), *requests], stdin, stdout)
-        assert answers[0]["result"]["serverInfo"]["name"] == "memrl-mcp"  # type: ignore[index]
+        assert answers[0]["result"]["serverInfo"]["name"] == "memrl-mcp"
     else:
         for request in requests:
-            request["params"]["_meta"] = MODERN  # type: ignore[index]
+            request["params"]["_meta"] = MODERN
         answers = [{"id": 0}, *serve_to_the_end(tmp_path, requests, stdin, stdout)]
     by_id = {answer["id"]: answer for answer in answers}
     assert sorted(by_id) == list(range(42)) and len(answers) == 42
     for i in range(1, 41):
-        stored = json.loads(by_id[i]["result"]["content"][0]["text"])  # type: ignore[index]
+        stored = by_id[i]["result"]["structuredContent"]
         assert stored["memory"]["experience"] == f"way {i}"
-    assert {tool["name"] for tool in by_id[41]["result"]["tools"]} == TOOLS  # type: ignore[index]
+    assert {tool["name"] for tool in by_id[41]["result"]["tools"]} == TOOLS
     stats = serve_to_the_end(tmp_path, [*opening(), tool_call(1, "memory_stats")])[-1]
-    assert json.loads(stats["result"]["content"][0]["text"])["memories"] == 40  # type: ignore[index]
+    assert stats["result"]["structuredContent"]["memories"] == 40
 
 
 @pytest.mark.slow  # a child process
@@ -316,7 +317,7 @@ def test_a_client_that_reads_late_gets_every_answer_whole(tmp_path: Path) -> Non
     """Answers larger than the pipe holds, to a client that closed stdin and reads only later: the server waits for
     the pipe to take each answer. The event loop's transport kept up to 64 KB the pipe did not take yet, and dropped
     it when it closed: the client read the second answer cut off in its middle, and not the third."""
-    way = "Check the rotated files. " * 700  # each answer is about 36 KB; a pipe takes 62-64 KB of them
+    way = "Check the rotated files. " * 1400  # each answer is about 36 KB; a pipe takes 62-64 KB of them
     stores = [tool_call(i, "store_experience", task=f"{TASK} number {i}", experience=way) for i in range(1, 4)]
     lines = "".join(json.dumps(message) + "\n" for message in [*opening(), *stores]).encode()
     server = subprocess.Popen(
@@ -324,7 +325,7 @@ def test_a_client_that_reads_late_gets_every_answer_whole(tmp_path: Path) -> Non
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        env=child_env(**EVERY_TOOL),
+        env=child_env(**EVERY_TOOL, MEMRL_MAX_EXPERIENCE_CHARS="40000"),
     )
     assert server.stdin is not None and server.stdout is not None
     try:
@@ -340,7 +341,7 @@ def test_a_client_that_reads_late_gets_every_answer_whole(tmp_path: Path) -> Non
     finally:
         server.kill()
     assert sorted(answer["id"] for answer in answers) == list(range(4))
-    assert all(way in answer["result"]["content"][0]["text"] for answer in answers if answer["id"])
+    assert all(way in json.dumps(answer["result"]["structuredContent"]) for answer in answers if answer["id"])
 
 
 def pipe_holds(fd: int) -> int:
@@ -363,12 +364,12 @@ def test_a_question_to_a_client_that_closed_stdin_fails_at_once(tmp_path: Path) 
     answers = serve_to_the_end(tmp_path, [*opening(elicitation={}), report])
     assert time.monotonic() - started < 60
     (question,) = [answer for answer in answers if answer.get("method") == "elicitation/create"]
-    assert TASK in question["params"]["message"]  # type: ignore[index]
+    assert TASK in question["params"]["message"]
     (answer,) = [answer for answer in answers if answer.get("id") == 1 and "result" in answer]
-    text = answer["result"]["content"][0]["text"]  # type: ignore[index]
+    text = answer["result"]["content"][0]["text"]
     assert "the client answered elicitation/create with an error: the client closed stdin" in text
     stats = serve_to_the_end(tmp_path, [*opening(), tool_call(1, "memory_stats")])[-1]
-    assert json.loads(stats["result"]["content"][0]["text"])["steps"] == 0  # type: ignore[index]
+    assert stats["result"]["structuredContent"]["steps"] == 0
 
 
 @pytest.mark.slow  # a server process

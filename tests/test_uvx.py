@@ -24,7 +24,7 @@ import memrl_mcp
 from memrl_harness.install import LLB_PACKAGES
 from memrl_mcp.settings import ECOSYSTEM_VARIABLES, GROUP_OF, TOOL_PROFILES, as_yaml, load_settings
 from tests.support.benchmark_data import benchmark_data
-from tests.support.mcp import call
+from tests.support.mcp import call, read_json
 from tests.support.servers import child_env
 
 pytestmark = pytest.mark.slow  # needs a wheel build and uv: `make test` runs it, `make test-fast` does not
@@ -73,14 +73,14 @@ async def drive_as_claude_desktop(command: str, args: list[str], env: dict[str, 
     server = StdioServerParameters(command=command, args=args, env=env, cwd=cwd)
     with anyio.fail_after(300), (cwd / "stderr.log").open("w") as log:  # a first uvx start fills uv's cache
         async with Client(stdio_client(server, errlog=log)) as client:
-            assert client.server_info.version == memrl_mcp.__version__
+            assert client.server_info is not None and client.server_info.version == memrl_mcp.__version__
             tools = (await client.list_tools()).tools  # the default profile: the learning loop
             assert [tool.name for tool in tools] == list(TOOL_PROFILES["core"])
             task = "Parse an ISO 8601 date and print the weekday"
             await call(client, "store_experience", task=task, experience="datetime.fromisoformat, then strftime('%A')")
             recalled = await call(client, "recall_experience", task=task)
             assert [m["task"] for m in recalled["memories"]] == [task]
-            stats = json.loads((await client.read_resource("memrl://stats/desktop")).contents[0].text)
+            stats = await read_json(client, "memrl://stats/desktop")
             assert stats["memories"] == 1
     # Quiet by default: the client shows this to its user; one line at start, none per call.
     stderr = (cwd / "stderr.log").read_text()
@@ -185,7 +185,9 @@ def test_server_json_matches_the_package_and_the_image() -> None:
     assert oci["identifier"] == f"ghcr.io/{server['name'].removeprefix('io.github.')}:{memrl_mcp.__version__}"
     dockerfile = (ROOT / "docker" / "server" / "Dockerfile").read_text()
     assert f'LABEL io.modelcontextprotocol.server.name="{server["name"]}"' in dockerfile  # the registry's proof
-    port = re.search(r"MEMRL_PORT=(\d+)", dockerfile).group(1)  # type: ignore[union-attr]
+    found = re.search(r"MEMRL_PORT=(\d+)", dockerfile)
+    assert found is not None, "the Dockerfile sets no MEMRL_PORT"
+    port = found[1]
     assert oci["transport"] == {"type": "streamable-http", "url": f"http://localhost:{port}/mcp"}
     known = {f"MEMRL_{name.upper()}" for name in GROUP_OF} | set(ECOSYSTEM_VARIABLES.values())
     for package in (pypi, oci):

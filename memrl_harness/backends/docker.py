@@ -12,7 +12,7 @@ timeout (:data:`CLIENT_TIMEOUT`) only guards against a hung engine.
 - no network at all (``--network none``: not even the host's 127.0.0.1), its own PID, IPC, UTS and mount
   namespaces; ``/proc/sys``, ``/sys`` and the kernel's other knobs read-only (Docker's default, which holds
   here because no capability able to remount them is kept); Docker's default seccomp profile (Debian's engine
-  20.10 still allows ``io_uring_setup`` and ``AF_VSOCK`` sockets: measured);
+  20.10 still allows ``io_uring_setup`` and ``AF_VSOCK`` sockets: docs/security.md);
 - every capability dropped but the few a shell task uses (:data:`CAPABILITIES`: files, users, signals) and
   ``no-new-privileges``; no real-time scheduling (no ``CAP_SYS_NICE``, ``RLIMIT_RTPRIO`` 0, and the cgroup's
   real-time budget is 0);

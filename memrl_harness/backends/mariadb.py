@@ -16,8 +16,8 @@ What an episode's SQL can do (each line an attack in ``tests/harness/test_attack
   events, triggers or temporary tables. ``SHOW DATABASES`` lists its own database (and information_schema)
   only. ``MAX_USER_CONNECTIONS 2``.
 - Time: the user is created ``WITH MAX_STATEMENT_TIME`` (a statement stops at the limit with MariaDB's error),
-  but MariaDB 10.11 lets any session lift that (``SET SESSION max_statement_time=0`` then ``SLEEP(4)`` slept
-  4 s under a 2 s user limit, as did ``SET STATEMENT max_statement_time=0 FOR ...``). So the limit that holds
+  but MariaDB 10.11 lets any session lift that (``SET SESSION max_statement_time=0``, or
+  ``SET STATEMENT max_statement_time=0 FOR ...``). So the limit that holds
   is the harness's: a watchdog kills the action's connection as the administrator once the action (all its
   statements) has run ``statement_timeout`` seconds.
 - Size: an action's result past :class:`ResultLimit` (10,000 rows in a result set, 64 MB of cells) is an error
@@ -31,9 +31,9 @@ an empty read-only folder, ``--local-infile=0``, ``--symbolic-links=0`` (``DATA 
 password at start, and the other root accounts are dropped.
 
 Not guaranteed: disk and CPU are bounded by time only (an action may insert rows for ``statement_timeout``
-seconds: measured here, an ``INSERT ... SELECT REPEAT('x', 2000) FROM seq_...`` grew the datadir by 224 MB in
-10 s before the watchdog stopped it and InnoDB rolled it back; each episode's database holds what it committed
-until the episode ends); server memory is bounded per
+seconds: an ``INSERT ... SELECT`` of long rows grows the datadir by hundreds of MB before the watchdog stops it
+and InnoDB rolls it back, docs/security.md; each episode's database holds what it committed until the episode
+ends); server memory is bounded per
 session (two per episode), not per server; episodes share the server's CPU, buffer pool and global named locks
 (``GET_LOCK``); an episode may spoil its own database or lock itself out (``SET PASSWORD``), which fails that
 episode only.
@@ -62,13 +62,13 @@ import pymysql
 from pymysql.constants import CLIENT
 from pymysql.cursors import SSCursor
 
-from memrl_harness.backends.sql import ResultSet, SQLResult, SQLServerError
+from memrl_harness.backends.sql import ResultSet, Row, SQLResult, SQLServerError
 
 #: What an episode's user may do, on its own database only: the statements of LLB's tasks and the tables, views
 #: and indexes an agent may build to get there.
 EPISODE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, CREATE VIEW, SHOW VIEW"
 #: Server memory one session may hold, a ceiling it cannot raise (without it, `SET SESSION
-#: tmp_memory_table_size` and a GROUP BY took the server from 98 MB to 1.5 GB in 20 s).
+#: tmp_memory_table_size` lets one GROUP BY take the server's memory: docs/security.md).
 SESSION_MEMORY = ("--max-session-mem-used=256M", "--maximum-max-session-mem-used=256M")
 #: The server options an episode's safety rests on, besides ``--secure-file-priv=<an empty folder>`` (see the
 #: module's docstring); any server given to :class:`MariaDBAdmin` should run with them.
@@ -129,7 +129,7 @@ def run_script(
         cursor.execute(sql)
         while True:
             if cursor.description is not None:
-                rows = []
+                rows: list[Row] = []
                 for row in iter(cursor.fetchone, None):
                     size += sum(len(v) for v in row if v is not None)
                     if len(rows) == limit.rows or size > limit.bytes:

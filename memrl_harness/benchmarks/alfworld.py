@@ -21,13 +21,14 @@ Requirements: ``pip install alfworld==0.4.2`` with its TextWorld engine (see the
 loads a private copy of fast-downward's library per game, but its text generation shares one
 module-level TatSu parser that is not thread-safe, so game creation, reset and step are
 serialized by a module lock: episodes run in the runner's worker threads with their LLM calls
-concurrent and their game steps (35-50 ms; resets 0.3-9 s in big kitchens) one at a time. For
-more game throughput, run several harness processes on disjoint task lists. A library copy is
-never unloaded (ctypes cannot), so a long run's memory grows by a few MB per episode.
+concurrent and their game steps one at a time (what a step and a reset cost: docs/performance.md,
+"The harness and its installs"). For more game throughput, run several harness processes on disjoint
+task lists. A library copy is never unloaded (ctypes cannot), so a long run's memory grows with its
+episodes.
 
 Lean install (no torch; ``pip install alfworld==0.4.2`` also works but pulls spaCy through
 jericho, which only needs to be importable): fast-downward-textworld is an sdist built with
-cmake and a C++ compiler (about 1 minute) that needs ``wheel`` and no build isolation::
+cmake and a C++ compiler that needs ``wheel`` and no build isolation::
 
     pip install wheel
     pip install --no-build-isolation --no-deps alfworld==0.4.2 textworld==1.7.0
@@ -153,7 +154,7 @@ class GameState:
 
 class Game:
     """One ALFWorld game (a TextWorld PDDL env with ALFWorld's wrappers); ``policy=True`` also
-    asks the planner for its plan at every state (slow: 0.1-10 s more per reset or step)."""
+    asks the planner for its plan at every state (slow: seconds more per reset or step)."""
 
     def __init__(self, game_file: Path | str, *, policy: bool = False) -> None:
         try:

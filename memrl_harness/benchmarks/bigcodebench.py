@@ -52,12 +52,8 @@ patch what the tests call (``unittest.TestCase.assert*``, builtins, the modules 
 whose ``__eq__`` always holds, or reach the runner's pipe (it is a file descriptor of its own process) and write
 a complete forged report. These need code written to cheat, not to solve; they stay inside the jail.
 
-Measured here (canonical solution = ``code_prompt`` + ``canonical_solution``, all 327 ids of
-``stdlib_only_ids.json``, 2 workers, timeout 240 s, this project's venv with the ``bigcodebench`` extra, each
-check in its jail, two runs): 323/327 and 322/327 pass; 176, 314 and 1005 need DNS / the internet, 201
-another pandas, 286 failed once (it passes alone: 3 of 3). Stub bodies
-(``code_prompt`` + ``pass``) pass 1/327: 272, whose tests mock everything. Oracle and stubs together took 504-523 s
-on 2 busy cores; a trivial check costs about 0.25 s (jail start and teardown included).
+How the check was validated (the canonical solutions pass, stub bodies fail, and the few tasks that need the
+network) and what a check costs: docs/harness.md and docs/performance.md.
 
 Options (``--option KEY=VALUE``): :class:`BigCodeBenchOptions` (``memrl-harness options bigcodebench``).
 """
@@ -101,7 +97,16 @@ OUTCOMES = ("pass", "fail", "timeout", "syntax_error")
 WORKDIR = "/home/sandbox"  # the check's private working folder, HOME and TMPDIR (a tmpfs)
 PRIVATE = ("/proc", "/dev", WORKDIR, "/tmp")  # the jail's own folders, which no host folder may cover
 # Host files a unit test may read (name lookups, time zones, certificates, MIME types, services).
-ETC_FILES = ("passwd", "group", "hosts", "nsswitch.conf", "localtime", "timezone", "ld.so.cache", "mime.types")
+ETC_FILES: tuple[str, ...] = (
+    "passwd",
+    "group",
+    "hosts",
+    "nsswitch.conf",
+    "localtime",
+    "timezone",
+    "ld.so.cache",
+    "mime.types",
+)
 ETC_FILES += ("protocols", "services", "ssl", "ca-certificates")
 
 # The runner, run in the jail by the checks' Python: reads "code NUL test" on stdin, reports on the pipe whose

@@ -50,35 +50,10 @@ Why the modes separate
 - ``memrl`` (similarity and Q): memories followed into failures lose Q (lucky decoys, twins'
   fixes, reflections shown with them), memories that keep succeeding gain it, and the Phase-B
   re-ranking of the k1 = 5 candidates puts a less similar but proven family memory among the
-  k2 = 3 shown: ~15% of its last-two-epoch episodes follow one (88% of them succeed), ~9% guess.
+  k2 = 3 shown, and the agent follows it (docs/harness.md has how often, and how often that succeeds).
 
-Measured
---------
-In process, with the runner's protocol (tests/harness/test_controlled.py ``simulate``; the
-runner through MCP, one worker, gives the same numbers, e.g. seed 0: last epoch none 0.16, rag 0.56, memrl
-0.89, Q-critic r 0.93), default options, memory at the ALFWorld constants (k1 5, k2 3, lambda 0.5,
-alpha 0.3, Q_init 0, delta 0.5 for MiniLM, epsilon 0), 8 epochs; mean and std over 20 runs
-(benchmark seeds 0-4 x runner seeds 0-3):
-
-======  ==========================================================  ===============
-mode    success per epoch 1..8                                       CSR at epoch 8
-======  ==========================================================  ===============
-none    0.15 0.14 0.15 0.16 0.15 0.15 0.16 0.17 (last: std 0.05)    0.73 +- 0.06
-rag     0.31 0.40 0.47 0.51 0.56 0.59 0.60 0.61 (last: std 0.06)    0.85 +- 0.03
-memrl   0.33 0.48 0.59 0.66 0.71 0.72 0.75 0.76 (last: std 0.07)    0.92 +- 0.04
-======  ==========================================================  ===============
-
-Last epoch memrl > rag in 20 of 20 runs (gap 0.15 on average, 0.02 at least), rag > none in 20;
-CSR memrl > rag in 18 (equal in 1). Without twins: rag 0.79, memrl 0.89 (memrl ahead in 18).
-About 0.6 s per mode and run in process; 10-20 s through the stdio MCP server.
-
-The other baselines, through ``memrl-harness`` (stdio MCP server; benchmark seed 0, runner seeds 0-4,
-8 epochs; last epoch, mean and std over 5; commit b72c61c): memrl 0.80 +- 0.09, rag 0.62 +- 0.07, ``memp``
-(successes only, so nothing warns against a twin's fix once followed) 0.47 +- 0.06, ``reflexion``
-(3 attempts per task, no memory across tasks: flat) 0.44 +- 0.04, none 0.17 +- 0.05. Transfer to 19
-held-out, paraphrased tasks (``--held-out 0.25 --eval-option paraphrase=true``): memrl 0.48 +- 0.07,
-memp 0.48 +- 0.13, reflexion 0.44 +- 0.12, rag 0.39 +- 0.06, none 0.20 +- 0.04: memories transfer,
-MemRL's lead does not.
+Results (success per epoch, CSR, the baselines, transfer): docs/harness.md, "The controlled benchmark", and
+docs/evaluation.md.
 
 Options (``--option KEY=VALUE``): :class:`ControlledOptions` (``memrl-harness options controlled``).
 ``paraphrase=true`` words every task differently (``PARAPHRASE_TEMPLATES``, ``SYMPTOM_PARAPHRASES``), keeping its

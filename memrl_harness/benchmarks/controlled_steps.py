@@ -55,9 +55,7 @@ What each memory can learn
   help. With ``cause=task`` the ticket does decide, and both memories learn per ticket (the step memory faster: it
   keeps every remedy tried on a ticket with its value, the episode memory one success and the newest reflection).
 
-Measured (runner seeds 0-2, 6 epochs, benchmark defaults; last epoch, mean): cause=episode: none 0.19, rag 0.18,
-memrl 0.23, rememberer 0.89, both 0.78; one_step: 0.18 to 0.25 for every mode, flat; cause=task: memrl 0.58,
-rememberer 0.99; one_step with cause=task: memrl 0.45, rememberer 0.62, both 0.72 (tables and curves: the README).
+Results: docs/harness.md, "Step memory in the harness".
 """
 
 from __future__ import annotations

@@ -31,12 +31,8 @@ must match ``answer_info.direct``: numbers within 1e-6, strings exactly (one pai
 order where the gold SQL has ``ORDER BY``, as a multiset where it has none (LLB itself is strict about order
 everywhere). Reward +1 on success, 0 on failure (MemRL's LLB setting).
 
-Measured here (MariaDB 10.11, the gold SQL run as the agent's single ``sql`` action, its rows given
-back as the answer): see ``tests/harness/test_llb_db.py`` and :meth:`LLBDBBenchmark.oracle`:
-347 to 349 of the 361 train tasks pass (347, 348, 349 over three runs): 99/102 md5 tasks (the 3 others are
-``DELETE FROM t AS a``, which MariaDB rejects) and 248 to 250 of the 259 SELECT tasks (the others use ``LIMIT``
-without ``ORDER BY`` or ``ORDER BY`` with ties, where MariaDB picks other rows or another order than MySQL did,
-and not always the same from run to run); doing nothing fails all 102 md5 tasks.
+How the check was validated against the gold SQL (and the few tasks MariaDB answers otherwise than MySQL):
+docs/harness.md; ``tests/harness/test_llb_db.py`` and :meth:`LLBDBBenchmark.oracle` run it.
 
 Options (``--option KEY=VALUE``): :class:`LLBDBOptions` (``memrl-harness options llb-db``).
 """

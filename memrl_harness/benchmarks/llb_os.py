@@ -21,10 +21,8 @@ agent cannot have replaced (replacing ``/bin/bash`` with ``exit 0`` does not pas
 success (reward ``reward_success``, 1), anything else failure (``reward_failure``, 0; configs/llb.yaml). A
 sandbox that dies under the agent (its holder gone) is a failure too.
 
-Measured here (all 350 tasks, each in a fresh bwrap sandbox, the evaluation through ``check``, 8 workers on 2
-cores shared with other jobs, 54-96 s for both passes): init -> ground truth -> evaluation passes 350/350;
-init -> evaluation (no ground truth) passes 0/350. A sandbox starts, runs a command and is torn down in about
-0.18 s.
+How the check was validated (the ground truth passes every task, doing nothing none) and what a sandbox costs:
+docs/harness.md and docs/performance.md.
 
 Options (``--option KEY=VALUE``): :class:`LLBOSOptions` (``memrl-harness options llb-os``).
 """

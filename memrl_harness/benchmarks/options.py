@@ -111,7 +111,7 @@ def _limits(field: FieldInfo) -> str:
 
 def _accepts(field: FieldInfo) -> str:
     """What an option takes, for the listing: its choices, or its type and bounds."""
-    kind = field.annotation
+    kind: object = field.annotation  # a type form: a class, ``X | None``, ``Annotated[...]``, ``Literal[...]``
     if get_origin(kind) in (Union, UnionType):  # ``X | None``: an option left unset by default
         kind = next(a for a in get_args(kind) if a is not type(None))
     if get_origin(kind) is Annotated:
@@ -120,7 +120,8 @@ def _accepts(field: FieldInfo) -> str:
         return " | ".join(get_args(kind))
     if kind is bool:
         return "true | false"
-    name = {tuple: "list", Path: "path"}.get(get_origin(kind) or kind) or getattr(kind, "__name__", str(kind))
+    names: dict[object, str] = {tuple: "list", Path: "path"}
+    name = names.get(get_origin(kind) or kind, getattr(kind, "__name__", str(kind)))
     return f"{name}, {limits}" if (limits := _limits(field)) else name
 
 

@@ -63,10 +63,9 @@ def _fastembed_profile(model: str, similarity: SimilaritySettings) -> Similarity
     """The measured constants of ``model``, else the settings' own when all four are set."""
     if model in FASTEMBED_PROFILES:
         return FASTEMBED_PROFILES[model]
-    values = (similarity.sim_mean, similarity.sim_std, similarity.delta, similarity.merge_threshold)
-    if any(value is None for value in values):
+    mean, std, delta, merge = similarity.sim_mean, similarity.sim_std, similarity.delta, similarity.merge_threshold
+    if mean is None or std is None or delta is None or merge is None:
         return None
-    mean, std, delta, merge = values
     return SimilarityProfile(mean=mean, std=std, delta=delta, merge=merge)
 
 

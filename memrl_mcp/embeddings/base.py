@@ -53,7 +53,11 @@ class Embedder(Protocol):
 
     name: str
     dim: int
-    similarity: SimilarityProfile
+
+    @property
+    def similarity(self) -> SimilarityProfile:
+        """The embedder's similarity constants (an attribute, or computed when asked)."""
+        ...
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Float32 array of shape ``(len(texts), dim)``, rows L2-normalised (cosine = dot)."""
@@ -62,4 +66,5 @@ class Embedder(Protocol):
 
 def normalise(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+    unit: np.ndarray = (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+    return unit

@@ -26,11 +26,15 @@ import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from memrl_mcp.embeddings.base import ModelIntegrityError
 from memrl_mcp.embeddings.minilm import MINILM_FILES, MINILM_FOLDER
+
+if TYPE_CHECKING:  # onnx is a build-time dependency (the rebuild-model extra), imported where it is used
+    import onnx
 
 SAFETENSORS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 HEADS, HIDDEN, LAYERS, EPS = 12, 384, 6, 1e-12
@@ -63,150 +67,76 @@ def source_weights(folder: Path) -> dict[str, np.ndarray]:
     return load(data)
 
 
-def fp32_graph(weights: dict[str, np.ndarray]):  # -> onnx.ModelProto (onnx is a build-time import)
-    """BERT encoder of all-MiniLM-L6-v2: (input_ids, attention_mask, token_type_ids) -> last_hidden_state."""
-    from onnx import TensorProto, helper, numpy_helper
+class _Graph:
+    """An ONNX graph under construction: its nodes and initializers in the order they are added (the order is part
+    of the file, and so of its hash)."""
 
-    nodes, initializers = [], []
+    def __init__(self, weights: dict[str, np.ndarray]) -> None:
+        self.weights = weights
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
 
-    def const(name: str, value: np.ndarray) -> str:
-        initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+    def const(self, name: str, value: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
-    def node(op: str, inputs: list[str], output: str, **attributes: object) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], name=output, **attributes))
+    def node(self, op: str, inputs: list[str], output: str, **attributes: Any) -> str:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attributes))
         return output
 
-    def layer_norm(x: str, prefix: str, out: str) -> str:
+    def layer_norm(self, x: str, prefix: str, out: str) -> str:
         scale, bias = (
-            const(f"{prefix}.weight", weights[f"{prefix}.weight"]),
-            const(f"{prefix}.bias", weights[f"{prefix}.bias"]),
+            self.const(f"{prefix}.weight", self.weights[f"{prefix}.weight"]),
+            self.const(f"{prefix}.bias", self.weights[f"{prefix}.bias"]),
         )
-        return node("LayerNormalization", [x, scale, bias], out, axis=-1, epsilon=EPS)
+        return self.node("LayerNormalization", [x, scale, bias], out, axis=-1, epsilon=EPS)
 
-    def dense(x: str, prefix: str, out: str) -> str:
+    def dense(self, x: str, prefix: str, out: str) -> str:
         # torch stores Linear weights as (out, in): x @ W.T + b.
-        kernel = const(f"{prefix}.kernel", weights[f"{prefix}.weight"].T)
-        return node(
+        kernel = self.const(f"{prefix}.kernel", self.weights[f"{prefix}.weight"].T)
+        return self.node(
             "Add",
-            [node("MatMul", [x, kernel], f"{out}.matmul"), const(f"{prefix}.bias", weights[f"{prefix}.bias"])],
+            [
+                self.node("MatMul", [x, kernel], f"{out}.matmul"),
+                self.const(f"{prefix}.bias", self.weights[f"{prefix}.bias"]),
+            ],
             out,
         )
 
+
+def fp32_graph(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """BERT encoder of all-MiniLM-L6-v2: (input_ids, attention_mask, token_type_ids) -> last_hidden_state."""
+    from onnx import TensorProto, helper
+
+    g = _Graph(weights)
     head_dim = HIDDEN // HEADS
-    split_heads = const("split_heads", np.array([0, 0, HEADS, head_dim], dtype=np.int64))
-    merge_heads = const("merge_heads", np.array([0, 0, HIDDEN], dtype=np.int64))
-    scale = const("attention_scale", np.array(1.0 / np.sqrt(head_dim), dtype=np.float32))
-    one = const("one", np.array(1.0, dtype=np.float32))
-    half = const("half", np.array(0.5, dtype=np.float32))
-    sqrt2 = const("sqrt2", np.array(np.sqrt(2.0), dtype=np.float32))
-
-    # Embeddings: word + position + token type, then LayerNorm.
-    seq_len = node(
-        "Gather", [node("Shape", ["input_ids"], "ids_shape"), const("axis1", np.array(1, dtype=np.int64))], "seq_len"
-    )
-    positions = node(
-        "Unsqueeze",
-        [
-            node(
-                "Range",
-                [
-                    const("zero_i64", np.array(0, dtype=np.int64)),
-                    seq_len,
-                    const("one_i64", np.array(1, dtype=np.int64)),
-                ],
-                "positions_1d",
-            ),
-            const("axes0", np.array([0], dtype=np.int64)),
-        ],
-        "positions",
-    )
-    embedded = node(
-        "Add",
-        [
-            node(
-                "Add",
-                [
-                    node(
-                        "Gather",
-                        [const("word_embeddings", weights["embeddings.word_embeddings.weight"]), "input_ids"],
-                        "word",
-                    ),
-                    node(
-                        "Gather",
-                        [const("position_embeddings", weights["embeddings.position_embeddings.weight"]), positions],
-                        "position",
-                    ),
-                ],
-                "word_position",
-            ),
-            node(
-                "Gather",
-                [const("token_type_embeddings", weights["embeddings.token_type_embeddings.weight"]), "token_type_ids"],
-                "token_type",
-            ),
-        ],
-        "embedded",
-    )
-    x = layer_norm(embedded, "embeddings.LayerNorm", "embeddings.out")
-
-    # Additive mask (batch, 1, 1, seq): 0 where attended, -10000 on padding (as BERT's original code).
-    mask = node("Cast", ["attention_mask"], "mask_float", to=TensorProto.FLOAT)
-    mask = node("Unsqueeze", [mask, const("axes12", np.array([1, 2], dtype=np.int64))], "mask_4d")
-    mask_bias = node(
-        "Mul",
-        [node("Sub", [one, mask], "mask_inverted"), const("mask_value", np.array(-10000.0, dtype=np.float32))],
-        "mask_bias",
-    )
-
+    split_heads = g.const("split_heads", np.array([0, 0, HEADS, head_dim], dtype=np.int64))
+    merge_heads = g.const("merge_heads", np.array([0, 0, HIDDEN], dtype=np.int64))
+    scale = g.const("attention_scale", np.array(1.0 / np.sqrt(head_dim), dtype=np.float32))
+    one = g.const("one", np.array(1.0, dtype=np.float32))
+    half = g.const("half", np.array(0.5, dtype=np.float32))
+    sqrt2 = g.const("sqrt2", np.array(np.sqrt(2.0), dtype=np.float32))
+    x = _embeddings(g)
+    mask_bias = _mask_bias(g, one)
     for i in range(LAYERS):
-        p = f"encoder.layer.{i}"
+        x = _attention(g, f"encoder.layer.{i}", x, split_heads, merge_heads, scale, mask_bias)
+        x = _feed_forward(g, f"encoder.layer.{i}", x, sqrt2, one, half)
 
-        def heads(name: str, perm: list[int], p: str = p, x: str = x) -> str:
-            projected = dense(x, f"{p}.attention.self.{name}", f"{p}.{name}")
-            return node(
-                "Transpose",
-                [node("Reshape", [projected, split_heads], f"{p}.{name}.split")],
-                f"{p}.{name}.heads",
-                perm=perm,
-            )
-
-        q, k, v = heads("query", [0, 2, 1, 3]), heads("key", [0, 2, 3, 1]), heads("value", [0, 2, 1, 3])
-        scores = node(
-            "Add", [node("Mul", [node("MatMul", [q, k], f"{p}.qk"), scale], f"{p}.scaled"), mask_bias], f"{p}.scores"
-        )
-        context = node("MatMul", [node("Softmax", [scores], f"{p}.probs", axis=-1), v], f"{p}.context_heads")
-        context = node(
-            "Reshape", [node("Transpose", [context], f"{p}.context_t", perm=[0, 2, 1, 3]), merge_heads], f"{p}.context"
-        )
-        attended = dense(context, f"{p}.attention.output.dense", f"{p}.attention.dense")
-        x = layer_norm(
-            node("Add", [attended, x], f"{p}.attention.residual"),
-            f"{p}.attention.output.LayerNorm",
-            f"{p}.attention.out",
-        )
-
-        inner = dense(x, f"{p}.intermediate.dense", f"{p}.intermediate")
-        erf = node("Erf", [node("Div", [inner, sqrt2], f"{p}.gelu.scaled")], f"{p}.gelu.erf")
-        gelu = node(
-            "Mul",
-            [node("Mul", [inner, node("Add", [erf, one], f"{p}.gelu.shifted")], f"{p}.gelu.product"), half],
-            f"{p}.gelu",
-        )
-        out = dense(gelu, f"{p}.output.dense", f"{p}.output")
-        x = layer_norm(node("Add", [out, x], f"{p}.output.residual"), f"{p}.output.LayerNorm", f"{p}.out")
-
-    nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="last_hidden_state"))
+    g.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="last_hidden_state"))
     tokens = ["batch", "sequence"]
     graph = helper.make_graph(
-        nodes,
+        g.nodes,
         "all-MiniLM-L6-v2",
         [
             helper.make_tensor_value_info(name, TensorProto.INT64, tokens)
             for name in ("input_ids", "attention_mask", "token_type_ids")
         ],
         [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [*tokens, HIDDEN])],
-        initializers,
+        g.initializers,
     )
     model = helper.make_model(
         graph,
@@ -215,6 +145,100 @@ def fp32_graph(weights: dict[str, np.ndarray]):  # -> onnx.ModelProto (onnx is a
     )
     model.ir_version = 8
     return model
+
+
+def _embeddings(g: _Graph) -> str:
+    """Word + position + token type embeddings, then LayerNorm."""
+    seq_len = g.node(
+        "Gather",
+        [g.node("Shape", ["input_ids"], "ids_shape"), g.const("axis1", np.array(1, dtype=np.int64))],
+        "seq_len",
+    )
+    positions = g.node(
+        "Unsqueeze",
+        [
+            g.node(
+                "Range",
+                [
+                    g.const("zero_i64", np.array(0, dtype=np.int64)),
+                    seq_len,
+                    g.const("one_i64", np.array(1, dtype=np.int64)),
+                ],
+                "positions_1d",
+            ),
+            g.const("axes0", np.array([0], dtype=np.int64)),
+        ],
+        "positions",
+    )
+    weights = g.weights
+    word = g.node(
+        "Gather", [g.const("word_embeddings", weights["embeddings.word_embeddings.weight"]), "input_ids"], "word"
+    )
+    position = g.node(
+        "Gather",
+        [g.const("position_embeddings", weights["embeddings.position_embeddings.weight"]), positions],
+        "position",
+    )
+    word_position = g.node("Add", [word, position], "word_position")
+    token_type = g.node(
+        "Gather",
+        [g.const("token_type_embeddings", weights["embeddings.token_type_embeddings.weight"]), "token_type_ids"],
+        "token_type",
+    )
+    embedded = g.node("Add", [word_position, token_type], "embedded")
+    return g.layer_norm(embedded, "embeddings.LayerNorm", "embeddings.out")
+
+
+def _mask_bias(g: _Graph, one: str) -> str:
+    """The additive mask (batch, 1, 1, seq): 0 where attended, -10000 on padding (as BERT's original code)."""
+    from onnx import TensorProto
+
+    mask = g.node("Cast", ["attention_mask"], "mask_float", to=TensorProto.FLOAT)
+    mask = g.node("Unsqueeze", [mask, g.const("axes12", np.array([1, 2], dtype=np.int64))], "mask_4d")
+    return g.node(
+        "Mul",
+        [g.node("Sub", [one, mask], "mask_inverted"), g.const("mask_value", np.array(-10000.0, dtype=np.float32))],
+        "mask_bias",
+    )
+
+
+def _attention(g: _Graph, p: str, x: str, split_heads: str, merge_heads: str, scale: str, mask_bias: str) -> str:
+    """One layer's self-attention, its residual and LayerNorm."""
+
+    def heads(name: str, perm: list[int]) -> str:
+        projected = g.dense(x, f"{p}.attention.self.{name}", f"{p}.{name}")
+        return g.node(
+            "Transpose",
+            [g.node("Reshape", [projected, split_heads], f"{p}.{name}.split")],
+            f"{p}.{name}.heads",
+            perm=perm,
+        )
+
+    q, k, v = heads("query", [0, 2, 1, 3]), heads("key", [0, 2, 3, 1]), heads("value", [0, 2, 1, 3])
+    scores = g.node(
+        "Add", [g.node("Mul", [g.node("MatMul", [q, k], f"{p}.qk"), scale], f"{p}.scaled"), mask_bias], f"{p}.scores"
+    )
+    context = g.node("MatMul", [g.node("Softmax", [scores], f"{p}.probs", axis=-1), v], f"{p}.context_heads")
+    context = g.node(
+        "Reshape", [g.node("Transpose", [context], f"{p}.context_t", perm=[0, 2, 1, 3]), merge_heads], f"{p}.context"
+    )
+    attended = g.dense(context, f"{p}.attention.output.dense", f"{p}.attention.dense")
+    return g.layer_norm(
+        g.node("Add", [attended, x], f"{p}.attention.residual"), f"{p}.attention.output.LayerNorm", f"{p}.attention.out"
+    )
+
+
+def _feed_forward(g: _Graph, p: str, x: str, sqrt2: str, one: str, half: str) -> str:
+    """One layer's feed-forward block (exact GELU), its residual and LayerNorm."""
+    inner = g.dense(x, f"{p}.intermediate.dense", f"{p}.intermediate")
+    erf = g.node("Erf", [g.node("Div", [inner, sqrt2], f"{p}.gelu.scaled")], f"{p}.gelu.erf")
+    gelu = g.node(
+        "Mul",
+        [g.node("Mul", [inner, g.node("Add", [erf, one], f"{p}.gelu.shifted")], f"{p}.gelu.product"), half],
+        f"{p}.gelu",
+    )
+    out = g.dense(gelu, f"{p}.output.dense", f"{p}.output")
+    return g.layer_norm(g.node("Add", [out, x], f"{p}.output.residual"), f"{p}.output.LayerNorm", f"{p}.out")
 
 
 def build(out: Path, *, keep_fp32: bool = False) -> Path:

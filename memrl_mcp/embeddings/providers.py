@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class FastEmbedEmbedder:
             raise EmbedderUnavailableError(
                 "embedder fastembed: the fastembed package is not installed (pip install 'memrl-mcp[fastembed]')"
             ) from None
-        extra = {"specific_model_path": str(path)} if path else {}
+        extra: dict[str, Any] = {"specific_model_path": str(path)} if path else {}
         self._model = TextEmbedding(model_name=model, threads=threads, **extra)
         self.name = f"fastembed:{model}"
         self.dim = int(self._model.embedding_size)
@@ -109,7 +110,7 @@ class OpenAIEmbedder:
         return vectors
 
     def _request(self, texts: Sequence[str]) -> np.ndarray:
-        extra = {"dimensions": self._dimensions} if self._dimensions else {}
+        extra: dict[str, Any] = {"dimensions": self._dimensions} if self._dimensions else {}
         response = self._client.embeddings.create(
             model=self._model, input=list(texts), encoding_format="float", **extra
         )

@@ -52,7 +52,8 @@ def z_scores(values: np.ndarray) -> np.ndarray:
     std = float(values.std()) if values.size > 1 else 0.0
     if std <= ZERO_SPREAD:
         return np.zeros_like(values)
-    return np.clip((values - values.mean()) / std, -Z_CLIP, Z_CLIP)
+    clipped: np.ndarray = np.clip((values - values.mean()) / std, -Z_CLIP, Z_CLIP)
+    return clipped
 
 
 def z_similarity(similarities: np.ndarray, scale: SimilarityScale) -> np.ndarray:

@@ -33,8 +33,9 @@ from typing import BinaryIO
 from pydantic import ValidationError
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
+from memrl_mcp.memory.admission import RESTORE_BATCH
 from memrl_mcp.memory.records import check_memory, check_step
-from memrl_mcp.memory.service import RESTORE_BATCH, MemoryService
+from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import MemoryView, StepRecordView
 from memrl_mcp.settings import Settings
 from memrl_mcp.storage.files import write_atomically
@@ -61,7 +62,7 @@ def export_memories(settings: Settings, out: Path | None, namespaces: Sequence[s
     try:
         # One scan, filtered here: a namespace without memories (a typo) is then reported, not refused mid-stream.
         wanted = set(namespaces)
-        everything = itertools.chain(service.memories(), service.step_records())
+        everything: Iterator[MemoryView | StepRecordView] = itertools.chain(service.memories(), service.step_records())
         records = (r for r in everything if not wanted or r.namespace in wanted)
         if out is None:
             counts = write_records(records, stdout)
@@ -125,16 +126,16 @@ def import_memories(settings: Settings, path: Path, progress: Callable[[int, int
         _refuse(path, problems)
         memories: Counter[str] = Counter()
         steps: Counter[str] = Counter()
-        records = (record for _, record in records_in(path))
+        remaining = (record for _, record in records_in(path))
         done = 0
-        while batch := list(itertools.islice(records, RESTORE_BATCH)):
-            memory_batch = [record for record in batch if isinstance(record, MemoryView)]
-            step_batch = [record for record in batch if isinstance(record, StepRecordView)]
+        while chunk := list(itertools.islice(remaining, RESTORE_BATCH)):
+            memory_batch = [record for record in chunk if isinstance(record, MemoryView)]
+            step_batch = [record for record in chunk if isinstance(record, StepRecordView)]
             service.restore(memory_batch)
             service.restore_steps(step_batch)
             memories.update(m.namespace for m in memory_batch)
             steps.update(s.namespace for s in step_batch)
-            done += len(batch)
+            done += len(chunk)
             if progress is not None:
                 progress(done, total)
     finally:

@@ -25,20 +25,19 @@ from memrl_mcp.memory.records import READ, RecallRecord, memory_view
 from memrl_mcp.models import (
     ExperienceSource,
     MemoryView,
-    Outcome,
     PoolCandidate,
     RecalledMemory,
     RecallPool,
-    RecallQuery,
     RecallResult,
     SearchResult,
     StoreResult,
 )
+from memrl_mcp.requests import RecallQuery
 from memrl_mcp.settings import Settings
 from memrl_mcp.storage import Hit, Point, Store, new_id
 from memrl_mcp.storage.migrations import SCHEMA_POINT
 from memrl_mcp.storage.quota import Quotas, record_bytes
-from memrl_mcp.validation import OUTCOMES, is_point_id
+from memrl_mcp.validation import OUTCOMES, Outcome, is_point_id
 
 
 @dataclass(frozen=True)
@@ -190,18 +189,24 @@ class EpisodeMemory:
         memories = [memory_view(memory_id, found[memory_id]) for memory_id in record.memory_ids if memory_id in found]
         return PendingRecall(recall_id, record, memories)
 
-    def reportable(self, recall_id: str, access: Access) -> RecallRecord:
-        """The pending recall ``recall_id`` of the caller, or a refusal that says why it cannot be reported (another
-        tenant's recall is as unknown as one never issued)."""
+    def record(self, recall_id: str, access: Access) -> RecallRecord:
+        """The caller's recall ``recall_id`` as stored, whatever its status, or a refusal (another tenant's recall is
+        as unknown as one never issued)."""
         payload = self._store.get("recalls", [recall_id]).get(recall_id) if is_point_id(recall_id) else None
         recall = None if payload is None or recall_id == SCHEMA_POINT else RecallRecord.model_validate(payload)
-        learning = self._learning
         if recall is None or not access.allows(recall.namespace):
+            learning = self._learning
             raise MemoryRequestError(
                 f"recall_id: unknown recall {recall_id!r} (never issued, or no longer reportable: it expired after "
                 f"recall_ttl_seconds={learning.recall_ttl_seconds:g}, was among the oldest beyond "
                 f"max_pending_recalls={learning.max_pending_recalls} of its namespace, or its namespace was forgotten)"
             )
+        return recall
+
+    def reportable(self, recall_id: str, access: Access) -> RecallRecord:
+        """The pending recall ``recall_id`` of the caller, or a refusal that says why it cannot be reported."""
+        recall = self.record(recall_id, access)
+        learning = self._learning
         if recall.status != "pending":
             shown = f" (reward {recall.report.reward:g})" if recall.report else ""
             raise MemoryRequestError(

@@ -25,7 +25,6 @@ from memrl_mcp.models import (
     ExperienceSource,
     MemoryDetail,
     MemoryView,
-    Outcome,
     QEvent,
     RewardSource,
     StepRecordView,
@@ -41,6 +40,7 @@ from memrl_mcp.validation import (
     POINT_ID,
     TIMESTAMP,
     Limits,
+    Outcome,
     check_outcome,
 )
 
@@ -107,8 +107,8 @@ APPLIED_KEPT = 64  # operations a record remembers having applied: more than any
 
 
 def operation_token(operation: str) -> str:
-    """An operation as ``applied`` keeps it: 12 characters of its SHA-256 (72 bits), against 38-46 for the id
-    itself, so that a memory's 64 take 832 bytes instead of 2.5 KB, read and rewritten at every update (schema
+    """An operation as ``applied`` keeps it: 12 characters of its SHA-256 (72 bits), a quarter to a third of the
+    id's length, so that the 64 a memory keeps, read and rewritten at every update, take a third of the bytes (schema
     version 5). Mistaking a new operation for one of the 64 kept has a chance of 64 / 2^72 (1e-20) per update."""
     return base64.urlsafe_b64encode(hashlib.sha256(operation.encode()).digest()[:9]).decode()
 
@@ -127,8 +127,8 @@ def was_applied(applied: list[str], operation: str) -> bool:
 
 def applied_text(applied: list[str], operation: str) -> str:
     """The last :data:`APPLIED_KEPT` operations with ``operation`` as stored: in one text, space-separated (schema
-    version 4). The engine's binding converts a list item by item: a write of 64 ids was built in 175 us of CPU as
-    a list, 6 us as text (docs/performance.md). A record written before version 4 holds a list, which is still
+    version 4). The engine's binding converts a list item by item, so one text is built much faster
+    (docs/performance.md). A record written before version 4 holds a list, which is still
     read."""
     return " ".join([*applied, operation_token(operation)][-APPLIED_KEPT:])
 
@@ -313,8 +313,8 @@ class EpisodeRecord(BaseModel):
 
     Written twice: whole at the claim, and with its task and steps dropped once reported. Its progress in between has a
     point of its own (:class:`EpisodeProgress`): qdrant-edge writes a point's whole payload anew at every change and
-    frees the old copy only at a flush, so a checkpoint written here after each step cost the trajectory's size per
-    step (a 200-step, 245 KB trajectory grew the store by 36.6 MB; issue 22)."""
+    frees the old copy only at a flush, so a checkpoint written here after each step would cost the trajectory's size
+    per step."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -344,10 +344,9 @@ class EpisodeRecord(BaseModel):
     @field_serializer("steps")
     def _stored(self, steps: list[ReportedStep]) -> str:
         """The steps as stored: their JSON, zlib-compressed, in base64. The trajectory is written once (and again in
-        the write-ahead log) and read back once. Stored as a list, it made the episodes table grow by 1.8x the
-        request's JSON, a fifth of what the report cost (9.5x; issue 22's 200-step shape, tests/test_step_costs.py);
-        compressed, 0.9x. The text takes 15-20% of the JSON for room descriptions and shell commands (that test's
-        trajectories of 250 KB and 1.8 MB: 6 and 84 ms to write, as much to read), 54% for random words."""
+        the write-ahead log) and read back once. Stored as a list, it was a large share of what a report cost on disk
+        (tests/test_step_costs.py); compressed, it takes a fraction of its JSON, for a few milliseconds to write and
+        read (docs/performance.md, "The step memory")."""
         text = json.dumps([step.model_dump() for step in steps], ensure_ascii=False)
         return base64.b64encode(zlib.compress(text.encode())).decode()
 

@@ -53,13 +53,12 @@ from memrl_mcp.models import (
     MemoryDetail,
     MemoryPage,
     MemoryView,
-    Outcome,
     Provenance,
     QEvent,
     QSummary,
     RecallPool,
-    RecallQuery,
     RecallResult,
+    RecallState,
     ReportResult,
     SearchResult,
     Stats,
@@ -67,6 +66,17 @@ from memrl_mcp.models import (
     StepRecordView,
     StoreResult,
     TrajectoryResult,
+)
+from memrl_mcp.requests import (
+    ForgetRequest,
+    ListQuery,
+    MemoryEdit,
+    NewExperience,
+    OutcomeReport,
+    RecallQuery,
+    StatsQuery,
+    StepQuery,
+    TrajectoryReport,
 )
 from memrl_mcp.settings import GROUP_OF, Settings, TokenGrant, load_grants
 from memrl_mcp.storage import DiskFullError, Point, Range, Store, Words, new_id, open_store
@@ -83,9 +93,9 @@ from memrl_mcp.validation import (
     K,
     SortKey,
     check_outcome,
-    check_step_rewards,
     is_point_id,
     outcome_of,
+    rewarded,
 )
 
 PURGE_INTERVAL_SECONDS = 3600.0  # how often a running server drops expired recalls and finishes stale reports
@@ -219,14 +229,14 @@ class MemoryService:
                 self.housekeeping(stale_after=STALE_REPORT_SECONDS)
             return self.episodes.recall(resolved)
 
-    def runs_model(self, task: str, namespace: str | None, *, access: Access) -> bool:
-        """Whether a recall of ``task`` by ``access`` in ``namespace`` would run the embedding model (its vector is
-        not cached); a namespace refused runs nothing."""
+    def runs_model(self, query: RecallQuery, *, access: Access) -> bool:
+        """Whether a recall of ``query`` by ``access`` would run the embedding model (its task's vector is not
+        cached); a namespace refused runs nothing."""
         try:
-            scope = self.namespace_of(namespace, access)
+            scope = self.namespace_of(query.namespace, access)
         except MemoryRequestError:
             return False
-        return not cached(self.embedder, task, scope)
+        return not cached(self.embedder, query.task, scope)
 
     def pool(self, query: RecallQuery, *, access: Access) -> RecallPool:
         """Phase A's whole pool with every number Phase B chose by, and the choice without exploration: what a
@@ -250,29 +260,27 @@ class MemoryService:
 
     # -- report ---------------------------------------------------------------------------------
 
-    def report(
-        self,
-        recall_id: str,
-        reward: float,
-        experience: str | None = None,
-        outcome: Outcome | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        *,
-        access: Access,
-        provenance: Provenance = AGENT,
-    ) -> ReportResult:
+    def report(self, report: OutcomeReport, *, access: Access, provenance: Provenance = AGENT) -> ReportResult:
         """Q <- Q + alpha (R - Q) on the recalled memories, once; then store the new experience. ``provenance``: who
-        gave the reward and wrote the experience, kept in the Q history and the memory."""
-        reward = self.limits.reward.check("reward", reward)
+        gave the reward and wrote the experience, kept in the Q history and the memory. The reward and the
+        experience are the report's own: asking the user or a model for them is the tools' part
+        (:mod:`memrl_mcp.serving.feedback`)."""
+        if report.reward is None:
+            raise MemoryRequestError("reward: required")
+        if report.trajectory is not None:
+            raise MemoryRequestError("trajectory: only a model can write an experience from it: pass experience")
+        recall_id, outcome = report.recall_id, report.outcome
+        reward = self.limits.reward.check("reward", report.reward)
+        experience = report.experience
         if experience is not None:
             experience = self.limits.experience.check("experience", experience)
             outcome = outcome or outcome_of(reward)
         if outcome is not None:
             check_outcome(outcome)
-        meta = self._metadata(metadata)
+        meta = self._metadata(report.metadata)
         with self._call():
             recall = self.episodes.reportable(recall_id, access)
-            report = ClaimedReport(
+            claimed = ClaimedReport(
                 claim=new_id(),
                 reward=reward,
                 reported_at=self.clock(),
@@ -284,54 +292,61 @@ class MemoryService:
                 note=provenance.note,
             )
             with self.quotas.admit(recall.namespace, report_bytes(recall, experience, meta, self.embedder.dim)):
-                return self._ledger.report(recall_id, report, recall)
+                return self._ledger.report(recall_id, claimed, recall)
 
     def reportable(self, recall_id: str, *, access: Access) -> PendingRecall:
         """The caller's recall if it can be reported now, and its memories: checked before anyone is asked."""
         with self._call():
             return self.episodes.pending(recall_id, access)
 
+    def recall_state(self, recall_id: str, *, access: Access) -> RecallState:
+        """Whether the caller's recall ``recall_id`` still waits for its report; another tenant's is unknown."""
+        with self._call():
+            record = self.episodes.record(recall_id, access)
+        expired = record.status == "pending" and record.expires_at < self.clock()
+        return RecallState(
+            recall_id=recall_id,
+            namespace=record.namespace,
+            task=record.task,
+            status="expired" if expired else record.status,
+            memories=len(record.memory_ids),
+            created_at=record.created_at,
+            expires_at=record.expires_at,
+            reward=record.report.reward if record.report else None,
+        )
+
     # -- the step memory (Rememberer) ----------------------------------------------------------
 
-    def recall_step_advice(
-        self, task: str, observation: str, namespace: str | None = None, k: int | None = None, *, access: Access
-    ) -> StepAdviceResult:
+    def recall_step_advice(self, query: StepQuery, *, access: Access) -> StepAdviceResult:
         """Encouraged and discouraged actions for (task, observation), from the k best-matching step records.
         Read-only: nothing is logged (the trajectory report names its own steps)."""
-        task = self.limits.task.check("task", task)
-        observation = self.limits.observation.check("observation", observation)
-        k = K.check("k", self.settings.steps.step_k if k is None else k)
-        namespace = self.namespace_of(namespace, access)
+        task = self.limits.task.check("task", query.task)
+        observation = self.limits.observation.check("observation", query.observation)
+        k = K.check("k", self.settings.steps.step_k if query.k is None else query.k)
+        namespace = self.namespace_of(query.namespace, access)
         with self._call():
             return self.steps.advise(task, observation, namespace, k, self.scale.step_delta)
 
     def report_trajectory(
-        self,
-        task: str,
-        steps: Sequence[Any],
-        episode_id: str,
-        namespace: str | None = None,
-        recall_id: str | None = None,
-        *,
-        access: Access,
-        provenance: Provenance = AGENT,
+        self, report: TrajectoryReport, *, access: Access, provenance: Provenance = AGENT
     ) -> TrajectoryResult:
         """Move every step's Q toward its n-step target, once per ``episode_id`` in the namespace; with
         ``recall_id``, also report that recall of the episode memory with the last step's reward, once.
         ``provenance``: who gave the last step's reward (the user's note goes with it)."""
-        task = self.limits.task.check("task", task)
+        task = self.limits.task.check("task", report.task)
+        steps = report.steps
         plain = [_plain(step) for step in steps] if isinstance(steps, list | tuple) else steps
         checked = self.limits.steps.check("steps", plain)
-        check_step_rewards(checked, last_may_lack=False)
-        episode_id = EPISODE_ID.check("episode_id", episode_id)
+        trajectory = rewarded(checked)
+        episode_id = EPISODE_ID.check("episode_id", report.episode_id)
+        recall_id = report.recall_id
         if recall_id is not None and not isinstance(recall_id, str):
             raise MemoryRequestError(f"recall_id: must be a string, got {type(recall_id).__name__}")
-        namespace = self.namespace_of(namespace, access)
+        namespace = self.namespace_of(report.namespace, access)
         with self._call():
             already = self.steps.applied(namespace, episode_id)
             if already is not None:
                 return already
-            trajectory = [(step.observation, step.action, step.reward) for step in checked]
             added = trajectory_bytes(task, trajectory, self.embedder.dim)
             if recall_id is not None:
                 added += report_bytes(self.episodes.reportable(recall_id, access), None, {}, self.embedder.dim)
@@ -341,48 +356,40 @@ class MemoryService:
                 self._reported.added(namespace)
             return result
 
-    def applied_trajectory(
-        self, episode_id: str, namespace: str | None = None, *, access: Access
-    ) -> TrajectoryResult | None:
-        """What a report of ``episode_id`` answers if it was reported already (None: it was not): checked first."""
-        episode_id = EPISODE_ID.check("episode_id", episode_id)
-        namespace = self.namespace_of(namespace, access)
+    def applied_trajectory(self, report: TrajectoryReport, *, access: Access) -> TrajectoryResult | None:
+        """What ``report`` answers if its episode was reported already (None: it was not): checked first."""
+        episode_id = EPISODE_ID.check("episode_id", report.episode_id)
+        namespace = self.namespace_of(report.namespace, access)
         with self._call():
             return self.steps.applied(namespace, episode_id)
 
     # -- store ----------------------------------------------------------------------------------
 
     def store_experience(
-        self,
-        task: str,
-        experience: str,
-        namespace: str | None = None,
-        outcome: Outcome = "success",
-        q: float | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        *,
-        access: Access,
-        source: ExperienceSource = "agent",
+        self, new: NewExperience, *, access: Access, source: ExperienceSource = "agent"
     ) -> StoreResult:
-        """Add a memory directly (seeding, imports), written by ``source``; a near twin of one outcome merges."""
-        task = self.limits.task.check("task", task)
-        experience = self.limits.experience.check("experience", experience)
-        namespace = self.namespace_of(namespace, access)
-        check_outcome(outcome)
-        if q is not None:
-            q = self.limits.reward.check("q", q)
-        meta = self._metadata(metadata)
+        """Add a memory directly (seeding, imports), written by ``source``; a near twin of one outcome merges. The
+        experience is the request's own: asking a model for one is the tools' part."""
+        if new.experience is None:
+            raise MemoryRequestError("experience: required (only a model can write one from a trajectory)")
+        task = self.limits.task.check("task", new.task)
+        experience = self.limits.experience.check("experience", new.experience)
+        namespace = self.namespace_of(new.namespace, access)
+        outcome = check_outcome(new.outcome)
+        q = None if new.q is None else self.limits.reward.check("q", new.q)
+        meta = self._metadata(new.metadata)
         added = new_record_bytes(task, experience, meta, dims=self.embedder.dim)
         with self._call(), self.quotas.admit(namespace, added):
             return self.episodes.store(namespace, task, experience, outcome, q, meta, source)
 
     # -- forget, read, stats --------------------------------------------------------------------
 
-    def forget(self, memory_id: str | None = None, namespace: str | None = None, *, access: Access) -> ForgetResult:
+    def forget(self, request: ForgetRequest, *, access: Access) -> ForgetResult:
         """Delete one memory by id, or every memory and recall of a namespace (exactly one of the two).
 
         A namespace's recalls go first, then its memories: a crash in between leaves memories (run forget
         again) but no recall whose report could bring the forgotten tasks back."""
+        memory_id, namespace = request.memory_id, request.namespace
         if (memory_id is None) == (namespace is None):
             raise MemoryRequestError("give exactly one of memory_id (one memory) or namespace (all of it)")
         with self._call():
@@ -414,9 +421,10 @@ class MemoryService:
             raise MemoryRequestError(f"memory_id: no memory {memory_id!r}")
         return payload
 
-    def stats(self, namespace: str | None = None, *, access: Access) -> Stats:
+    def stats(self, query: StatsQuery, *, access: Access) -> Stats:
         """Of one namespace, or of every namespace the caller may use: from the store's counts
         (:mod:`memrl_mcp.storage.tally`), not by reading every memory."""
+        namespace = query.namespace
         where: dict[str, Any] = {}
         if namespace is not None:
             where["namespace"] = self.namespace_of(namespace, access)
@@ -447,43 +455,30 @@ class MemoryService:
 
     # -- list and correct -----------------------------------------------------------------------
 
-    def list_memories(
-        self,
-        namespace: str | None = None,
-        outcome: Outcome | None = None,
-        q_min: float | None = None,
-        q_max: float | None = None,
-        text: str | None = None,
-        sort: SortKey = "updated_at",
-        descending: bool = True,
-        limit: int | None = None,
-        cursor: str | None = None,
-        *,
-        access: Access,
-    ) -> MemoryPage:
+    def list_memories(self, query: ListQuery, *, access: Access) -> MemoryPage:
         """One page of a namespace's memories (default: the caller's), filtered and sorted, keyset-paged
         (:mod:`memrl_mcp.memory.listing`). ``text``: full text, every word of it a word of the task or the
         experience (any order, any case)."""
-        namespace = self.namespace_of(namespace, access)
+        namespace = self.namespace_of(query.namespace, access)
         where: dict[str | tuple[str, ...], Any] = {"namespace": namespace}
-        if outcome is not None:
-            where["outcome"] = check_outcome(outcome)
+        if query.outcome is not None:
+            where["outcome"] = check_outcome(query.outcome)
         q_range = Range(
-            gte=None if q_min is None else self.limits.reward.check("q_min", q_min),
-            lte=None if q_max is None else self.limits.reward.check("q_max", q_max),
+            gte=None if query.q_min is None else self.limits.reward.check("q_min", query.q_min),
+            lte=None if query.q_max is None else self.limits.reward.check("q_max", query.q_max),
         )
         if q_range.gte is not None and q_range.lte is not None and q_range.gte > q_range.lte:
             raise MemoryRequestError(f"q_min: {q_range.gte:g} exceeds q_max ({q_range.lte:g})")
         if q_range != Range():
             where["q"] = q_range
-        if text is not None:
-            where[("task", "experience")] = Words(TEXT_QUERY.check("text", text))
-        sort = SORT.check("sort", sort)
-        descending = FLAG.check("descending", descending)
+        if query.text is not None:
+            where[("task", "experience")] = Words(TEXT_QUERY.check("text", query.text))
+        sort: SortKey = SORT.check("sort", query.sort)  # type: ignore[assignment]
+        descending = FLAG.check("descending", query.descending)
         limit = self.limits.page.check(
-            "limit", min(DEFAULT_PAGE, self.settings.limits.max_list_page) if limit is None else limit
+            "limit", min(DEFAULT_PAGE, self.settings.limits.max_list_page) if query.limit is None else query.limit
         )
-        after = None if cursor is None else decode_cursor(cursor, sort, descending)
+        after = None if query.cursor is None else decode_cursor(query.cursor, sort, descending)
         with self._call():
             rows = keyset_page(self._store, where, sort, descending, after, limit + 1)
             total = self._store.count("memories", where)
@@ -492,25 +487,16 @@ class MemoryService:
         next_cursor = None if last is None else encode_cursor(sort, descending, float(last[sort]), str(last_id))
         return MemoryPage(namespace=namespace, total=total, memories=page, next_cursor=next_cursor)
 
-    def update_memory(
-        self,
-        memory_id: str,
-        experience: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        reset_q: bool = False,
-        *,
-        access: Access,
-        source: ExperienceSource = "agent",
-    ) -> MemoryDetail:
+    def update_memory(self, edit: MemoryEdit, *, access: Access, source: ExperienceSource = "agent") -> MemoryDetail:
         """Correct a memory: its experience (written by ``source``) and/or metadata, by store_experience's rules. Q
         and visits are learned, not edited: ``reset_q`` sets them back to Q_init and 0, recorded in the history.
 
         The edit is one conditional write (:meth:`Ledger.update_once`): a report folding a reward into the same
         memory at the same moment keeps its reward, and the edit keeps its text."""
-        if experience is not None:
-            experience = self.limits.experience.check("experience", experience)
-        meta = None if metadata is None else self._metadata(metadata)
-        reset = FLAG.check("reset_q", reset_q)
+        memory_id = edit.memory_id
+        experience = None if edit.experience is None else self.limits.experience.check("experience", edit.experience)
+        meta = None if edit.metadata is None else self._metadata(edit.metadata)
+        reset = FLAG.check("reset_q", edit.reset_q)
         if experience is None and meta is None and not reset:
             raise MemoryRequestError("give at least one of experience, metadata or reset_q=true: nothing to change")
         learning = self.settings.learning
@@ -519,7 +505,7 @@ class MemoryService:
             namespace = payload["namespace"]
             now = self.clock()
 
-            def edit(m: Mapping[str, Any]) -> dict[str, Any]:
+            def corrected(m: Mapping[str, Any]) -> dict[str, Any]:
                 update: dict[str, Any] = {"updated_at": now}
                 if experience is not None:
                     update |= {"experience": experience, "experience_source": source}
@@ -535,7 +521,7 @@ class MemoryService:
                 return update
 
             with self.quotas.admit(namespace, edit_bytes(payload, experience, meta)):
-                written = self._ledger.update_once(memory_id, f"edit:{new_id()}", edit)
+                written = self._ledger.update_once(memory_id, f"edit:{new_id()}", corrected)
         if written is None:
             self._ledger.history.forget([memory_id])  # an attempt may have copied its tail before it was deleted
             raise MemoryRequestError(f"memory_id: no memory {memory_id!r} (it was forgotten meanwhile)")

@@ -85,6 +85,7 @@ from memrl_mcp.models import (
     ActionView,
     MatchedStep,
     Provenance,
+    ReportResult,
     StepAdvice,
     StepAdviceResult,
     StepChange,
@@ -92,7 +93,7 @@ from memrl_mcp.models import (
     TrajectoryResult,
 )
 from memrl_mcp.settings import StepSettings
-from memrl_mcp.storage import PLACEHOLDER, Point, Range, Store
+from memrl_mcp.storage import PLACEHOLDER, Condition, Point, Range, Store
 from memrl_mcp.storage.numbers import kept_float
 
 
@@ -272,10 +273,10 @@ class StepMemory:
             ],
         )
         self._store.insert("episodes", Point(key, PLACEHOLDER, record.model_dump()))
-        stored = self._store.get("episodes", [key]).get(key)
-        if stored is None:
+        written = self._store.get("episodes", [key]).get(key)
+        if written is None:
             raise EpisodeGone(episode_id)
-        claimed = EpisodeRecord.model_validate(stored)
+        claimed = EpisodeRecord.model_validate(written)
         if claimed.claim != record.claim:
             return self._already(key, claimed)
         fresh = EpisodeProgress(
@@ -331,11 +332,12 @@ class StepMemory:
         """Apply a claimed episode from ``progress`` on: each step once, then the recall, then ``reported``."""
         changes: list[StepChange] = []
         for t in range(progress.done, len(record.steps)):
-            outcome, change = self._apply_step(key, record, t, progress)
-            progress = progress.after(outcome)
+            did, change = self._apply_step(key, record, t, progress)
+            progress = progress.after(did)
             if change is not None:
                 changes.append(change)
-        outcome, outcome_error = None, None
+        outcome: ReportResult | None = None
+        outcome_error: str | None = None
         if record.recall_id is not None:
             report = ClaimedReport(
                 claim=str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-episode-outcome:{key}")),
@@ -524,7 +526,7 @@ class StepMemory:
     ) -> tuple[tuple[algorithm.StoredRecord, algorithm.StoredRecord], float] | None:
         """The two records of the namespace most similar to each other: the one whose nearest neighbour is nearest
         (an ordered look-up of the indexed ``nearest``), and that neighbour (module docstring, "Capacities")."""
-        where = {"namespace": namespace}
+        where: dict[str, Condition] = {"namespace": namespace}
         weight = self._nearest_weight
         if self._store.count("steps", {**where, "nearest_weight": Range(gte=weight, lte=weight)}) < records:
             # Records never looked up (imported, stored before version 3) or with another observation weight: once.

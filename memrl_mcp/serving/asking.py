@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -136,7 +137,8 @@ class Asking:
         related = ServerMessageMetadata(related_request_id=self._ctx.request_id) if session.can_send_request else None
         try:
             with anyio.fail_after(timeout):
-                return await session.send_request(request, answer, metadata=related)
+                answered: Answer = await session.send_request(request, answer, metadata=related)
+                return answered
         except TimeoutError:
             raise NoAnswer(f"the client did not answer {what} within {timeout:g} s") from None
         except NoBackChannelError:
@@ -173,20 +175,36 @@ class OpenQuestions:
     is while its call waits. On a 2026-07-28 connection each question ends the call (an ``InputRequiredResult``) and
     the client calls again with the answer: the hold then stays until the round that brings the last answer, or for
     ``hold_seconds`` (a client may never come back); the rounds of one report carry its conversation id in the state
-    the SDK seals, so they pass, and no other call can claim it. Kept by this process, on the event loop only (no
-    lock): each replica of a server keeps its own."""
+    the SDK seals, so they pass, and no other call can claim it. Kept by this process (each replica of a server keeps
+    its own), under a lock: the local server's sessions share it from event loops of their own threads."""
 
     def __init__(self, per_token: int, hold_seconds: float, clock: Callable[[], float]) -> None:
         self._per_token = per_token
         self._hold_seconds = hold_seconds
         self._clock = clock
         self._holds: dict[str, Hold] = {}  # by conversation
+        self._lock = threading.Lock()
 
     @contextmanager
     def held(self, client: Asking, token: str, subjects: Sequence[Subject] = ()) -> Iterator[None]:
         """Hold ``subjects`` (and one of the token's places) while the block asks the client; a refusal names the
         subject another report holds, or the setting."""
-        now, mine = self._clock(), client.conversation
+        mine = client.conversation
+        with self._lock:
+            self._take(mine, token, subjects)
+        try:
+            yield
+        except InputRequired:
+            raise  # the client comes back with the answer: the hold stays until then, or until it lapses
+        except BaseException:
+            with self._lock:
+                self._holds.pop(mine, None)
+            raise
+        with self._lock:
+            self._holds.pop(mine, None)
+
+    def _take(self, mine: str, token: str, subjects: Sequence[Subject]) -> None:
+        now = self._clock()
         self._holds = {key: hold for key, hold in self._holds.items() if hold.until > now and key != mine}
         for hold in self._holds.values():
             taken = next((subject for subject in subjects if subject in hold.subjects), None)
@@ -204,18 +222,11 @@ class OpenQuestions:
                 "yourself"
             )
         self._holds[mine] = Hold(token, frozenset(subjects), now + self._hold_seconds)
-        try:
-            yield
-        except InputRequired:
-            raise  # the client comes back with the answer: the hold stays until then, or until it lapses
-        except BaseException:
-            self._holds.pop(mine, None)
-            raise
-        self._holds.pop(mine, None)
 
 
 def _wire(response: BaseModel) -> dict[str, Any]:
-    return json.loads(response.model_dump_json(by_alias=True, exclude_none=True))
+    wire: dict[str, Any] = json.loads(response.model_dump_json(by_alias=True, exclude_none=True))
+    return wire
 
 
 def _clip(text: str, limit: int = 200) -> str:

@@ -217,6 +217,14 @@ class ToolCallError(AttachError):
     """A tool call answered with an error: the tool refused it, or the request itself failed."""
 
 
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool's result as :class:`LocalClient` gets it: the structured content, and the text a model reads."""
+
+    structured: dict[str, Any]
+    text: str
+
+
 class LocalClient:
     """A minimal, synchronous MCP client of the local server, for hooks and scripts that run for a moment (a
     process per prompt): :func:`connect`, the ``initialize`` handshake, then tool calls one after another.
@@ -254,12 +262,21 @@ class LocalClient:
 
     def call_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """The tool's structured result; :class:`ToolCallError` with the tool's message when it refused the call."""
+        return self.call(name, arguments).structured
+
+    def call(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
+        """The tool's whole result: its structured content, and the text a model reads of it."""
         result = self._request("tools/call", {"name": name, "arguments": dict(arguments)})
+        text = "\n".join(block.get("text", "") for block in result.get("content", []) if block.get("type") == "text")
         if result.get("isError"):
-            text = " ".join(block.get("text", "") for block in result.get("content", []))
             raise ToolCallError(f"{name}: {text}")
-        structured: dict[str, Any] = result.get("structuredContent") or {}
-        return structured
+        return ToolResult(result.get("structuredContent") or {}, text)
+
+    def read_resource(self, uri: str) -> str:
+        """The text of the resource at ``uri``; :class:`ToolCallError` with the server's message when it has none."""
+        contents = self._request("resources/read", {"uri": uri}).get("contents") or [{}]
+        text: str = contents[0].get("text", "")
+        return text
 
     def close(self) -> None:
         self._stream.close()

@@ -1,83 +1,140 @@
-"""How the SDK runs a tool body: the caller resolved from the request, the body in a worker thread or on the event
-loop, the call timed and counted, a refusal turned into a tool error, the result handed over in its wire form."""
+"""How a tool is declared (:func:`tool`, :class:`ToolDef`) and how the SDK runs it (:func:`served`): the arguments
+checked into the tool's typed request, the caller resolved from the request that carried the call, the body in a
+worker thread or on the event loop, the call timed and counted, a refusal turned into a tool error, the result
+handed over in its wire form."""
 
-import functools
+from __future__ import annotations
+
+import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar, get_type_hints
 
 import anyio.to_thread
-import pydantic_core
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from mcp_types import InputRequiredResult
 from pydantic import BaseModel
 
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.memory.access import Access
+from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.asking import Asking, InputRequired
+from memrl_mcp.serving.feedback import Feedback
 from memrl_mcp.serving.observability import Metrics
+from memrl_mcp.serving.schema import Arguments
+from memrl_mcp.serving.text import text
 
-OnLoop = Callable[[Access, dict[str, Any]], bool]
-"""Whether a call (its caller, its arguments) is served on the event loop rather than in a worker thread."""
-HIDDEN = ("access", "client")
-"""A tool body's parameters that no client sets: its caller, and its way back to the client."""
+F = TypeVar("F", bound=Callable[..., Any])
+OnLoop = Callable[[MemoryService, Any, Access], bool]
+"""Whether a call (the service, its request, its caller) is short enough to be served on the event loop."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """What a tool function is handed besides its request: the memory, the caller, and the way back to the
+    client (its user and its model, for the tools that ask)."""
+
+    service: MemoryService
+    feedback: Feedback
+    access: Access
+    client: Asking
+
+
+@dataclass(frozen=True)
+class ToolDef:
+    """One tool: its function (whose docstring is the tool's description, and whose first parameter's type is the
+    tool's request), its title and hints, and, for a server of one client, which calls run on the event loop."""
+
+    name: str
+    title: str
+    hints: ToolAnnotations
+    request: type[Any]
+    run: Callable[[Any, ToolCall], BaseModel | Awaitable[BaseModel]]
+    on_loop: OnLoop | None
+
+    @property
+    def asks(self) -> bool:
+        """A coroutine: it may ask the client (:mod:`~memrl_mcp.serving.asking`), so it runs on the event loop."""
+        return inspect.iscoroutinefunction(self.run)
+
+
+def tool(
+    registry: dict[str, ToolDef], title: str, hints: ToolAnnotations, on_loop: OnLoop | None = None
+) -> Callable[[F], F]:
+    """Register the decorated function in ``registry`` as a tool named after it."""
+
+    def register(fn: F) -> F:
+        types = get_type_hints(fn)
+        taken = [types.get(name) for name in inspect.signature(fn).parameters]
+        if len(taken) != 2 or not dataclasses.is_dataclass(taken[0]) or taken[1] is not ToolCall:
+            raise TypeError(
+                f"the tool {fn.__name__} must take its request (a dataclass) and its call (ToolCall), which carries "
+                "its caller's access"
+            )
+        registry[fn.__name__] = ToolDef(fn.__name__, title, hints, taken[0], fn, on_loop)  # type: ignore[arg-type]
+        return fn
+
+    return register
 
 
 def served(
-    fn: Callable[..., BaseModel | Awaitable[BaseModel]],
+    tool: ToolDef,
+    arguments: Arguments,
+    service: MemoryService,
+    feedback: Feedback,
     identify: Callable[[Context[Any, Any]], Awaitable[Access]],
     metrics: Metrics,
-    on_loop: OnLoop | None = None,
+    single_client: bool,
 ) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
-    """The tool body ``fn``, which takes its caller as ``access``, as the SDK serves it: the SDK hands the call's
-    ``Context`` (``ctx``) in place of ``access``, and ``identify`` turns it into the caller's :class:`Access`.
-    Every tool is served through here, so none can forget its caller's tenant or project namespace, and none
-    reads the caller from anywhere but the request that carried the call. The body runs in a worker thread (the
-    store's calls block, and a model run lets other requests go on meanwhile), or on the event loop when
-    ``on_loop`` says the call is short and nobody else waits for the loop (docs/serving.md). Each call is timed,
-    counted and logged; a refused request reaches the client as a tool error with its message (which names the
-    field). A coroutine body, one that may ask the client (:mod:`~memrl_mcp.serving.asking`), takes ``client`` too
-    and runs on the event loop, which it must not block; when the client must answer first (2026-07-28), the call
-    answers its ``InputRequiredResult``.
+    """``tool`` as the SDK serves it: a function of the tool's arguments (each field of its request, bounded and
+    described by ``arguments``) and the call's ``Context``, which ``identify`` turns into the caller's
+    :class:`Access`. Every tool is served through here, so none can forget its caller's tenant or project
+    namespace, and none reads the caller from anywhere but the request that carried the call.
 
-    The result, a model built and checked by the service, is handed to the SDK as its wire form (structured
-    content, and the same JSON as text): the SDK would validate it again against the model and dump it twice."""
-    signature = inspect.signature(fn)
-    if "access" not in signature.parameters:
-        raise TypeError(f"the tool {fn.__name__} must take its caller's access")
-    asks = inspect.iscoroutinefunction(fn)
-    if asks != ("client" in signature.parameters):
-        raise TypeError(f"the tool {fn.__name__} must be a coroutine exactly when it takes client")
-    context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context[Any, Any])
-    parameters = [*(p for p in signature.parameters.values() if p.name not in HIDDEN), context]
+    The body runs in a worker thread (the store's calls block, and a model run lets other requests go on
+    meanwhile), or on the event loop when the server has one client and ``tool.on_loop`` says the call is short
+    (docs/serving.md); a tool that asks the client runs on the loop, which it must not block, and when the client
+    must answer first (2026-07-28) the call answers its ``InputRequiredResult``. Each call is timed, counted and
+    logged; a refused request reaches the client as a tool error with its message (which names the field).
 
-    @functools.wraps(fn)
-    async def tool(*args: Any, ctx: Context[Any, Any], **kwargs: Any) -> CallToolResult | InputRequiredResult:
-        with metrics.call(fn.__name__) as call:
+    The result, a model built and checked by the service, is handed to the SDK as its wire form: structured content,
+    and the short text its model reads (:mod:`~memrl_mcp.serving.text`); the SDK would validate it again against the
+    model and dump it twice."""
+    on_loop = tool.on_loop if single_client else None
+
+    async def run(ctx: Context[Any, Any], **given: Any) -> CallToolResult | InputRequiredResult:
+        with metrics.call(tool.name) as call:
             try:
                 access = await identify(ctx)
                 call.client = access.client
-                if asks:
-                    result = await fn(*args, access=access, client=Asking(ctx), **kwargs)  # type: ignore[misc]
+                request = tool.request(**given)
+                context = ToolCall(service, feedback, access, Asking(ctx))
+                if tool.asks:
+                    result = await tool.run(request, context)  # type: ignore[misc]
+                elif on_loop is not None and on_loop(service, request, access):
+                    result = tool.run(request, context)
                 else:
-                    body = functools.partial(fn, *args, access=access, **kwargs)
-                    result = body() if on_loop and on_loop(access, kwargs) else await anyio.to_thread.run_sync(body)
+                    result = await anyio.to_thread.run_sync(tool.run, request, context)
             except InputRequired as needed:  # 2026-07-28: the client asks, then calls again
                 call.status = "asking"
                 return needed.result
             except MemrlError as error:
                 call.status = "refused"
                 raise ToolError(str(error)) from None
-        structured = result.model_dump(mode="json")
-        text = pydantic_core.to_json(structured, indent=2).decode()
-        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
+        assert isinstance(result, BaseModel)
+        content = [TextContent(type="text", text=text(result))]
+        return CallToolResult(content=content, structured_content=result.model_dump(mode="json"))
 
-    tool.__signature__ = signature.replace(parameters=parameters, return_annotation=CallToolResult)  # type: ignore[attr-defined]
-    tool.__annotations__ = {
-        **{name: kind for name, kind in fn.__annotations__.items() if name not in (*HIDDEN, "return")},
+    parameters = arguments.parameters(tool.request)
+    context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context[Any, Any])
+    run.__name__ = tool.name
+    run.__signature__ = inspect.Signature([*parameters, context], return_annotation=CallToolResult)  # type: ignore[attr-defined]
+    run.__annotations__ = {
+        **{p.name: p.annotation for p in parameters},
         "ctx": Context[Any, Any],
         "return": CallToolResult,
     }
-    return tool
+    return run

@@ -28,7 +28,7 @@ is reported (the user's answer too is dropped: the recall stays reportable, and 
 from __future__ import annotations
 
 import dataclasses
-import functools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,16 +46,16 @@ from memrl_mcp.models import (
     AGENT,
     ExperienceSource,
     MemoryView,
-    Outcome,
     Provenance,
     ReportResult,
     StoreResult,
     TrajectoryResult,
     iso_time,
 )
+from memrl_mcp.requests import NewExperience, OutcomeReport, TrajectoryReport
 from memrl_mcp.serving.asking import Asking, OpenQuestions, Subject
 from memrl_mcp.serving.distill import Endpoint, answered_text, checked, distill_request
-from memrl_mcp.validation import check_step_rewards, outcome_of, plain_error, text_rule
+from memrl_mcp.validation import Outcome, check_step_rewards, outcome_of, plain_error, text_rule
 
 R = TypeVar("R")
 MAX_NOTE_CHARS = 500
@@ -112,14 +112,19 @@ class Verdict:
 class Budget:
     """At most ``per_minute`` per key in a minute, on average: a bucket of that many, refilled continuously (a burst
     of ``per_minute`` at once, then one every 60 / ``per_minute`` seconds). Kept by this process, so each replica of a
-    server keeps its own. Used on the event loop only (no lock)."""
+    server keeps its own; under a lock, since the local server's sessions share it from threads of their own."""
 
     def __init__(self, per_minute: int, clock: Callable[[], float]) -> None:
         self._per_minute = per_minute
         self._clock = clock
         self._levels: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
 
     def take(self, key: str) -> bool:
+        with self._lock:
+            return self._take(key)
+
+    def _take(self, key: str) -> bool:
         now = self._clock()
         level, at = self._levels.get(key, (float(self._per_minute), now))
         level = min(float(self._per_minute), level + max(0.0, now - at) * self._per_minute / 60.0)
@@ -155,29 +160,20 @@ class Feedback:
 
     # -- the tools ------------------------------------------------------------------------------------
 
-    async def report(
-        self,
-        client: Asking,
-        recall_id: str,
-        reward: float | None,
-        experience: str | None,
-        trajectory: str | None,
-        outcome: Outcome | None,
-        metadata: dict[str, Any] | None,
-        *,
-        access: Access,
-    ) -> ReportResult:
+    async def report(self, report: OutcomeReport, client: Asking, *, access: Access) -> ReportResult:
         """``report_outcome``: the reward, else the user's; the experience, else one a model writes from the
         trajectory; then the report."""
-        self._one_of(experience, trajectory)
-        if reward is not None and trajectory is None:  # nobody to ask: the agent's report, the hot path of the loop
-            report = functools.partial(self._service.report, recall_id, reward, experience, outcome, metadata)
-            return report(access=access) if self._reports_on_loop else await self._run(report, access=access)
-        trajectory = self._checked_trajectory(client, trajectory)
-        if reward is None:
+        self._one_of(report.experience, report.trajectory)
+        if report.reward is not None and report.trajectory is None:  # nobody to ask: the hot path of the loop
+            if self._reports_on_loop:
+                return self._service.report(report, access=access)
+            return await self._run(self._service.report, report, access=access)
+        trajectory = self._checked_trajectory(client, report.trajectory)
+        if report.reward is None:
             self._can_ask_user(client)
+        recall_id, reward, outcome = report.recall_id, report.reward, report.outcome
         recall = await self._run(self._service.reportable, recall_id, access=access)
-        provenance, verdict = AGENT, None
+        provenance, verdict, experience = AGENT, None, report.experience
         subject = Subject("recall_id", recall_id)
         with (
             self._questions.held(client, access.client or "", [subject]),
@@ -203,70 +199,39 @@ class Feedback:
                 task = recall.record.task
                 experience, source = await self._distill(client, access, task, trajectory, outcome, provenance)
                 provenance = dataclasses.replace(provenance, experience=source)
-        result = await self._run(
-            self._service.report, recall_id, reward, experience, outcome, metadata, access=access, provenance=provenance
-        )
+        answered = dataclasses.replace(report, reward=reward, experience=experience, outcome=outcome, trajectory=None)
+        result = await self._run(self._service.report, answered, access=access, provenance=provenance)
         if verdict is not None:
             result.message = verdict.said
         return result
 
-    async def store(
-        self,
-        client: Asking,
-        task: str,
-        experience: str | None,
-        trajectory: str | None,
-        namespace: str | None,
-        outcome: Outcome,
-        q: float | None,
-        metadata: dict[str, Any] | None,
-        *,
-        access: Access,
-    ) -> StoreResult:
+    async def store(self, new: NewExperience, client: Asking, *, access: Access) -> StoreResult:
         """``store_experience``: the experience, else one a model writes from the trajectory."""
-        self._one_of(experience, trajectory)
-        if experience is None and trajectory is None:
+        self._one_of(new.experience, new.trajectory)
+        if new.experience is None and new.trajectory is None:
             raise MemoryRequestError("experience: required (or trajectory, for a model to write it from)")
-        trajectory = self._checked_trajectory(client, trajectory)
+        trajectory = self._checked_trajectory(client, new.trajectory)
         source: ExperienceSource = "agent"
         if trajectory is not None:
-            await self._run(self._service.namespace_of, namespace, access)  # a refusal before any model is asked
+            await self._run(self._service.namespace_of, new.namespace, access)  # a refusal before a model is asked
             with self._questions.held(client, access.client or ""), _unreported("nothing was stored"):
-                experience, source = await self._distill(client, access, task, trajectory, outcome, AGENT)
-        return await self._run(
-            self._service.store_experience,
-            task,
-            experience,
-            namespace,
-            outcome,
-            q,
-            metadata,
-            access=access,
-            source=source,
-        )
+                experience, source = await self._distill(client, access, new.task, trajectory, new.outcome, AGENT)
+            new = dataclasses.replace(new, experience=experience, trajectory=None)
+        return await self._run(self._service.store_experience, new, access=access, source=source)
 
-    async def report_trajectory(
-        self,
-        client: Asking,
-        task: str,
-        steps: list[Any],
-        episode_id: str,
-        namespace: str | None,
-        recall_id: str | None,
-        *,
-        access: Access,
-    ) -> TrajectoryResult:
+    async def report_trajectory(self, report: TrajectoryReport, client: Asking, *, access: Access) -> TrajectoryResult:
         """``report_trajectory``: the last step's reward, else the user's; then the report."""
         provenance, verdict = AGENT, None
+        steps, episode_id, recall_id = report.steps, report.episode_id, report.recall_id
         if steps and steps[-1].reward is None:
             check_step_rewards(steps, last_may_lack=True)
             self._can_ask_user(client)
-            already = await self._run(self._service.applied_trajectory, episode_id, namespace, access=access)
+            already = await self._run(self._service.applied_trajectory, report, access=access)
             if already is not None:
                 return already
             recall = None if recall_id is None else await self._run(self._service.reportable, recall_id, access=access)
-            question = _episode_question(task, steps, recall)
-            subjects = [Subject("episode_id", episode_id, self._service.namespace_of(namespace, access))]
+            question = _episode_question(report.task, steps, recall)
+            subjects = [Subject("episode_id", episode_id, self._service.namespace_of(report.namespace, access))]
             subjects += [] if recall_id is None else [Subject("recall_id", recall_id)]
             with (
                 self._questions.held(client, access.client or "", subjects),
@@ -276,7 +241,7 @@ class Feedback:
             if verdict.reward is None:
                 return TrajectoryResult(
                     episode_id=episode_id,
-                    namespace=self._service.namespace_of(namespace, access),
+                    namespace=self._service.namespace_of(report.namespace, access),
                     already_applied=False,
                     reported=False,
                     steps=len(steps),
@@ -288,19 +253,11 @@ class Feedback:
                     message=f"the user {ANSWERS[verdict.answer]}: nothing was reported. Report episode_id "
                     f"{episode_id!r} again, with the last step's reward if you can tell how the episode went.",
                 )
-            steps = [*steps[:-1], steps[-1].model_copy(update={"reward": verdict.reward})]
+            answered = [*steps[:-1], steps[-1].model_copy(update={"reward": verdict.reward})]
+            report = dataclasses.replace(report, steps=answered)
             provenance = Provenance(reward="user", note=verdict.note)
-        result = await self._run(
-            self._service.report_trajectory,
-            task,
-            steps,
-            episode_id,
-            namespace,
-            recall_id,
-            access=access,
-            provenance=provenance,
-        )
-        if provenance.reward == "user" and not result.already_applied:
+        result = await self._run(self._service.report_trajectory, report, access=access, provenance=provenance)
+        if verdict is not None and not result.already_applied:
             result.message = f"{verdict.said}; {result.message}"
         return result
 
@@ -327,8 +284,8 @@ class Feedback:
             answer = RewardAnswer.model_validate(result.content or {})
         except ValidationError as error:
             raise MemoryRequestError("reward: the user's answer: " + plain_error(error.errors()[0])) from None
-        note = answer.note.strip() if answer.note else ""
-        note = self._note.check("note", note) if note else None
+        said = answer.note.strip() if answer.note else ""
+        note = self._note.check("note", said) if said else None
         return Verdict("accept", answer.succeeded, self._learning.user_reward(answer.succeeded), note)
 
     # -- the model ------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.serving.auth import TokenTable, is_loopback, refusal
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.serving.stdio import run_session, stdio_streams
-from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import ServingSettings, SettingsError, load_grants
 
 Transport = Literal["stdio", "streamable-http", "sse"]

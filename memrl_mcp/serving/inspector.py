@@ -45,9 +45,10 @@ from memrl_mcp.curves import curves, run_folders
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.models import EffectiveSettings, MemoryDetail, PoolCandidate, RecallQuery
+from memrl_mcp.models import EffectiveSettings, PoolCandidate
+from memrl_mcp.requests import ForgetRequest, ListQuery, MemoryEdit, RecallQuery, StatsQuery
 from memrl_mcp.serving.auth import TokenTable, caller, is_loopback
-from memrl_mcp.validation import MAX_METADATA_DEPTH, Outcome, SortKey, plain_error
+from memrl_mcp.validation import MAX_METADATA_DEPTH, plain_error
 
 PREFIX = "/ui"
 ASSETS = {
@@ -173,7 +174,7 @@ def session_of(service: MemoryService, access: Access, tokens: bool) -> Session:
     over the store: the page asks once per visit). Each one's memories are counted, the caller's own only, to open
     the page on one that holds some."""
     if access.namespaces is not None:
-        held = Counter({name: service.stats(name, access=access).memories for name in access.namespaces})
+        held = Counter({name: service.stats(StatsQuery(name), access=access).memories for name in access.namespaces})
     else:
         held = Counter(memory.namespace for memory in service.memories())
     default = access.default or service.settings.namespaces.namespace
@@ -194,41 +195,17 @@ def session_of(service: MemoryService, access: Access, tokens: bool) -> Session:
 # -- the routes -----------------------------------------------------------------------------------
 
 
-class MemoryEdit(BaseModel):
-    """A correction of one memory (the page's edit form)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    experience: str | None = None
-    metadata: dict[str, Any] | None = None
-    reset_q: bool = False
-
-
 class Forget(BaseModel):
     """A forget's body: an empty JSON object (a body that no form or simple request can send)."""
 
     model_config = ConfigDict(extra="forbid")
 
 
-class ListQuery(BaseModel):
-    """The memory table's query string, as typed values (a bad one is named in the refusal)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    namespace: str | None = None
-    outcome: Outcome | None = None
-    q_min: float | None = None
-    q_max: float | None = None
-    text: str | None = None
-    sort: SortKey = "updated_at"
-    descending: bool = True
-    limit: int | None = None
-    cursor: str | None = None
-
-
-def _typed(model: type[Any], data: Any) -> Any:
+def _typed(model: type[Any], data: Any, strings: bool = False) -> Any:
+    """``data`` as ``model``; ``strings``: a query string's values, each read as JSON reads its text."""
+    adapter = TypeAdapter(model)
     try:
-        return TypeAdapter(model).validate_python(data)
+        return adapter.validate_strings(data) if strings else adapter.validate_python(data)
     except ValidationError as error:
         raise _bad_request(error) from None
 
@@ -266,11 +243,11 @@ def _same_origin(request: Request) -> bool:
     return origin is None or urlsplit(origin).netloc == request.headers.get("host")
 
 
-async def _body(request: Request, model: type[Any]) -> Any:
-    """The request's JSON body as ``model``, or a refusal naming what is wrong: never more than
-    :data:`MAX_BODY_BYTES` read into memory, and never a body the JSON parser could not survive. Parsed in a worker
-    thread, so that the event loop (every other client's requests) does not wait: the costliest 1 MB body measured,
-    a list of 330,000 empty lists, takes 0.16-0.25 s to scan and 0.11 s to parse."""
+async def _body(request: Request, model: type[Any], **path: str) -> Any:
+    """The request's JSON body, with the fields its path names (``path``), as ``model``, or a refusal naming what is
+    wrong: never more than :data:`MAX_BODY_BYTES` read into memory, and never a body the JSON parser could not
+    survive. Parsed in a worker thread, so that the event loop (every other client's requests) does not wait: the
+    costliest 1 MB body takes a noticeable fraction of a second to scan and parse (docs/performance.md)."""
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         raise Refusal(415, "unsupported_media_type", "content-type: a change is sent as application/json")
     raw = bytearray()
@@ -278,10 +255,10 @@ async def _body(request: Request, model: type[Any]) -> Any:
         raw += chunk
         if len(raw) > MAX_BODY_BYTES:
             raise Refusal(413, "too_large", f"body: at most {MAX_BODY_BYTES} bytes")
-    return await anyio.to_thread.run_sync(_parsed, bytes(raw), model)
+    return await anyio.to_thread.run_sync(_parsed, bytes(raw), model, path)
 
 
-def _parsed(raw: bytes, model: type[Any]) -> Any:
+def _parsed(raw: bytes, model: type[Any], path: dict[str, str]) -> Any:
     deep = _too_deep(raw, model)
     if deep is not None:
         raise Refusal(400, "bad_request", deep)
@@ -293,6 +270,10 @@ def _parsed(raw: bytes, model: type[Any]) -> Any:
         raise Refusal(400, "bad_request", f"body: not JSON ({error.msg} at character {error.pos})") from None
     except ValueError as error:  # an integer of more digits than Python converts (4300)
         raise Refusal(400, "bad_request", f"body: not JSON ({str(error).split(':')[0]})") from None
+    if path and isinstance(data, dict):
+        for name in set(path) & set(data):
+            raise Refusal(400, "bad_request", f"{name}: no such field (the path names it)")
+        data = {**data, **path}
     return _typed(model, data)
 
 
@@ -370,14 +351,13 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
 
     @guarded("/stats", ["GET"])
     async def stats(request: Request, access: Access) -> Response:
-        namespace = request.query_params.get("namespace") or None
-        return _json(await in_thread(lambda: service.stats(namespace, access=access)))
+        query = StatsQuery(request.query_params.get("namespace") or None)
+        return _json(await in_thread(lambda: service.stats(query, access=access)))
 
     @guarded("/memories", ["GET"])
     async def memories(request: Request, access: Access) -> Response:
-        query: ListQuery = _typed(ListQuery, dict(request.query_params))
-        arguments = query.model_dump()
-        return _json(await in_thread(lambda: service.list_memories(**arguments, access=access)))
+        query: ListQuery = _typed(ListQuery, dict(request.query_params), strings=True)
+        return _json(await in_thread(lambda: service.list_memories(query, access=access)))
 
     @guarded("/memories/{memory_id}", ["GET", "PATCH", "DELETE"])
     async def memory(request: Request, access: Access) -> Response:
@@ -388,19 +368,9 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
             raise Refusal(403, "read_only", "this server is read-only (tool_profile: read_only): nothing can change")
         if request.method == "DELETE":
             await _body(request, Forget)
-            return _json(await in_thread(lambda: service.forget(memory_id, access=access)))
-        edit: MemoryEdit = await _body(request, MemoryEdit)
-        updated: MemoryDetail = await in_thread(
-            lambda: service.update_memory(
-                memory_id,
-                experience=edit.experience,
-                metadata=edit.metadata,
-                reset_q=edit.reset_q,
-                access=access,
-                source="operator",
-            )
-        )
-        return _json(updated)
+            return _json(await in_thread(lambda: service.forget(ForgetRequest(memory_id), access=access)))
+        edit: MemoryEdit = await _body(request, MemoryEdit, memory_id=memory_id)
+        return _json(await in_thread(lambda: service.update_memory(edit, access=access, source="operator")))
 
     @guarded("/preview", ["POST"])
     async def recall_preview(request: Request, access: Access) -> Response:

@@ -3,13 +3,13 @@ to it (``memrl-mcp`` over stdio, :mod:`memrl_mcp.serving.relay`; hooks and scrip
 started by the first of them and gone after ``local_idle_seconds`` without any.
 
 Each session is a connection to the server's Unix socket (:mod:`memrl_mcp.serving.runtime`), served exactly as a
-stdio server serves its one client: an MCP session (of the server :func:`~memrl_mcp.serving.tools.create_server`
+stdio server serves its one client: an MCP session (of the server :func:`~memrl_mcp.serving.server.create_server`
 builds with ``single_client`` for the sessions with its settings) over the same stream machinery
 (:func:`~memrl_mcp.serving.stdio.socket_streams`), on an event loop of its own in a thread of its own, so what one
 session waits for (the store's write lock on the loop, a question to its user) holds back no other. All of them
 share one :class:`~memrl_mcp.memory.service.MemoryService`, which is safe for concurrent callers. Per session: its
 roots (project namespace), its questions to its client, its protocol era, and its own settings among ``namespace``,
-``namespace_from_roots``, ``tool_profile`` and ``tool_descriptions``.
+``namespace_from_roots``, ``project_dir``, ``tool_profile`` and ``tool_descriptions``.
 
 Who may connect: only this user. The socket lives in a folder only this user can enter and is itself 0600; on top,
 the kernel's record of the connecting process's user (``SO_PEERCRED``, ``LOCAL_PEERCRED``) must be this user's, or
@@ -61,15 +61,15 @@ from memrl_mcp.serving.runtime import (
     place_of,
     read_line,
 )
+from memrl_mcp.serving.server import create_server
 from memrl_mcp.serving.stdio import run_session, socket_streams
-from memrl_mcp.serving.tools import create_server
 from memrl_mcp.settings import ALL_NAMESPACES, Settings, SettingsError, TokenGrant, load_settings
 
 GREETING_SECONDS = 10.0  # a session greets at once; a connection that does not is dropped
 STOP_SECONDS = 10.0  # how long a stop waits for the sessions to answer the requests they read
 MEMORY_GROUPS = ("storage", "embeddings", "similarity", "retrieval", "learning", "steps", "limits")
 """The groups of settings that shape the memory itself: every session of a server has the server's."""
-SESSION_SETTINGS = ("namespace", "namespace_from_roots", "tool_profile", "tool_descriptions")
+SESSION_SETTINGS = ("namespace", "namespace_from_roots", "project_dir", "tool_profile", "tool_descriptions")
 """The settings each session has its own of: what its MCP server offers, and its default namespace."""
 LOOPBACK = "127.0.0.1"
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ class LocalServer:
         as an HTTP server serves its sessions; they share its sampling budget as an HTTP server's tokenless clients
         do."""
         own = {name: settings.value(name) for name in SESSION_SETTINGS} | {"named": settings.is_set("namespace")}
-        key = json.dumps(own, sort_keys=True)
+        key = json.dumps(own, sort_keys=True, default=str)  # a path setting (project_dir) as its text
         with self._building:
             if key not in self._servers:
                 self._servers[key] = create_server(self._service, None, single_client=True, settings=settings)

@@ -25,7 +25,7 @@ from memrl_mcp.models import iso_time
 CALLS_LOGGER = "memrl_mcp.calls"
 log = logging.getLogger(CALLS_LOGGER)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
-Status = Literal["ok", "refused", "error"]
+Status = Literal["ok", "refused", "error", "asking"]  # asking: a 2026-07-28 call that answered InputRequiredResult
 _RECORD_FIELDS = set(vars(logging.makeLogRecord({})))
 _NOT_LOGGED = {"message", "color_message"}
 

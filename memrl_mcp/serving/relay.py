@@ -85,7 +85,10 @@ class Relay:
         while reading or self._connection is not None:
             server = self._connection
             # select() takes pipes, terminals, files and sockets on every platform, and costs least for two.
-            ready, _, _ = select.select([0, server] if reading and server else [0] if reading else [server], [], [])
+            watched: list[int | socket.socket] = [0] if reading else []
+            if server is not None:
+                watched.append(server)
+            ready, _, _ = select.select(watched, [], [])
             if 0 in ready:
                 data = os.read(0, CHUNK)
                 if data:

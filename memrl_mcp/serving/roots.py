@@ -1,9 +1,11 @@
 """Per-project memory without configuration: a default namespace derived from the client's MCP roots.
 
 A client that offers roots (Claude Code, VS Code and others list the project folder they were opened in) gets,
-when neither the call, its token nor the ``namespace`` setting names a namespace, one derived from its first root:
-a readable slug of the folder name and a short hash of the full URI (``memrl-mcp-3fa9c2d1``), so one server
-attached to several projects keeps their memories apart, and two folders of the same name do not meet.
+when neither the call, its token nor the ``namespace`` setting names a namespace, one derived from its first root
+(:func:`~memrl_mcp.serving.projects.project_namespace`): a readable slug of the folder name and a short hash of the
+full URI (``memrl-mcp-3fa9c2d1``), so one server attached to several projects keeps their memories apart, and two
+folders of the same name do not meet. A client of the 2026-07-28 protocol cannot be asked for its roots: the
+``project_dir`` setting names its project folder instead (Claude Code gives it to every server it starts).
 
 This only ever picks the *default*: the namespaces a token may use are unchanged, and the derived one is checked
 against them like any other.
@@ -11,32 +13,19 @@ against them like any other.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
-import unicodedata
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import anyio
 from mcp.server.mcpserver import Context
 from mcp.types import ListRootsRequest, ListRootsResult
 
+from memrl_mcp.serving.projects import project_namespace
+
 log = logging.getLogger(__name__)
 
 ROOTS_TIMEOUT_SECONDS = 5.0  # a client that never answers roots/list must not hold every call up
-SLUG_CHARS = 40
-HASH_CHARS = 8
 STATE_KEY = "memrl_project_namespace"
-
-
-def project_namespace(uri: str) -> str:
-    """``<slug of the root's last path component>-<first 8 hex digits of SHA-256(uri)>``: valid for
-    :data:`~memrl_mcp.validation.NAMESPACE_PATTERN` (at most 49 characters of ``[A-Za-z0-9_.-]``)."""
-    path = unquote(urlparse(uri).path).rstrip("/")
-    name = unicodedata.normalize("NFKD", path.rsplit("/", 1)[-1]).encode("ascii", "ignore").decode()
-    slug = re.sub(r"[^A-Za-z0-9_.]+", "-", name).strip("-.")[:SLUG_CHARS].strip("-.") or "project"
-    return f"{slug}-{hashlib.sha256(uri.encode()).hexdigest()[:HASH_CHARS]}"
 
 
 async def roots_namespace(ctx: Context[Any, Any]) -> str | None:
@@ -50,13 +39,14 @@ async def roots_namespace(ctx: Context[Any, Any]) -> str | None:
     connection = getattr(session, "_connection", None)
     state = getattr(connection, "state", None)
     if state is not None and STATE_KEY in state:
-        return state[STATE_KEY]
+        known: str | None = state[STATE_KEY]
+        return known
     namespace = None
     capabilities = ctx.client_capabilities
     offered = capabilities is not None and capabilities.roots is not None
     # A call answered over its own stream (stdio, SSE) asks on it; one answered with plain JSON (this server's
     # streamable HTTP) asks on the connection's standalone stream. The 2026-07-28 protocol has neither.
-    channel = session if session.can_send_request else connection
+    channel: Any = session if session.can_send_request else connection  # both send requests; the SDK types neither
     if offered and (channel is session or getattr(connection, "has_standalone_channel", False)):
         try:
             with anyio.fail_after(ROOTS_TIMEOUT_SECONDS):

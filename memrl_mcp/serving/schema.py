@@ -1,17 +1,21 @@
-"""What a client sees of a tool (:class:`MemoryTool`): strictly checked arguments, refusals in plain words, a compact
-input schema and no output schema."""
+"""What a client sees of a tool (:class:`MemoryTool`): its arguments (:class:`Arguments`, from its request), strictly
+checked, refusals in plain words, a compact input schema and no output schema."""
 
-from collections.abc import Callable
-from typing import Any, Self
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Self, get_args, get_type_hints
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
-from pydantic import ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from memrl_mcp.validation import plain_error
+from memrl_mcp.requests import Arg
+from memrl_mcp.settings import Settings
+from memrl_mcp.validation import Limits, plain_error
 
 STRICT = ConfigDict(strict=True, extra="forbid")
 SCHEMA_BRANCHES = ("properties", "$defs")
@@ -37,13 +41,15 @@ class MemoryTool(Tool):
     def strict(cls, fn: Callable[..., object], title: str, description: str, annotations: ToolAnnotations) -> Self:
         tool = cls.from_function(fn, title=title, description=description, annotations=annotations)
         lax = tool.fn_metadata.arg_model
-        strict = type(lax.__name__, (lax,), {"model_config": STRICT, "__module__": __name__})
+        strict: type[BaseModel] = type(lax.__name__, (lax,), {"model_config": STRICT, "__module__": __name__})
         metadata = tool.fn_metadata.model_copy(update={"arg_model": strict})
         schema = compact_schema(strict.model_json_schema(by_alias=True))
-        return tool.model_copy(update={"fn_metadata": metadata, "parameters": schema})
+        made = tool.model_copy(update={"fn_metadata": metadata, "parameters": schema})
+        assert isinstance(made, cls)  # the SDK's from_function builds an instance of the class it is called on
+        return made
 
     @property
-    def output_schema(self) -> dict[str, Any] | None:  # type: ignore[override]
+    def output_schema(self) -> dict[str, Any] | None:
         return None
 
     async def run(self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False) -> Any:
@@ -83,3 +89,48 @@ def compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, list):
             compact[key] = [compact_schema(item) if isinstance(item, dict) else item for item in value]
     return compact
+
+
+class Arguments:
+    """A request's fields as a tool's arguments (:class:`~memrl_mcp.requests.Arg`): each with the bound its rule
+    holds in ``limits`` where that bound is a setting, and its description filled in from ``values`` (the settings
+    a description names, :func:`argument_values`)."""
+
+    def __init__(self, limits: Limits, values: Mapping[str, object]) -> None:
+        self._limits = limits
+        self._values = values
+
+    def parameters(self, request: type[Any]) -> list[inspect.Parameter]:
+        hints = get_type_hints(request, include_extras=True)
+        parameters = []
+        for field in dataclasses.fields(request):
+            kind, *metadata = get_args(hints[field.name])
+            (arg,) = (item for item in metadata if isinstance(item, Arg))
+            if arg.bound is not None:
+                bounded = getattr(self._limits, arg.bound).type
+                kind = bounded | None if field.default is None else bounded
+            kept = [item for item in metadata if not isinstance(item, Arg)]
+            described = Annotated[(kind, *kept, Field(description=arg.description.format_map(self._values)))]  # type: ignore[valid-type]
+            default = inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default
+            parameters.append(
+                inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=described)
+            )
+        return parameters
+
+
+def argument_values(settings: Settings, delta: float) -> dict[str, object]:
+    """What the arguments' descriptions may name: the limits' settings, the reward range, and the defaults of
+    recall (``delta``: the similarity threshold in effect, the embedder's when not set)."""
+    learning, retrieval = settings.learning, settings.retrieval
+    low, high = learning.reward_min, learning.reward_max
+    return {
+        **settings.limits.model_dump(),
+        "reward_min": low,
+        "reward_max": high,
+        "reward_neutral": (low + high) / 2,
+        "k1": retrieval.k1,
+        "k2": retrieval.k2,
+        "q_weight": retrieval.q_weight,
+        "delta": delta,
+        "step_k": settings.steps.step_k,
+    }

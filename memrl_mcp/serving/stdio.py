@@ -1,11 +1,10 @@
 """The stdio transport, with the pipes read and written by the event loop itself.
 
-The SDK's ``stdio_server`` reads each request line, writes each answer and flushes it through a worker thread
-(anyio's ``AsyncFile``): three hand-offs to another thread and back per tool call. Here asyncio's pipe transports
-read and write without blocking, on the loop; the SDK's ``stdio_server`` still parses and serialises every message.
-A no-op tool cost its stdio server 0.95 ms of CPU per call through the SDK's transport, 0.63 ms through this one
-(docs/performance.md). When stdin or stdout is not a pipe or a socket (a file, a terminal), the SDK's transport
-serves instead.
+The SDK's ``stdio_server`` reads each request line, writes each answer and flushes it through a worker thread (anyio's
+``AsyncFile``): three hand-offs to another thread and back per tool call. Here asyncio's pipe transports read and write
+without blocking, on the loop; the SDK's ``stdio_server`` still parses and serialises every message. A tool call costs
+the server a third less CPU this way (docs/performance.md). When stdin or stdout is not a pipe or a socket (a file, a
+terminal), the SDK's transport serves instead.
 
 Like the SDK's, it claims fds 0 and 1 while it serves: the wire is read and written through private duplicates,
 fd 0 reads the null device and fd 1 writes to stderr, so that nothing else in the process (a child, a stray print)
@@ -234,7 +233,7 @@ class _Draining(_Wrapped):
     async def receive(self) -> SessionMessage | Exception:
         if self._deadline is None:
             try:
-                item = await self._inner.receive()
+                item: SessionMessage | Exception = await self._inner.receive()
             except anyio.EndOfStream:
                 self._deadline = anyio.current_time() + DRAIN_SECONDS
             else:

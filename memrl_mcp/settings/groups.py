@@ -146,7 +146,7 @@ class SimilaritySettings(Group):
 
 
 class RetrievalSettings(Group):
-    """MemRL's two phases (MEMRL.md): Phase A by similarity, Phase B by similarity and learned utility."""
+    """MemRL's two phases (docs/algorithm.md): Phase A by similarity, Phase B by similarity and learned utility."""
 
     k1: int = Field(5, ge=1, le=MAX_K, description="Phase A: candidates recalled by similarity.")
     k2: int = Field(3, ge=1, le=MAX_K, description="Phase B: memories returned after re-ranking (<= k1).")
@@ -353,4 +353,11 @@ class NamespaceSettings(Group):
         description="When the client offers MCP roots and neither the call, the token nor the namespace setting "
         "names a namespace, use one derived from the first root (<folder name>-<hash of its URI>), so one server "
         "shared by several projects keeps their memories apart.",
+    )
+    project_dir: Path | None = Field(
+        None,
+        description="The folder of this session's project, for a client that sends no MCP roots (one of the "
+        "2026-07-28 protocol cannot be asked for them): with namespace_from_roots, such a session's namespace is the "
+        "one this folder's root would give. Claude Code names it to every MCP server it starts (CLAUDE_PROJECT_DIR, "
+        "read as this setting).",
     )

@@ -39,8 +39,14 @@ from memrl_mcp.settings.groups import (
 from memrl_mcp.settings.serving import ServingSettings
 from memrl_mcp.validation import Limits
 
-ECOSYSTEM_VARIABLES = {"qdrant_url": "QDRANT_URL", "qdrant_api_key": "QDRANT_API_KEY", "collection": "COLLECTION_NAME"}
-"""The Qdrant ecosystem's names for three settings (the official Qdrant MCP server reads them); ``MEMRL_*`` wins."""
+ECOSYSTEM_VARIABLES = {
+    "qdrant_url": "QDRANT_URL",
+    "qdrant_api_key": "QDRANT_API_KEY",
+    "collection": "COLLECTION_NAME",
+    "project_dir": "CLAUDE_PROJECT_DIR",
+}
+"""Other programs' names for four settings: the Qdrant ecosystem's (the official Qdrant MCP server reads them), and
+the project folder Claude Code gives every MCP server and hook it starts; ``MEMRL_*`` wins."""
 OTHER_VARIABLES = frozenset(
     {
         "MEMRL_LLM_BASE_URL",
@@ -119,6 +125,7 @@ class Settings(BaseModel):
             (learning.reward_min, learning.reward_max),
             (limits.max_trajectory_steps, limits.max_observation_chars, limits.max_action_chars),
             limits.max_list_page,
+            limits.max_trajectory_chars,
         )
 
 

@@ -11,6 +11,7 @@ from memrl_mcp.storage.opening import open_store, private_copy
 from memrl_mcp.storage.qdrant import QdrantClientStore
 from memrl_mcp.storage.store import (
     PLACEHOLDER,
+    Condition,
     Hit,
     Point,
     Range,
@@ -26,6 +27,7 @@ from memrl_mcp.storage.store import (
 
 __all__ = [
     "PLACEHOLDER",
+    "Condition",
     "DiskFullError",
     "DiskRoom",
     "EdgeStore",

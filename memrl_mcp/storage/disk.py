@@ -30,7 +30,7 @@ class DiskFullError(MemrlError):
 class DiskRoom:
     """The free space a write needs under an embedded store's folder, checked before each write.
 
-    One ``statvfs`` per write (3.5 us measured, against 100 us and more for the write itself) keeps the check
+    One ``statvfs`` per write, cheap against the write itself (docs/performance.md), keeps the check
     exact without a cache that a burst of writes could outrun. A new recall may use half of the margin that new
     memories and updates may not: recall keeps answering on a nearly full disk, and the other half stays for the
     engine's own growth (WAL pages, a reopen)."""
@@ -48,7 +48,7 @@ class DiskRoom:
         """Raise :class:`DiskFullError` unless ``share`` of the margin is still free."""
         if self._min_free == 0:
             return
-        free = free_bytes(self._path)  # a statvfs at every write: 5 us of CPU (perf/write_costs.py)
+        free = free_bytes(self._path)  # a statvfs at every write (its cost: perf/write_costs.py)
         if free < self._min_free * share:
             raise DiskFullError(
                 f"the disk holding the memory store ({self._path}) has {free / MB:.1f} MB free, below "
@@ -60,7 +60,7 @@ class DiskRoom:
         """Before this process opens the shards in ``folders``: make sure opening them cannot kill it.
 
         qdrant-edge maps its files into memory, and on tmpfs it allocates their holes as it opens them (a small
-        store's first reopen grew it from 30 to 178 MB); a page it cannot allocate kills the process with SIGBUS,
+        store's first reopen can take many times its size); a page it cannot allocate kills the process with SIGBUS,
         where no error can be caught. When the free space could not cover every hole of the store's files plus
         the margin, a child process opens the shards first: if it lives, what it allocated stays allocated and this
         process's open needs no more; if it dies of SIGBUS, the pages it allocated and left empty are given back

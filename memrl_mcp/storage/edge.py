@@ -59,20 +59,20 @@ log = logging.getLogger(__name__)
 CURRENT = "memories.current"  # names the memories' generation folder in use
 TALLY = "memories.tally.json"  # the counts of memory_stats, saved at a clean close
 # Rebuild once the memories outside the index (new ones: payload updates stay in it) reach this share of the indexed
-# ones: at 1M, 20,000 searched exactly, ~3 ms (perf/scale.py, settings.index_min_memories).
+# ones: few enough that the exact search of the rest stays cheap (docs/performance.md; settings.index_min_memories).
 REBUILD_SHARE = 0.02
 FULL_SCAN_KB = 10_000  # Qdrant's default: a filter matching fewer vectors than this (6,500 at 384-d) is scanned
-# Memories streamed to the builder per page. A page holds the GIL while it is read and pickled (1,000 points with
-# vectors: ~15 ms to read), and the stream gets the GIL between two searches: at 1M unindexed memories, where an
-# exact search holds it for 90-270 ms, a stream in pages of 256 crawled (the child had grown by 113 MB after 8 min).
+# Memories streamed to the builder per page. A page holds the GIL while it is read and pickled, and the stream gets the
+# GIL only between two searches: with 1M unindexed memories, whose exact searches hold the GIL long, smaller pages made
+# the stream crawl (docs/performance.md).
 BUILD_PAGE = 1024
 RECORD = attrgetter("id", "vector", "payload")  # a scrolled record as the child takes it, read in C
 FINAL_REPLAY = 64  # logged writes few enough to replay with writers held back
-RELEASE_EVERY = 32_768  # records a full read returns between two releases of the pages it mapped (~70 MB at 1M)
+RELEASE_EVERY = 32_768  # records a full read returns between two releases of the pages it mapped
 CHECK_EVERY = 1000  # memories writes between two checks of whether a build is due
 # Writes to a table between two flushes. qdrant-edge writes a changed point's whole payload anew, and frees the old
 # copy and truncates its write-ahead log only at a flush, which it never runs by itself: a server running for days
-# kept every payload it had replaced since it started (issue 22). At most this many replaced payloads wait.
+# kept every payload it had replaced since it started. At most this many replaced payloads wait.
 FLUSH_EVERY = 1000
 
 
@@ -95,8 +95,8 @@ class EdgeStore:
 
     The counts of ``memory_stats`` are kept write by write (:class:`Tally`: this process is the store's only writer),
     saved at close and read back at open; a store not closed cleanly is counted again. The recalls table is
-    memory-mapped (``Memory.Cold``): a pending recall is read once, when reported (a restarted server holding 50,000
-    pending recalls: 164 MB resident instead of 272, perf/recall_rss.py)."""
+    memory-mapped (``Memory.Cold``): a pending recall is read once, when reported, so pending recalls stay out
+    of resident memory (perf/recall_rss.py; docs/performance.md)."""
 
     def __init__(
         self, path: Path, dim: int, room: DiskRoom | None = None, index_min: int = 0, hnsw_ef: int = 128
@@ -372,7 +372,7 @@ class EdgeStore:
                 ids = [point_id for point_id, _ in self.scroll("memories", fields=())] if ids is None else ids
                 fields = [*(TALLY_FIELDS if memories else ()), *fields_of(where or {})]
                 old = self._fields(shard, ids, fields)
-                # exactly once: +15 us of CPU on a Q update's 165 us write (perf/write_costs.py, a full history)
+                # exactly once, checked here under the write lock: no read back (its cost: perf/write_costs.py)
                 if where is not None and (ids[0] not in old or not matches(old[ids[0]], where)):
                     return False
             shard.update(operation)
@@ -383,6 +383,7 @@ class EdgeStore:
                 elif update is not None:
                     after = {point_id: as_set({**read, **update}) for point_id, read in old.items()}
                 else:
+                    assert ids is not None  # read above, for the tally
                     after = self._fields(shard, ids, TALLY_FIELDS)
                 for point_id in set(old) | set(after):
                     self._tally.apply(old.get(point_id), after.get(point_id))

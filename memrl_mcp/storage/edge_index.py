@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from memrl_mcp.storage.disk import DiskFullError
 from memrl_mcp.storage.files import write_atomically
-from memrl_mcp.storage.store import StoreLockedError
+from memrl_mcp.storage.store import StoreLockedError, Table
 
 HNSW_M = 16  # links per node: Qdrant's default; recall@5 against exact 1.00 at 1M, ef 32-256 (perf/scale.py)
 HNSW_EF_CONSTRUCT = 100  # Qdrant's default
@@ -363,7 +363,7 @@ class BuildTimes:
 class Rebuild:
     """A rebuild of a table waiting or running; ``done`` is set once it is over (swapped in, failed or dropped)."""
 
-    table: str
+    table: Table
     hnsw: bool
     done: threading.Event = field(default_factory=threading.Event)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -114,7 +114,7 @@ class ReadOnlyStore(StoreLayer):
         super().__init__(inner)
         self._scratch = scratch
 
-    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyError("the memory store is read-only (tool_profile: read_only): nothing is written")
 
     upsert = insert = set_payload = set_payload_if = delete = delete_namespace = purge_recalls = compact = _refuse

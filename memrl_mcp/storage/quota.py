@@ -18,8 +18,8 @@ through SQLite, which reuses a replaced version's pages at once: nothing is coun
 through it, the store being locked to one process), reads the record before each write and knows the fields it
 writes, under one lock, and moves each namespace's count by the difference; so the counts of records always equal a
 full recount, whatever the order of concurrent writes. They are saved at a clean close and read back at open; the saved
-file is deleted as it is read, so a store not closed cleanly is counted again (a full read: 2.8 s per 100,000
-memories with 1.9 KB payloads, measured). A namespace forgotten whole drops its counts without reading anything. On
+file is deleted as it is read, so a store not closed cleanly is counted again (a full read of the store:
+docs/performance.md). A namespace forgotten whole drops its counts without reading anything. On
 a Qdrant server several replicas write and no process sees every write: no usage is measured there, and quotas are
 not enforced.
 
@@ -79,8 +79,8 @@ class QuotaExceededError(MemoryRequestError):
 def json_bytes(value: Any) -> int:
     """``value`` as compact JSON in UTF-8 bytes, as serde_json writes it (the engines' own JSON library; Python's
     json module gave the same lengths but for a float's exponent: ``2.5e-07`` against ``2.5e-7``). A Q update counts
-    a memory's fields twice, a full Q history and ``applied`` included: 12.5 us per payload against 37 us with
-    Python's encoder (docs/performance.md)."""
+    a memory's fields twice, a full Q history and ``applied`` included, so the encoder's speed counts: serde_json
+    takes a third of Python's time (docs/performance.md)."""
     return len(pydantic_core.to_json(value))
 
 
@@ -112,7 +112,7 @@ class Usage:
     def __init__(self, live: Mapping[str, Mapping[str, int]] | None = None, dead: Mapping[str, int] | None = None):
         self.live: dict[str, Counter[str]] = {ns: Counter(tables) for ns, tables in (live or {}).items()}
         self.dead: Counter[str] = Counter(dead or {})
-        self.replaced: dict[str, Counter[str]] = {}
+        self.replaced: dict[str, Counter[Table]] = {}
 
     def add(self, namespace: Any, table: Table, size: int) -> None:
         """Count ``size`` more bytes (fewer, if negative) for the namespace (records without one are not a

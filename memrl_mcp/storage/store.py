@@ -84,10 +84,11 @@ class Words:
 Condition = str | int | Sequence[str] | Range | Words | None
 
 
-Where = Mapping[str | tuple[str, ...], Condition]
+Where = Mapping[Any, Condition]
 """Conditions on payload fields, all of which must hold: an exact value, a list of accepted values, a
 :class:`Range`, :class:`Words`, or None: the field is absent (what a schema migration looks for). A tuple of fields
-as the key: the condition holds on any one of them."""
+as the key: the condition holds on any one of them. (Keys typed ``Any``: a mapping's key type is invariant, so
+``str | tuple[str, ...]`` would refuse a plain ``{"namespace": name}``.)"""
 
 
 TABLES: tuple[Table, ...] = ("memories", "recalls", "steps", "episodes", "history")

@@ -4,6 +4,7 @@ Needs the ``alfworld`` extra (alfworld 0.4.2 + TextWorld) and the shared data; s
 """
 
 import json
+import random
 import re
 import shutil
 from collections import Counter
@@ -13,7 +14,7 @@ import anyio
 import pytest
 
 from memrl_harness.benchmarks import load_benchmark
-from memrl_harness.benchmarks.alfworld import AlfworldBenchmark, Game, task_type
+from memrl_harness.benchmarks.alfworld import AlfworldBenchmark, Game, Policy, task_type
 from memrl_harness.llm import LLM, Usage
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
@@ -83,11 +84,16 @@ def test_task_lists_of_the_splits(bench: AlfworldBenchmark, tmp_path: Path):
     assert (only.id, only.intent, only.type) == (pencil.id, pencil.intent, "put")
 
 
+def replaying(plan: list[str]) -> Policy:
+    """A policy that plays ``plan``, an action a step."""
+    return lambda room, state, past, advice: ("", plan[len(past)], Usage())
+
+
 def test_replaying_the_planner_wins(bench: AlfworldBenchmark, fast_tasks, plans):
     for task in fast_tasks:
         plan = plans[task.intent]
         assert 0 < len(plan) <= bench.options.max_steps
-        episode = bench.play(task, lambda room, state, past, advice, plan=plan: ("", plan[len(past)], Usage()))
+        episode = bench.play(task, replaying(plan))
         assert (episode.success, episode.reward, episode.steps) == (True, 1.0, len(plan)), task.id
         assert episode.trajectory.startswith(f"Task: {task.intent}") and "goal reached" in episode.trajectory
 
@@ -96,11 +102,12 @@ def test_an_agent_that_only_looks_never_wins(fake_llm: FakeLLMServer, llm: LLM, 
     bench = AlfworldBenchmark(max_steps=4)
     fake_llm.responder = json.dumps({"thought": "let me look", "action": "look"})
     for task in fast_tasks[:2]:
-        episode = bench.run_episode(task, [], llm, None)
+        episode = bench.run_episode(task, [], llm, random.Random(0))
         assert (episode.success, episode.reward, episode.steps) == (False, -1.0, 4)
         assert "goal not reached after 4 steps" in episode.trajectory
     assert len(fake_llm.chat_requests) == 8
     first = fake_llm.chat_requests[0]
+    assert first.response_format is not None
     enum = first.response_format["json_schema"]["schema"]["properties"]["action"]["enum"]
     assert "look" in enum and "go to desk 1" in enum
     prompt = first.last_user
@@ -116,9 +123,9 @@ def expert(plans: dict[str, list[str]]):
         text = request.last_user
         if request.response_format is None:  # the runner asks for an experience
             return "1. go to the object 2. take it 3. bring it to the target and use or move it there"
-        goal = re.search(r"Your task is to: (.+)", text).group(1).strip()
-        step = int(re.search(r"Step (\d+) of", text).group(1))
-        return json.dumps({"thought": "follow the plan", "action": plans[goal][step - 1]})
+        goal, step = re.search(r"Your task is to: (.+)", text), re.search(r"Step (\d+) of", text)
+        assert goal is not None and step is not None, text
+        return json.dumps({"thought": "follow the plan", "action": plans[goal[1].strip()][int(step[1]) - 1]})
 
     return respond
 

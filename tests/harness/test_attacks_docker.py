@@ -191,7 +191,7 @@ async def test_sql_reaches_no_file_no_shell_and_no_other_episode(
             f"DROP DATABASE `{victim.name}`",
         ]
         played = await play_sql(fake_llm, bench, tmp_path, {TASK: attacks})
-        assert victim.inspect("SELECT v FROM secret").last.rows == [("crown jewels",)]
+        assert victim.inspect("SELECT v FROM secret").rows == [("crown jewels",)]
     out = played.outputs[TASK]
     assert out[0].startswith("Error: ERROR 1064") and out[1].startswith("Error: ERROR 1064")  # no client commands
     assert not any(m.exists() for m in markers) and not (tmp_path / "out.txt").exists()

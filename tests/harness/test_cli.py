@@ -43,7 +43,8 @@ def test_three_modes_and_a_report(tmp_path: Path) -> None:
         # Quiet by default: the memory server's log lines go to the run folder, not to the terminal.
         assert "tool call" not in done.stderr
         assert (mode == "none") or "tool call" in run.server_log.read_text()
-        # run.json records the constants the memory server really used: controlled runs at ALFWorld's (MEMRL.md).
+        # run.json records the constants the memory server really used: controlled runs at ALFWorld's
+        # (docs/algorithm.md).
         settings = run.read_config().memory_settings or {}
         assert [settings.get(key) for key in ("k1", "k2", "alpha")] == ([None] * 3 if mode == "none" else [5, 3, 0.3])
 

@@ -1,4 +1,4 @@
-"""Every benchmark runs with the paper's memory constants (MEMRL.md's table), from the installed package."""
+"""Every benchmark runs with the paper's memory constants (docs/algorithm.md's table), from the installed package."""
 
 import os
 
@@ -7,7 +7,8 @@ import pytest
 from memrl_harness.benchmarks import REGISTRY, memory_config
 from memrl_mcp.settings import load_settings
 
-# k1, k2, lambda, alpha, Q_init success / failure, reward min / max, epsilon: MEMRL.md, "Reference constants".
+# k1, k2, lambda, alpha, Q_init success / failure, reward min / max, epsilon: docs/algorithm.md, "The paper's
+# constants per benchmark".
 ALFWORLD = (5, 3, 0.5, 0.3, 0.0, 0.0, -1.0, 1.0, 0.0)
 LLB = (10, 5, 0.5, 0.3, 0.5, 0.5, 0.0, 1.0, 0.01)
 PAPER = {

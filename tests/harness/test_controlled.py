@@ -23,7 +23,8 @@ from memrl_harness.benchmarks.controlled import (
 from memrl_harness.benchmarks.options import OptionError
 from memrl_mcp.embeddings import Embedder, SimilarityProfile
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.models import RecallQuery
+from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery
+from memrl_mcp.validation import Outcome
 from tests.support.mcp import make_service
 
 # The paper's ALFWorld constants (configs/alfworld.yaml), spelled out so the experiment does not move
@@ -41,9 +42,9 @@ MEMORY_SETTINGS = {
 }
 
 
-def memory(procedure: str, outcome: str = "success", memory_id: str | None = None) -> Memory:
+def memory(procedure: str, outcome: Outcome = "success", memory_id: str | None = None) -> Memory:
     experience = success_experience(procedure) if outcome == "success" else failure_experience(procedure)
-    return Memory(memory_id or f"{outcome}:{procedure}", "some task", experience, outcome, 0.0, 0.8)  # type: ignore[arg-type]
+    return Memory(memory_id or f"{outcome}:{procedure}", "some task", experience, outcome, 0.0, 0.8)
 
 
 # -- the world ------------------------------------------------------------------------------------
@@ -241,17 +242,18 @@ def simulate(bench: ControlledBenchmark, mode: str, seed: int, epochs: int, embe
                 wins += episode.success
                 if episode.success:
                     solved.add(task.id)
-                outcome = "success" if episode.success else "failure"
+                outcome: Outcome = "success" if episode.success else "failure"
                 if mode == "memrl":
+                    assert service is not None and recall is not None
                     service.report(
-                        recall.recall_id,
-                        episode.reward,
-                        experience=episode.experience,
-                        outcome=outcome,
+                        OutcomeReport(recall.recall_id, episode.reward, experience=episode.experience, outcome=outcome),
                         access=EVERYTHING,
                     )
                 elif mode == "rag":
-                    service.store_experience(task.intent, episode.experience, outcome=outcome, access=EVERYTHING)
+                    assert service is not None
+                    service.store_experience(
+                        NewExperience(task.intent, episode.experience, outcome=outcome), access=EVERYTHING
+                    )
             success.append(wins / len(tasks))
             csr.append(len(solved) / len(tasks))
     finally:

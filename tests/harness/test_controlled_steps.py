@@ -24,6 +24,7 @@ from memrl_harness.benchmarks.controlled_steps import (
 from memrl_harness.report import build_report
 from memrl_harness.results import RunConfig, RunDir
 from memrl_harness.runner import Runner
+from memrl_mcp.validation import Outcome
 
 # runs the harness end to end, with memrl-mcp servers: `make test` runs it, `make test-fast` does not
 pytestmark = pytest.mark.slow
@@ -49,9 +50,9 @@ def advice(encouraged: dict[str, float] | None = None, discouraged: dict[str, fl
     )
 
 
-def memory(actions: list[str], outcome: str) -> Memory:
+def memory(actions: list[str], outcome: Outcome) -> Memory:
     text = success_experience(actions) if outcome == "success" else failure_experience(actions)
-    return Memory(f"{outcome}-{len(actions)}", "a ticket", text, outcome, 0.0, 0.9)  # type: ignore[arg-type]
+    return Memory(f"{outcome}-{len(actions)}", "a ticket", text, outcome, 0.0, 0.9)
 
 
 def test_the_world_is_fixed_by_its_seed() -> None:
@@ -102,7 +103,7 @@ async def run(tmp_path: Path, mode: str, seed: int, **options: object) -> list[f
     options = SMALL | options
     config = RunConfig(benchmark="controlled-steps", mode=mode, epochs=EPOCHS, seed=seed, benchmark_options=options)
     run_dir = RunDir(tmp_path / f"{mode}-{seed}-{'one' if options.get('one_step') else 'multi'}")
-    records = await Runner(config, ControlledStepsBenchmark(**options), run_dir, None).run()  # type: ignore[arg-type]
+    records = await Runner(config, ControlledStepsBenchmark(**options), run_dir, None).run()
     return [statistics.mean(r.success for r in records if r.epoch == e) for e in range(1, EPOCHS + 1)]
 
 
@@ -159,7 +160,7 @@ async def credit_run(tmp_path: Path, step_order: str, seed: int) -> list[float]:
         benchmark_options=THREE_STEPS,
     )
     run_dir = RunDir(tmp_path / f"{step_order}-{seed}")
-    records = await Runner(config, ControlledStepsBenchmark(**THREE_STEPS), run_dir, None).run()  # type: ignore[arg-type]
+    records = await Runner(config, ControlledStepsBenchmark(**THREE_STEPS), run_dir, None).run()
     return [statistics.mean(r.success for r in records if r.epoch == e) for e in range(1, CREDIT_EPOCHS + 1)]
 
 

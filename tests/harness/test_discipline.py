@@ -84,7 +84,7 @@ async def test_the_hooks_give_a_forgetful_agent_the_disciplined_ones_learning(tm
             seed=2,
             memory_config=str(memory_config("controlled")),
             benchmark_options=SMALL,
-            discipline=discipline,  # type: ignore[arg-type]
+            discipline=discipline,
         )
         runs[discipline] = RunDir(tmp_path / discipline)
         await Runner(config, ControlledBenchmark(**SMALL), runs[discipline], None).run()

@@ -113,7 +113,7 @@ def test_the_judge_decides(data: Path, fake_llm: FakeLLMServer, llm: LLM) -> Non
     assert not bad.success and bad.reward == -1.0
     judge_request = fake_llm.chat_requests[1]
     assert judge_request.model == "judge-model"
-    assert judge_request.response_format["type"] == "json_schema"
+    assert judge_request.response_format is not None and judge_request.response_format["type"] == "json_schema"
     assert "[correct_answer]: 101" in judge_request.last_user
     assert good.usage.calls == 2  # the agent's answer and the verdict
 

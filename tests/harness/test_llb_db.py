@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from memrl_harness.backends.mariadb import LocalMariaDB
 from memrl_harness.backends.sql import Row
 from memrl_harness.benchmarks import load_benchmark
 from memrl_harness.benchmarks.llb_db import LLBDBBenchmark, answer_matches, parse_answer
@@ -32,6 +33,12 @@ def bench() -> Iterator[LLBDBBenchmark]:
         yield benchmark
 
 
+def local_server(bench: LLBDBBenchmark) -> LocalMariaDB:
+    """The benchmark's server: the default backend, a private MariaDB of its own."""
+    assert isinstance(bench.server, LocalMariaDB), bench.server
+    return bench.server
+
+
 def test_tasks_and_registry(bench: LLBDBBenchmark) -> None:
     tasks = bench.tasks()
     assert len(tasks) == 361
@@ -40,6 +47,7 @@ def test_tasks_and_registry(bench: LLBDBBenchmark) -> None:
     task = {t.id: t for t in tasks}[INSERT]
     assert task.intent == task.data["instruction"].strip() and task.type == "insert"
     picked = load_benchmark("llb-db", ids=f"{INSERT},{SELECT}")
+    assert isinstance(picked, LLBDBBenchmark), picked
     try:
         assert [t.id for t in picked.tasks()] == [INSERT, SELECT]
     finally:
@@ -69,7 +77,7 @@ def test_the_gold_sql_passes_and_doing_nothing_fails(bench: LLBDBBenchmark) -> N
 
 
 def llb_databases_and_users(bench: LLBDBBenchmark) -> tuple[list[Row], list[Row]]:
-    admin = bench.server.admin
+    admin = local_server(bench).admin
     databases = admin.admin("SHOW DATABASES LIKE 'llb\\_%'")
     users = admin.admin("SELECT user FROM mysql.user WHERE user LIKE 'llb\\_%'")
     assert databases.error is None and users.error is None
@@ -123,14 +131,16 @@ async def test_a_memrl_run_with_the_gold_sql(fake_llm: FakeLLMServer, llm: LLM, 
 
     fake_llm.responder = answer
     bench.start()
-    folder, process = Path(bench.server.socket).parent, bench.server._process
+    server = local_server(bench)
+    folder, process = Path(server.socket).parent, server._process
+    assert process is not None
     config = RunConfig(benchmark="llb-db", mode="memrl", epochs=2, seed=0)
     try:
         with anyio.fail_after(120):
             records = await Runner(config, bench, RunDir(tmp_path / "run"), llm).run()
     finally:
         bench.close()
-    assert not bench.server.running and process.poll() is not None and not folder.exists()
+    assert not server.running and process.poll() is not None and not folder.exists()
     assert sorted((r.epoch, r.task_id, r.success, r.checker_reward) for r in records) == sorted(
         (e, i, True, 1.0) for e in (1, 2) for i in (INSERT, SELECT)
     )

@@ -101,7 +101,7 @@ def test_the_mariadb_container_serves_episodes_on_its_socket_only(docker_engine:
         with server.episode("CREATE TABLE t (a INT); INSERT INTO t VALUES (1), (2);", 5) as episode:
             mine = episode.execute("SELECT SUM(a) FROM t; SELECT CURRENT_USER()")
             assert mine.error is None and [r.rows for r in mine.results] == [[(3,)], [(f"{episode.name}@localhost",)]]
-            assert episode.inspect("SELECT COUNT(*) FROM t").last.rows == [(2,)]
+            assert episode.inspect("SELECT COUNT(*) FROM t").rows == [(2,)]
         socket = server.admin.socket
     finally:
         server.stop()

@@ -7,6 +7,7 @@ import json
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -32,11 +33,11 @@ SCHEMA = {
 }
 
 
-def recording_llm(fake: FakeLLMServer, delays: list[float], **kwargs: object) -> LLM:
+def recording_llm(fake: FakeLLMServer, delays: list[float], **kwargs: Any) -> LLM:
     """An LLM whose backoff sleeps are recorded instead of slept."""
-    options: dict[str, object] = {"timeout": 2.0, "backoff_base": 1.0, "backoff_max": 8.0, "sleep": delays.append}
+    options: dict[str, Any] = {"timeout": 2.0, "backoff_base": 1.0, "backoff_max": 8.0, "sleep": delays.append}
     options.update(kwargs)
-    return LLM(fake.base_url, fake.model, "k", **options)  # type: ignore[arg-type]
+    return LLM(fake.base_url, fake.model, "k", **options)
 
 
 def test_chat_sends_settings_and_returns_text_and_usage(fake_llm: FakeLLMServer, llm: LLM) -> None:
@@ -169,7 +170,8 @@ def test_auto_falls_back_to_json_object_and_remembers(fake_llm: FakeLLMServer, l
     second = llm.chat([{"role": "user", "content": "act"}], json_schema=SCHEMA)
     assert first.data == second.data == {"action": "go", "confidence": 0.5}
     formats = [r.response_format for r in fake_llm.chat_requests]
-    assert [f["type"] for f in formats] == ["json_schema", "json_object", "json_object"]  # no retries of the 500
+    types = [f["type"] if f else None for f in formats]
+    assert types == ["json_schema", "json_object", "json_object"]  # no retries of the 500
     assert formats[1] == {"type": "json_object", "schema": SCHEMA}
     assert llm.structured_output == "json_object"
 

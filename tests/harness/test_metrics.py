@@ -24,7 +24,7 @@ from memrl_harness.results import EpisodeRecord, RunDir
 def rec(epoch: int, task: str, success: bool, **extra: object) -> EpisodeRecord:
     fields: dict[str, object] = {"steps": 1, "wall_s": 1.0, "checker_reward": 1.0 if success else -1.0}
     fields.update(extra)
-    return EpisodeRecord(epoch=epoch, position=0, task_id=task, success=success, **fields)  # type: ignore[arg-type]
+    return EpisodeRecord(epoch=epoch, position=0, task_id=task, success=success, **fields)
 
 
 # 3 tasks x 3 epochs: a solved, forgotten, solved again; b learned in epoch 2; c only in epoch 3.
@@ -220,7 +220,7 @@ def test_seeds_aggregate_by_hand() -> None:
     assert aggregate.seeds == [0, 1]
     assert [e.epoch for e in aggregate.epochs] == [1, 2]  # the partial epoch 3 counts for no seed
     first = aggregate.epochs[0].success_rate
-    assert (first.mean, first.std, first.n) == (pytest.approx(1 / 6), pytest.approx((2 * (1 / 6) ** 2) ** 0.5), 2)
+    assert (first.mean, first.std, first.n) == pytest.approx((1 / 6, (2 * (1 / 6) ** 2) ** 0.5, 2))
     assert aggregate.last_success is not None and aggregate.last_success.mean == pytest.approx(5 / 6)
     assert aggregate.last_csr is not None and aggregate.last_csr.mean == pytest.approx(5 / 6)
     # Forgetting: seed 0 forgot nothing, seed 1 nothing (its epoch 3 is partial): 0 +- 0 over 2.

@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -34,12 +35,12 @@ SMALL = {"families": "2", "tasks_per_family": "8"}  # 16 tasks, one appliance's 
 def config(mode: str, epochs: int = 2, **extra: object) -> RunConfig:
     return RunConfig(
         benchmark="controlled",
-        mode=mode,  # type: ignore[arg-type]
+        mode=mode,
         epochs=epochs,
         seed=1,
         memory_config=str(memory_config("controlled")),
         benchmark_options=SMALL,
-        **extra,  # type: ignore[arg-type]
+        **extra,
     )
 
 
@@ -121,7 +122,7 @@ async def test_the_frozen_memory_refuses_every_write(tmp_path: Path) -> None:
             found = await client.call_tool("search_experience", {"task": str(victim["task"]), **wide})
             assert not found.is_error and found.structured_content is not None
             assert victim["id"] in [m["id"] for m in found.structured_content["memories"]]  # look-ups work
-            attempts = {
+            attempts: dict[str, dict[str, Any]] = {
                 "recall_experience": {"task": str(victim["task"])},  # logs a recall: a write too
                 "store_experience": {"task": "a new task", "experience": "a new lesson", "outcome": "success"},
                 "report_outcome": {"recall_id": "a-recall-made-elsewhere", "reward": 1.0},
@@ -147,7 +148,8 @@ async def test_memp_stores_successes_only_and_recalls_by_similarity(tmp_path: Pa
     assert all(m["q"] == 0.0 and m["visits"] == 0 for m in stored)  # no Q update, ever
     for trajectory in run_dir.trajectories():
         given = trajectory.attempts[0].memories
-        similarities = [m.similarity for m in given]
+        similarities = [m.similarity for m in given if m.similarity is not None]
+        assert len(similarities) == len(given)
         assert similarities == sorted(similarities, reverse=True)  # lambda 0: ranked by similarity alone
         assert all(m.outcome == "success" for m in given)
 

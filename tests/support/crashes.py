@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from memrl_mcp.storage import Hit, Point, Store, Table
+from memrl_mcp.storage import Hit, Point, Store, Table, Where
 
 WRITES = ("upsert", "insert", "set_payload", "set_payload_if")
 
@@ -61,9 +61,16 @@ class CountingStore:
         self.records_read[table] += vector is not None  # a vector alone: not a read of the record's payload
         return vector
 
-    def search(self, vector: np.ndarray, limit: int, min_similarity: float, where: Any, *args: Any) -> list[Hit]:
-        hits = self._store.search(vector, limit, min_similarity, where, *args)
-        table = args[0] if args else "memories"
+    def search(
+        self,
+        vector: np.ndarray,
+        limit: int,
+        min_similarity: float,
+        where: Where,
+        table: Table = "memories",
+        with_vectors: bool = False,
+    ) -> list[Hit]:
+        hits = self._store.search(vector, limit, min_similarity, where, table, with_vectors)
         self._saw(table, [(hit.id, hit.payload) for hit in hits])
         return hits
 

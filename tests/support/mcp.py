@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from mcp import Client
+from mcp.types import (
+    CallToolResult,
+    GetPromptResult,
+    ReadResourceResult,
+    TextContent,
+    TextResourceContents,
+    Tool,
+    ToolAnnotations,
+)
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.service import MemoryService
@@ -25,6 +35,38 @@ async def refused(client: Client, tool: str, **arguments: Any) -> str:
     result = await client.call_tool(tool, arguments)
     assert result.is_error, result.structured_content
     return " ".join(getattr(block, "text", "") for block in result.content)
+
+
+def text_of(result: CallToolResult) -> str:
+    """The first content block of a tool's answer, which is text."""
+    block = result.content[0]
+    assert isinstance(block, TextContent), block
+    return block.text
+
+
+def prompt_text(result: GetPromptResult) -> str:
+    """The first message of a prompt, which is text."""
+    content = result.messages[0].content
+    assert isinstance(content, TextContent), content
+    return content.text
+
+
+def resource_text(result: ReadResourceResult) -> str:
+    """A resource as read: memrl's resources are text (JSON)."""
+    contents = result.contents[0]
+    assert isinstance(contents, TextResourceContents), contents
+    return contents.text
+
+
+async def read_json(client: Client, uri: str) -> Any:
+    """The JSON a memrl:// resource holds."""
+    return json.loads(resource_text(await client.read_resource(uri)))
+
+
+def hints(tool: Tool) -> ToolAnnotations:
+    """A tool's annotations, which every tool of memrl-mcp has."""
+    assert tool.annotations is not None, tool.name
+    return tool.annotations
 
 
 def make_service(embedder: Embedder, data_dir: Path, engine: str = "edge", **overrides: Any) -> MemoryService:

@@ -49,10 +49,11 @@ ONE_PROCESS = {"MEMRL_ATTACH": "false"}
 its client, as before the local server existed; tests/test_local*.py attach, each to a runtime folder of its own."""
 
 
-def child_env(data_dir: Path | None = None, **variables: str) -> dict[str, str]:
-    """This process's environment without any MEMRL_* of the user's, plus the suite's default (:data:`ONE_PROCESS`)
-    and the test's own variables."""
+def child_env(data_dir: Path | None = None, /, **variables: str) -> dict[str, str]:
+    """This process's environment without any setting of the user's (MEMRL_*, CLAUDE_PROJECT_DIR), plus the suite's
+    default (:data:`ONE_PROCESS`) and the test's own variables."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("MEMRL_")} | ONE_PROCESS
+    env.pop("CLAUDE_PROJECT_DIR", None)  # read as project_dir: a suite run inside Claude Code would name a project
     if data_dir is not None:
         env["MEMRL_DATA_DIR"] = str(data_dir)
     env.update(variables)
@@ -126,7 +127,7 @@ def run_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> subproces
 ALICE, BOB = "alice-token-0123456789", "bob-token-abcdefghijkl"
 
 
-INITIALIZE = {
+INITIALIZE: dict[str, Any] = {
     "jsonrpc": "2.0",
     "id": 1,
     "method": "initialize",

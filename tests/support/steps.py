@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.validation import TrajectoryStep
 
 MUG = "put a clean mug in the coffee machine"
 ROOM = "You are in the middle of a room. Looking around you, you see a countertop 1, a sinkbasin 1, a coffeemachine 1."
@@ -15,6 +17,11 @@ HOLDING = "You pick up the mug 1 from the countertop 1."
 
 def trajectory_of(*steps: tuple[str, str, float]) -> list[dict[str, Any]]:
     return [{"observation": o, "action": a, "reward": r} for o, a, r in steps]
+
+
+def steps_of(steps: Sequence[Mapping[str, Any]]) -> list[TrajectoryStep]:
+    """Steps written as a tool takes them (JSON objects), as the Python API takes them."""
+    return [TrajectoryStep.model_validate(step) for step in steps]
 
 
 SUCCESS = trajectory_of(

@@ -1,0 +1,247 @@
+"""Claude Code's hooks (the plugin in ``integrations/claude-code/``): the memory's loop run by the client, not left to
+the model's goodwill. ``memrl-mcp hook EVENT`` reads the event's JSON on stdin and answers in Claude Code's JSON on
+stdout.
+
+- ``user-prompt-submit``: recalls for the prompt and, when memories of similar tasks were found, adds the recall's
+  own text (what ``recall_experience`` answers a model) and one line on how to report it to the model's context.
+- ``stop``: when a recall this hook made in this session still waits for its report, blocks the stop once, with a
+  reason that names ``report_outcome``, the recall id and the reward to give. Never while a stop it caused is under
+  way (``stop_hook_active``), never twice for one recall. A recall that found nothing is held too: its report is
+  the only way a new kind of task enters the memory (docs/claude-code.md says why).
+- ``session-end``: forgets the session's record.
+
+The hooks reach the memory the session's MCP server uses: the same store through the user's local server
+(:mod:`memrl_mcp.serving.attach`), and the same project namespace: they hand the server the project folder as the
+very root URI Claude Code sends (:func:`~memrl_mcp.serving.projects.folder_uri`), from which it derives the namespace
+as for any session, and the plugin's MCP server names the same folder (its ``project_dir``). Each hook runs as a
+fresh process per event, so it imports the standard library and the attach path only.
+
+A hook never fails or blocks a prompt: whatever goes wrong (no memory, a server that cannot start, bad input), it
+says why on stderr, answers nothing and exits 0.
+
+The recalls a session's hook made are kept in a record per session and project, in the store's private runtime
+folder (``hooks/<digest>.json``, 0600; the digest of the session id and the project, so no input names a path).
+Whether a recall still waits for its report is asked of the server (``memrl://recalls/{recall_id}``), never
+guessed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from memrl_mcp.serving.attach import LocalClient, Target, ToolCallError, attach, target_of
+from memrl_mcp.serving.projects import folder_uri
+from memrl_mcp.serving.runtime import AttachError, place_of, private_folder
+
+START_SECONDS = 20.0  # the first prompt may wait for the server's cold start; hooks.json allows the hook 30 s
+CALL_SECONDS = 5.0  # a recall of a running server takes milliseconds
+TASK_CHARS = 4000  # the server's default max_task_chars: a longer prompt is recalled by its head
+RECORD_RECALLS = 64  # the newest recalls a session's record keeps
+RECORD_DAYS = 7.0  # a record untouched this long belongs to a session that ended without SessionEnd
+PROMPTED = (None, "user", "sdk")
+"""The sources of a prompt that is a task: typed by the user, or given to ``claude -p``; not one the client
+injected (a task notification, a loop's wake-up)."""
+
+
+class HookInputError(ValueError):
+    """The event's JSON is not what Claude Code sends."""
+
+
+@dataclass(frozen=True)
+class HookEvent:
+    """The fields of a Claude Code hook event that the hooks use."""
+
+    session_id: str
+    project: Path
+    prompt: str = ""
+    source: str | None = None
+    stop_hook_active: bool = False
+
+    @classmethod
+    def read(cls, stream: TextIO, environ: Mapping[str, str]) -> HookEvent:
+        """The event on ``stream``; its project is ``CLAUDE_PROJECT_DIR`` (the folder Claude Code was opened in, as
+        its roots say), else the event's working folder."""
+        try:
+            data = json.load(stream)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise HookInputError(f"the event is not JSON ({error})") from None
+        if not isinstance(data, dict):
+            raise HookInputError("the event is not a JSON object")
+        session_id, cwd, prompt = data.get("session_id"), data.get("cwd"), data.get("prompt", "")
+        folder = environ.get("CLAUDE_PROJECT_DIR") or cwd
+        if not isinstance(session_id, str) or not session_id:
+            raise HookInputError("session_id: a non-empty string is required")
+        if not isinstance(folder, str) or not os.path.isabs(folder):
+            raise HookInputError("cwd: an absolute folder is required (or CLAUDE_PROJECT_DIR)")
+        if not isinstance(prompt, str):
+            raise HookInputError("prompt: a string is required")
+        source = data.get("source")
+        source = source if isinstance(source, str) else None
+        return cls(session_id, Path(folder), prompt, source, data.get("stop_hook_active") is True)
+
+
+@dataclass
+class SessionRecall:
+    """A recall the hook made in a session, and whether the Stop hook has settled it (held the stop for it, or
+    found it reported): it is never held twice."""
+
+    recall_id: str
+    settled: bool = False
+
+
+@dataclass
+class SessionRecord:
+    """The recalls the hooks made in one session of one project (module docstring)."""
+
+    path: Path
+    recalls: list[SessionRecall] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, target: Target, event: HookEvent) -> SessionRecord:
+        folder = place_of(target.data_dir, target.runtime_dir).folder / "hooks"
+        private_folder(folder)
+        key = hashlib.sha256(f"{event.session_id}\0{folder_uri(event.project)}".encode()).hexdigest()[:32]
+        record = cls(folder / f"{key}.json")
+        try:
+            saved = json.loads(record.path.read_text())
+            record.recalls = [SessionRecall(**recall) for recall in saved["recalls"]]
+        except FileNotFoundError:
+            pass
+        except (ValueError, TypeError, KeyError) as error:  # a damaged record: start a new one
+            print(f"memrl-mcp hook: {record.path} was unreadable ({error}), started anew", file=sys.stderr)
+        return record
+
+    def add(self, recall_id: str) -> None:
+        self.recalls = [*self.recalls, SessionRecall(recall_id)][-RECORD_RECALLS:]
+        self.save()
+
+    def waiting(self) -> list[SessionRecall]:
+        return [recall for recall in self.recalls if not recall.settled]
+
+    def save(self) -> None:
+        """Replace the record in one step (a reader sees the old or the new one), 0600 like its folder."""
+        text = json.dumps({"recalls": [asdict(recall) for recall in self.recalls]})
+        fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".record.")  # 0600
+        with os.fdopen(fd, "w") as stream:
+            stream.write(text)
+        os.replace(temporary, self.path)
+
+    def forget(self) -> None:
+        """Remove this record, and the records of sessions that ended without saying so."""
+        self.path.unlink(missing_ok=True)
+        oldest = time.time() - RECORD_DAYS * 86400
+        for stale in self.path.parent.glob("*.json"):
+            with contextlib.suppress(FileNotFoundError):
+                if stale.stat().st_mtime < oldest:
+                    stale.unlink()
+
+
+@contextlib.contextmanager
+def memory(target: Target, event: HookEvent, start: bool) -> Iterator[LocalClient]:
+    """An MCP session with the store's local server, in the event's project (its root); the server is started
+    first when none runs and ``start``."""
+    connection = attach(target, start=start, timeout=START_SECONDS).connection
+    connection.settimeout(CALL_SECONDS)
+    with LocalClient(connection, roots=[folder_uri(event.project)], name="memrl-mcp-hook") as client:
+        yield client
+
+
+def user_prompt_submit(target: Target, event: HookEvent) -> dict[str, Any] | None:
+    """Recall for the prompt; the memories found and how to report them, as context for the model."""
+    if event.source not in PROMPTED or not event.prompt.strip():
+        return None
+    with memory(target, event, start=True) as client:
+        found = client.call("recall_experience", {"task": event.prompt[:TASK_CHARS]})
+    recall_id = str(found.structured["recall_id"])
+    SessionRecord.of(target, event).add(recall_id)
+    if not found.structured.get("memories"):
+        return None
+    how = (
+        f"(Recalled for this prompt by the memory's hook: no need to call recall_experience. When the task is over, "
+        f'call report_outcome once with recall_id "{recall_id}", a reward and an experience.)'
+    )
+    context = f"{found.text}\n{how}"
+    return {"hookSpecificOutput": {"hookEventName": "UserPromptSubmit", "additionalContext": context}}
+
+
+def stop(target: Target, event: HookEvent) -> dict[str, Any] | None:
+    """Block the stop once when a recall of this session still waits for its report."""
+    if event.stop_hook_active:
+        return None
+    record = SessionRecord.of(target, event)
+    waiting = record.waiting()
+    if not waiting:
+        return None
+    with memory(target, event, start=False) as client:
+        pending = [state for recall in waiting if (state := _state(client, recall.recall_id))["status"] == "pending"]
+        scale = json.loads(client.read_resource("memrl://settings")) if pending else {}
+    for recall in waiting:
+        recall.settled = True
+    record.save()
+    if not pending:
+        return None
+    return {"decision": "block", "reason": hold_reason(pending, scale["reward_min"], scale["reward_max"])}
+
+
+def _state(client: LocalClient, recall_id: str) -> dict[str, Any]:
+    """The recall's state (``memrl://recalls/{id}``); an unknown one (expired, forgotten) as settled."""
+    try:
+        state: dict[str, Any] = json.loads(client.read_resource(f"memrl://recalls/{recall_id}"))
+    except ToolCallError:
+        return {"recall_id": recall_id, "status": "unknown"}
+    return state
+
+
+def hold_reason(pending: list[dict[str, Any]], low: float, high: float) -> str:
+    """What the model reads when its stop is held: which recall to report, with what, and when not to."""
+    tasks = "; ".join(f'recall_id "{state["recall_id"]}" (task: {_head(state["task"])})' for state in pending)
+    return (
+        f"The memory waits for a report: {tasks}. For each task that is over, call report_outcome once with its "
+        f"recall_id, reward {high:g} if it succeeded, {low:g} if it failed, {(low + high) / 2:g} if "
+        "there is no clear outcome (unsure: leave the reward out and the user is asked), and an experience: on "
+        "success the 3-5 steps that worked, on failure what went wrong and what to avoid. If this turn was not a "
+        "task (a question answered, a chat) or the task goes on, stop without reporting."
+    )
+
+
+def _head(task: str, chars: int = 120) -> str:
+    line = " ".join(task.split())
+    return line if len(line) <= chars else line[: chars - 3] + "..."
+
+
+def session_end(target: Target, event: HookEvent) -> None:
+    SessionRecord.of(target, event).forget()
+
+
+HANDLERS: dict[str, Callable[[Target, HookEvent], dict[str, Any] | None]] = {
+    "user-prompt-submit": user_prompt_submit,
+    "stop": stop,
+    "session-end": session_end,
+}
+
+
+def main(name: str, data_dir: str | None = None, config: str | None = None) -> int:
+    """``memrl-mcp hook NAME``: the event on stdin, the answer (if any) on stdout; always 0 (module docstring)."""
+    try:
+        event = HookEvent.read(sys.stdin, os.environ)
+        target = target_of(data_dir, config)
+        if target is None:
+            raise AttachError("these settings run memrl-mcp in a process of its own (attach: false, read_only, "
+                              "qdrant_url): the hooks reach the memory through the local server only")  # fmt: skip
+        answer = HANDLERS[name](target, event)
+    except Exception as error:  # whatever fails, the prompt and the stop go on (module docstring)
+        print(f"memrl-mcp hook {name}: the memory is unavailable, nothing done ({error})", file=sys.stderr)
+        return 0
+    if answer is not None:
+        sys.stdout.write(json.dumps(answer))
+    return 0

@@ -1,0 +1,40 @@
+"""The resource ``memrl://recalls/{recall_id}``: whether a recall still waits for its report.
+
+A program that made a recall for an agent checks here whether the agent reported it: the Claude Code plugin's Stop
+hook (:mod:`memrl_mcp.serving.hooks`) holds the session only for a recall that is still pending. Read-only, and
+scoped like the other resources: a recall outside the namespaces of the reader's token is as unknown as one never
+issued."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ResourceError
+
+from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.memory.access import Access
+from memrl_mcp.memory.service import MemoryService
+
+RECALL_URI = "memrl://recalls/{recall_id}"
+
+
+def add_recall_resource(
+    server: MCPServer, service: MemoryService, reader: Callable[[Context[Any, Any]], Access]
+) -> None:
+    """Offer :data:`RECALL_URI` on ``server``; ``reader`` says what the caller of a read may see."""
+
+    @server.resource(
+        RECALL_URI,
+        name="recall",
+        mime_type="application/json",
+        description="One recall: its task, how many memories it returned, and whether it still waits for its "
+        "report (status pending) or was reported.",
+    )
+    def recall(recall_id: str, ctx: Context[Any, Any]) -> str:
+        try:
+            return service.recall_state(recall_id, access=reader(ctx)).model_dump_json()
+        except MemoryRequestError as error:
+            raise ResourceError(str(error)) from None

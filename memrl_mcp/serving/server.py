@@ -1,0 +1,230 @@
+"""The MCP server over one :class:`MemoryService`: the tools of the ``tool_profile`` setting
+(:mod:`~memrl_mcp.serving.tools`), the resources, the prompt, the instructions, and the HTTP routes beside them
+(:mod:`~memrl_mcp.serving.routes`, the inspector).
+
+With a :class:`~memrl_mcp.serving.auth.TokenTable`, the HTTP transports require a bearer token, and every tool,
+resource and route sees only the namespaces of the caller's token. A call that names no namespace uses the
+token's first one, else one derived from the client's project root (:mod:`memrl_mcp.serving.roots`), else the
+``namespace`` setting."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any
+
+from mcp.server import MCPServer
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.server.mcpserver.tools import Tool
+
+from memrl_mcp import __version__
+from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.memory.access import Access
+from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.requests import StatsQuery
+from memrl_mcp.serving import inspector, routes
+from memrl_mcp.serving.auth import TokenTable, caller
+from memrl_mcp.serving.calls import served
+from memrl_mcp.serving.feedback import Feedback
+from memrl_mcp.serving.observability import Metrics
+from memrl_mcp.serving.projects import folder_uri, project_namespace
+from memrl_mcp.serving.recalls import add_recall_resource
+from memrl_mcp.serving.roots import roots_namespace
+from memrl_mcp.serving.schema import Arguments, MemoryTool, argument_values
+from memrl_mcp.serving.tools import TOOLS
+from memrl_mcp.settings import TOOL_PROFILES, LearningSettings, Settings
+
+TOKEN_REQUIRED = "authorization: a valid bearer token is required"
+
+
+def instructions(profile: str, learning: LearningSettings) -> str:
+    """The server's instructions (a client may hand them to its model): the loop of the tools ``profile`` offers."""
+    low, high, neutral = learning.reward_min, learning.reward_max, (learning.reward_min + learning.reward_max) / 2
+    if profile == "read_only":
+        return (
+            "A read-only episodic memory of past experiences: nothing you do changes it. At the start of a task, "
+            "search_experience(task) finds experiences of similar tasks: follow the successes, avoid the mistakes "
+            "of the failures. recall_step_advice(task, observation) advises on a step of a task of many steps; "
+            "list_memories and memory_stats browse the memory."
+        )
+    text = (
+        "An episodic memory that learns which past experiences help. For every task: call recall_experience(task) "
+        "first; follow the successful memories and avoid the mistakes of the failed ones; when the task is over, "
+        f"call report_outcome(recall_id, reward, experience) once. Reward: {high:g} success, {low:g} failure, "
+        f"{neutral:g} no clear outcome; in a chat, ask the user or infer it from their reaction. Experience: on "
+        "success 3-5 steps that worked, on failure what went wrong and what to avoid. store_experience keeps a "
+        "lesson that no recall led to."
+    )
+    if profile in ("steps", "full"):
+        text += (
+            "\nFor a task of many steps (a game, a shell or database session), also call recall_step_advice(task, "
+            "observation) at each step, and report_trajectory(task, steps, episode_id) once at the end."
+        )
+    if profile == "full":
+        text += (
+            "\nsearch_experience looks up without learning; list_memories, update_memory, forget_experience and "
+            "memory_stats curate the memory."
+        )
+    return text
+
+
+def paragraphs(docstring: str) -> str:
+    """A docstring as a tool description: without the source's indentation and line breaks (one line per
+    paragraph), as a model reads a description and a client shows it."""
+    return re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(docstring))
+
+
+def create_server(
+    service: MemoryService,
+    tokens: TokenTable | None = None,
+    single_client: bool = False,
+    settings: Settings | None = None,
+) -> MCPServer:
+    """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one; ``single_client``: it
+    serves one client only (stdio). The caller owns the service and closes it. It offers the tools of the
+    ``tool_profile`` setting. ``settings``: those of this server's client when they are not the service's (a session
+    of the local server): its tool profile and descriptions and its default namespace; the memory's own groups are
+    the service's."""
+    settings = settings or service.settings
+    serving = settings.serving
+    assert set(TOOLS) == set(TOOL_PROFILES["full"]), "a tool is missing from the full profile"
+    metrics = Metrics(service)
+    feedback = Feedback(service, reports_on_loop=single_client)
+    arguments = Arguments(service.limits, argument_values(settings, service.scale.delta))
+    callers = Callers(settings, tokens)
+    tools: list[Tool] = [
+        MemoryTool.strict(
+            served(tool, arguments, service, feedback, callers.tool_caller, metrics, single_client),
+            tool.title,
+            serving.tool_descriptions.get(name) or paragraphs(tool.run.__doc__ or ""),
+            tool.hints,
+        )
+        for name, tool in TOOLS.items()
+        if name in TOOL_PROFILES[serving.tool_profile]
+    ]
+    auth = None
+    if tokens is not None:
+        # Static bearer tokens: no OAuth authorization server and no metadata routes, only verification.
+        auth = AuthSettings(issuer_url="http://127.0.0.1", resource_server_url=None)
+    server = MCPServer(
+        name="memrl-mcp",
+        instructions=instructions(serving.tool_profile, settings.learning),
+        version=__version__,
+        token_verifier=tokens,
+        auth=auth,
+        tools=tools,
+    )
+    _add_resources(server, service, callers.resource_caller)
+    _add_prompt(server, settings)
+    routes.mount(server, service, tokens, metrics)  # /health, /metrics, /stats
+    inspector.mount(server, service, tokens)  # the /ui page and its JSON API
+    return server
+
+
+@dataclasses.dataclass(frozen=True)
+class Callers:
+    """Who makes a call: the token of the request that carried it (:func:`~memrl_mcp.serving.auth.caller`), with
+    the default namespace of the client's ``settings``."""
+
+    settings: Settings
+    tokens: TokenTable | None
+
+    async def tool_caller(self, ctx: Context[Any, Any]) -> Access:
+        """A tool's caller; when its token names no default namespace, the one of the client's project (its root,
+        else the ``project_dir`` setting), else the client's ``namespace`` setting."""
+        access = caller(ctx.request_context.request, self.tokens)
+        if access is None:  # over HTTP the SDK answered 401 already; this is a call without HTTP, or a bug
+            raise MemoryRequestError(TOKEN_REQUIRED)
+        if access.default is not None:
+            return access
+        settings = self.settings
+        project = None
+        if settings.namespaces.namespace_from_roots and not settings.is_set("namespace"):
+            project = await roots_namespace(ctx) or self._folder_namespace()
+        return dataclasses.replace(access, default=project or settings.namespaces.namespace)
+
+    def _folder_namespace(self) -> str | None:
+        """The namespace of the ``project_dir`` setting (what a client that sends no roots says of its project)."""
+        folder = self.settings.namespaces.project_dir
+        return None if folder is None else project_namespace(folder_uri(folder))
+
+    def resource_caller(self, ctx: Context[Any, Any]) -> Access:
+        """A resource's caller: the token of the request that carried the read."""
+        access = caller(ctx.request_context.request, self.tokens)
+        if access is None:
+            raise ResourceError(TOKEN_REQUIRED)
+        return access
+
+
+def _add_resources(server: MCPServer, service: MemoryService, reader: Callable[[Context[Any, Any]], Access]) -> None:
+    """The statistics, the settings, and one memory with its Q history, as resources."""
+
+    def stats(ctx: Context[Any, Any], namespace: str | None = None) -> str:
+        try:
+            return service.stats(StatsQuery(namespace), access=reader(ctx)).model_dump_json()
+        except MemoryRequestError as error:
+            raise ResourceError(str(error)) from None
+
+    # Templates, both: only a template's function is handed the request (a static resource's is called bare).
+    server.resource(
+        "memrl://stats{?namespace}",
+        name="all_stats",
+        mime_type="application/json",
+        description="Statistics of every namespace you may use.",
+    )(stats)
+    server.resource(
+        "memrl://stats/{namespace}",
+        name="namespace_stats",
+        mime_type="application/json",
+        description="Statistics of one namespace.",
+    )(stats)
+
+    @server.resource(
+        "memrl://settings",
+        mime_type="application/json",
+        description="The constants this server retrieves and learns with (k1, k2, lambda, alpha, delta, ...).",
+    )
+    def effective_settings() -> str:
+        return service.effective_settings().model_dump_json()
+
+    @server.resource(
+        "memrl://memories/{memory_id}",
+        mime_type="application/json",
+        description="One memory, with the history of its Q (each reward folded in, and resets).",
+    )
+    def memory(memory_id: str, ctx: Context[Any, Any]) -> str:
+        try:
+            return service.get(memory_id, access=reader(ctx)).model_dump_json()
+        except MemoryRequestError as error:
+            raise ResourceError(str(error)) from None
+
+    add_recall_resource(server, service, reader)
+
+
+def _add_prompt(server: MCPServer, settings: Settings) -> None:
+    """``memory_loop``: the instructions and the loop's steps for one task."""
+    learning, read_only = settings.learning, settings.serving.read_only
+    low, high = learning.reward_min, learning.reward_max
+
+    @server.prompt(title="Learn from experience", description="Teaches the recall -> act -> report loop.")
+    def memory_loop(task: str) -> str:
+        if read_only:
+            steps = (
+                "1. Call search_experience with this task.\n"
+                "2. Read the memories: follow the procedures of successes; avoid what the failures warn about.\n"
+                "3. Do the task."
+            )
+        else:
+            steps = (
+                "1. Call recall_experience with this task. Keep the recall_id.\n"
+                "2. Read the memories: follow the procedures of successes; avoid what the failures warn about.\n"
+                "3. Do the task.\n"
+                f"4. Call report_outcome with the recall_id, a reward ({high:g} success, {low:g} failure, "
+                f"{(low + high) / 2:g} no clear outcome), and an experience: on success 3-5 steps that worked, on "
+                "failure what went wrong and what to avoid."
+            )
+        return f"{server.instructions}\n\nTask: {task}\n\n{steps}"

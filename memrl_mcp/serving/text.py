@@ -1,0 +1,143 @@
+"""What the agent's model reads of a tool's result: short plain text.
+
+A result reaches the client twice: as structured content, every field with its exact value (for programs, and
+for models of clients that read it), and as text, which most clients put into the model's context on every later
+turn of the conversation. The text carries what the model needs to act, and little else: each memory's experience,
+whether it worked, how far to trust it (its learned utility q and how many rewards taught it), the recall id to
+report; numbers rounded. Ids, times, scores and metadata stay in the structured content."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import pydantic_core
+from pydantic import BaseModel
+
+from memrl_mcp.models import (
+    ForgetResult,
+    MemoryDetail,
+    MemoryPage,
+    MemoryView,
+    RecallResult,
+    ReportResult,
+    SearchResult,
+    Stats,
+    StepAdvice,
+    StepAdviceResult,
+    StoreResult,
+    TrajectoryResult,
+)
+
+NO_MEMORY = "No memory of a similar task: a new kind of task."
+
+
+@functools.singledispatch
+def text(result: BaseModel) -> str:
+    """A result the model reads as it is: compact JSON."""
+    return pydantic_core.to_json(result.model_dump(mode="json")).decode()
+
+
+def number(x: float) -> str:
+    """``x`` to two decimals, without trailing zeros: 0.62, -0.3, 1."""
+    shown = f"{x:.2f}".rstrip("0").rstrip(".")
+    return "0" if shown == "-0" else shown
+
+
+def _trust(memory: MemoryView) -> str:
+    """Whether the memory worked, and how far to trust it: its q and the rewards behind it."""
+    uses = "untried" if memory.visits == 0 else f"{memory.visits} reward{'s' if memory.visits > 1 else ''}"
+    return f"{memory.outcome}, q {number(memory.q)}, {uses}"
+
+
+def _memories(memories: Sequence[MemoryView]) -> str:
+    return "\n".join(f"{i}. [{_trust(m)}] {m.experience}" for i, m in enumerate(memories, 1))
+
+
+@text.register
+def _(result: SearchResult) -> str:
+    if isinstance(result, RecallResult):
+        head = f"recall_id {result.recall_id}: pass it to report_outcome when the task is over."
+        return f"{head}\n{_memories(result.memories) if result.memories else NO_MEMORY}"
+    return _memories(result.memories) if result.memories else NO_MEMORY
+
+
+@text.register
+def _(result: ReportResult) -> str:
+    if not result.reported:
+        return result.message or "nothing was reported"
+    moved = ", ".join(f"{number(c.q_before)}->{number(c.q_after)}" for c in result.updated)
+    said = f"reward {number(result.reward or 0.0)}" + (" (the user's)" if result.reward_source == "user" else "")
+    parts = [f"reported {said}: q of the recalled memories {moved}" if moved else f"reported {said}"]
+    if result.missing:
+        parts.append(f"{len(result.missing)} recalled memories were forgotten since")
+    if result.stored is not None:
+        parts.append(text(result.stored))
+    return "; ".join(parts) + "."
+
+
+@text.register
+def _(result: StoreResult) -> str:
+    if result.merged:
+        return f"merged into memory {result.id} (a near-duplicate task)"
+    return f"stored as memory {result.id}"
+
+
+def _advice(advice: list[StepAdvice]) -> str:
+    return "; ".join(f"{a.action} (q {number(a.q)})" for a in advice)
+
+
+@text.register
+def _(result: StepAdviceResult) -> str:
+    lines = []
+    if result.encouraged:
+        lines.append(f"encouraged: {_advice(result.encouraged)}")
+    if result.discouraged:
+        lines.append(f"discouraged: {_advice(result.discouraged)}")
+    return "\n".join(lines) or "No advice: no similar step is remembered."
+
+
+@text.register
+def _(result: TrajectoryResult) -> str:
+    if result.outcome is not None:
+        return f"{result.message}\n{text(result.outcome)}"
+    if result.outcome_error is not None:
+        return f"{result.message}\nthe recall was not reported: {result.outcome_error}"
+    return result.message
+
+
+def _listed(memory: MemoryView) -> str:
+    return f"{memory.id} [{_trust(memory)}] {memory.task} -> {memory.experience}"
+
+
+@text.register
+def _(result: MemoryPage) -> str:
+    lines = [f"{result.total} memories in {result.namespace}" + (", this page:" if result.memories else ".")]
+    lines += [_listed(memory) for memory in result.memories]
+    if result.next_cursor is not None:
+        lines.append(f"next page: cursor {result.next_cursor}")
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: MemoryDetail) -> str:
+    return f"{_listed(result)}\n(q changed {len(result.history)} times: memrl://memories/{result.id})"
+
+
+@text.register
+def _(result: ForgetResult) -> str:
+    steps = f" and {result.steps_deleted} step records" if result.steps_deleted else ""
+    return f"deleted {result.deleted} memories{steps}"
+
+
+@text.register
+def _(result: Stats) -> str:
+    where = f"namespace {result.namespace}" if result.namespace else "every namespace"
+    line = f"{where}: {result.memories} memories ({result.successes} successes, {result.failures} failures)"
+    if result.q is not None:
+        q = result.q
+        line += f"; q median {number(q.median)} (from {number(q.min)} to {number(q.max)}, mean {number(q.mean)})"
+    return (
+        f"{line}; {result.visits} rewards folded in; recalls {result.recalls_pending} pending, "
+        f"{result.recalls_reported} reported; {result.steps} step records, {result.episodes_reported} episodes"
+    )

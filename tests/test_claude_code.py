@@ -1,0 +1,573 @@
+"""The Claude Code plugin (integrations/claude-code): its hooks run as Claude Code runs them (the command of
+hooks/hooks.json through a shell, the event's JSON on stdin, ``CLAUDE_PROJECT_DIR`` and ``CLAUDE_PLUGIN_ROOT`` set)
+against a real local server, beside a real MCP session of the same project; and its files checked, validated and
+installed offline by Claude Code's own CLI (tests/claude_code, installed by ``make node``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, types
+
+from memrl_mcp.embeddings import Embedder
+from memrl_mcp.serving.hooks import HookEvent, HookInputError, hold_reason
+from memrl_mcp.serving.projects import folder_uri, project_namespace
+from memrl_mcp.serving.server import create_server
+from memrl_mcp.settings import load_settings
+from tests.support.anthropic import FakeModel, Reply, Script, fake_model
+from tests.support.local import LocalStore, local_store
+from tests.support.mcp import call, make_service
+
+ROOT = Path(__file__).parent.parent
+PLUGIN = ROOT / "integrations" / "claude-code"
+CLAUDE_CLI = ROOT / "tests" / "claude_code"
+BIN = Path(sys.executable).parent  # where the install put memrl-mcp
+DEADLINE_S = 240  # the first hook starts the server: one cold start on a loaded machine
+TASK = "deploy the web app to the staging cluster"
+LESSON = "run make deploy ENV=staging, then check /health"
+
+
+def hook_command(event: str) -> tuple[str, float]:
+    """The command and timeout hooks/hooks.json gives Claude Code for ``event``."""
+    (entry,) = json.loads((PLUGIN / "hooks" / "hooks.json").read_text())["hooks"][event]
+    (hook,) = entry["hooks"]
+    assert hook["type"] == "command"
+    return hook["command"], float(hook["timeout"])
+
+
+@dataclass(frozen=True)
+class HookRun:
+    status: int
+    answer: dict[str, Any] | None
+    stderr: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ClaudeSession:
+    """What Claude Code tells a hook of one session: its id and its project folder."""
+
+    store: LocalStore
+    project: Path
+    session_id: str
+
+    def hook(self, event: str, env: dict[str, str] | None = None, **fields: Any) -> HookRun:
+        """Run ``event``'s command as Claude Code does: through a shell in the project, the event on stdin."""
+        command, timeout = hook_command(event)
+        payload = {
+            "session_id": self.session_id,
+            "transcript_path": str(self.project / f"{self.session_id}.jsonl"),
+            "cwd": str(self.project),
+            "permission_mode": "default",
+            "hook_event_name": event,
+            **fields,
+        }
+        variables = {"CLAUDE_PROJECT_DIR": str(self.project), "CLAUDE_PLUGIN_ROOT": str(PLUGIN)}
+        variables["PATH"] = f"{BIN}{os.pathsep}{os.environ['PATH']}"
+        started = time.monotonic()
+        done = subprocess.run(
+            ["/bin/sh", "-c", command],
+            input=json.dumps(payload),
+            env=self.store.env(**variables | (env or {})),
+            cwd=self.project,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        seconds = time.monotonic() - started
+        return HookRun(done.returncode, json.loads(done.stdout) if done.stdout.strip() else None, done.stderr, seconds)
+
+    def prompt(self, prompt: str, **env: str) -> HookRun:
+        return self.hook("UserPromptSubmit", env=env, prompt=prompt)
+
+    def stop(self, active: bool = False, **env: str) -> HookRun:
+        return self.hook("Stop", env=env, stop_hook_active=active)
+
+    def elsewhere(self, project: Path | None = None, session_id: str | None = None) -> ClaudeSession:
+        return ClaudeSession(self.store, project or self.project, session_id or self.session_id)
+
+
+def context_of(run: HookRun) -> str:
+    assert run.status == 0, run.stderr
+    assert run.answer is not None, run.stderr
+    output = run.answer["hookSpecificOutput"]
+    assert output["hookEventName"] == "UserPromptSubmit"
+    context: str = output["additionalContext"]
+    return context
+
+
+def held_for(run: HookRun) -> str:
+    """The reason of a held stop."""
+    assert run.status == 0, run.stderr
+    assert run.answer is not None and run.answer["decision"] == "block", (run.answer, run.stderr)
+    reason: str = run.answer["reason"]
+    return reason
+
+
+def let_go(run: HookRun) -> None:
+    """A stop the hook lets happen: nothing on stdout, status 0."""
+    assert (run.status, run.answer) == (0, None), (run.answer, run.stderr)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LocalStore]:
+    with local_store(tmp_path) as found:
+        yield found
+
+
+@pytest.fixture
+def alpha(store: LocalStore, tmp_path: Path) -> ClaudeSession:
+    project = tmp_path / "code" / "alpha web (v2)"  # a space and parentheses: the root URI's escaping matters
+    project.mkdir(parents=True)
+    return ClaudeSession(store, project, "5f0c6c1e-0d55-4c49-9d55-2f4f1c0b7a11")
+
+
+@asynccontextmanager
+async def mcp_session(claude: ClaudeSession) -> AsyncIterator[Client]:
+    """The session's MCP server (the plugin's .mcp.json: ``memrl-mcp`` over stdio, attached to the local server),
+    whose client offers the project's root as Claude Code sends it (test_the_root_uri_is_the_one_claude_code_sends)."""
+
+    async def list_roots(context: Any) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri=folder_uri(claude.project))])
+
+    parameters = claude.store.session(CLAUDE_PROJECT_DIR=str(claude.project))
+    async with Client(parameters, list_roots_callback=list_roots, mode="legacy") as client:
+        yield client
+
+
+async def recall_state(client: Client, recall_id: str) -> dict[str, Any]:
+    result = await client.read_resource(f"memrl://recalls/{recall_id}")
+    state: dict[str, Any] = json.loads(result.contents[0].text)  # type: ignore[union-attr]
+    return state
+
+
+def recall_id_in(context: str) -> str:
+    """The recall id the context's line on reporting names."""
+    return context.rsplit('recall_id "', 1)[1].split('"', 1)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_prompt_gets_the_memories_of_its_project_and_the_recall_id(alpha: ClaudeSession) -> None:
+    """UserPromptSubmit recalls in the session's project namespace (the one its MCP server derives from its
+    roots): the lesson and the recall id reach the context; another project's prompt finds nothing of it."""
+    with anyio.fail_after(DEADLINE_S):
+        async with mcp_session(alpha) as client:
+            stored = await call(client, "store_experience", task=TASK, experience=LESSON)
+            context = context_of(await anyio.to_thread.run_sync(alpha.prompt, "deploy the web app to staging"))
+            assert LESSON in context and "report_outcome" in context
+            state = await recall_state(client, recall_id_in(context))
+            assert state["namespace"] == stored["memory"]["namespace"] == project_namespace(folder_uri(alpha.project))
+            assert (state["status"], state["memories"]) == ("pending", 1)
+        beta = alpha.elsewhere(alpha.project.parent / "beta")
+        beta.project.mkdir()
+        let_go(await anyio.to_thread.run_sync(beta.prompt, "deploy the web app to staging"))
+
+
+@pytest.mark.slow
+def test_nothing_is_added_when_nothing_relevant_is_found(alpha: ClaudeSession) -> None:
+    """A prompt like no memory of its project: no context at all; and prompts the client injected, or empty ones,
+    are not recalled for."""
+    first = alpha.prompt("translate the release notes into German")
+    let_go(first)
+    assert first.stderr == ""
+    let_go(alpha.hook("UserPromptSubmit", prompt="wake up and check the queue", source="system"))
+    let_go(alpha.hook("UserPromptSubmit", prompt="   "))
+    held = held_for(alpha.stop())  # the recall that found nothing still waits for its report (docs/claude-code.md)
+    assert held.count('recall_id "') == 1 and "translate the release notes" in held
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_the_stop_is_held_until_the_recall_is_reported_and_never_otherwise(alpha: ClaudeSession) -> None:
+    """Stop blocks once for a recall still pending, naming report_outcome, the recall id and the rewards; never
+    while a stop it caused is under way, never twice for one recall, never for a recall reported, nor for another
+    session's or another project's. The session's MCP client reports as the model then would, and the next prompt
+    finds what it reported: the loop closed."""
+    beta_project = alpha.project.parent / "beta"
+    beta_project.mkdir()
+    with anyio.fail_after(DEADLINE_S):
+        async with mcp_session(alpha) as client:
+            await call(client, "store_experience", task=TASK, experience=LESSON)
+            first = recall_id_in(context_of(await anyio.to_thread.run_sync(alpha.prompt, TASK)))
+            let_go(await anyio.to_thread.run_sync(alpha.stop, True))  # stop_hook_active: never
+            other_session = alpha.elsewhere(session_id="another-session")
+            let_go(await anyio.to_thread.run_sync(other_session.stop))  # another session's recall: never
+            reason = held_for(await anyio.to_thread.run_sync(alpha.stop))
+            assert f'recall_id "{first}"' in reason and "report_outcome" in reason
+            assert "reward 1 if it succeeded, -1 if it failed, 0 if there is no clear outcome" in reason
+            let_go(await anyio.to_thread.run_sync(alpha.stop))  # never twice for one recall
+
+            # The model reports (as the reason asks), and the next prompt of the project finds its experience.
+            learned = "first run make migrate, then make deploy ENV=staging"
+            report = await call(client, "report_outcome", recall_id=first, reward=1.0, experience=learned)
+            assert report["updated"][0]["q_after"] > report["updated"][0]["q_before"]
+            assert (await recall_state(client, first))["status"] == "reported"
+            second_context = context_of(await anyio.to_thread.run_sync(alpha.prompt, TASK))
+            assert learned in second_context
+            second = recall_id_in(second_context)
+            await call(client, "report_outcome", recall_id=second, reward=1.0)
+            let_go(await anyio.to_thread.run_sync(alpha.stop))  # reported already: never
+
+            # The same session id in another project: its recall is held there only.
+            in_beta = alpha.elsewhere(beta_project)
+            let_go(await anyio.to_thread.run_sync(in_beta.prompt, "write the changelog of the release"))
+            let_go(await anyio.to_thread.run_sync(alpha.stop))
+            assert "write the changelog" in held_for(await anyio.to_thread.run_sync(in_beta.stop))
+
+            # SessionEnd forgets the session's record: nothing is held after it.
+            await anyio.to_thread.run_sync(alpha.prompt, "rename the staging cluster")
+            ended = await anyio.to_thread.run_sync(lambda: alpha.hook("SessionEnd", reason="prompt_input_exit"))
+            let_go(ended)
+            let_go(await anyio.to_thread.run_sync(alpha.stop))
+
+
+@pytest.mark.slow
+def test_a_memory_that_is_down_never_blocks_or_fails_the_prompt(alpha: ClaudeSession, tmp_path: Path) -> None:
+    """No server can start (the store's folder cannot be made: a file stands where its parent should be): the prompt's
+    hook exits 0 with nothing on stdout, well within the timeout hooks.json gives it, and says why on stderr. A server
+    gone before the stop (``local stop``): the stop happens, and the recall is held at the next stop the memory
+    answers. Input that is not Claude Code's: nothing, status 0."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    down = alpha.prompt(TASK, MEMRL_DATA_DIR=str(blocker / "data"))
+    let_go(down)
+    assert down.seconds < hook_command("UserPromptSubmit")[1] / 2, down.seconds
+    assert "memory is unavailable" in down.stderr and "could not start" in down.stderr
+
+    let_go(alpha.prompt("translate the release notes into German"))  # recalled, nothing found: recorded
+    stopped = alpha.store.local("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    alpha.store.wait_gone()
+    gone = alpha.stop()
+    let_go(gone)
+    assert gone.seconds < hook_command("Stop")[1] / 2 and "memory is unavailable" in gone.stderr
+    let_go(alpha.prompt("rename the staging cluster"))  # starts the server again
+    held = held_for(alpha.stop())
+    assert "translate the release notes" in held and "rename the staging cluster" in held
+
+    for garbage in ("", "not json", "[]", '{"prompt": "x"}'):
+        done = subprocess.run(
+            ["/bin/sh", "-c", hook_command("UserPromptSubmit")[0]],
+            input=garbage,
+            env=alpha.store.env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}"),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert (done.returncode, done.stdout) == (0, ""), done.stderr
+
+
+@pytest.mark.slow
+def test_the_session_records_are_private_and_named_by_no_input(alpha: ClaudeSession) -> None:
+    """A session id crafted as a path (``../../..``) writes nothing outside the store's private runtime folder: the
+    record's name is a digest. The records are 0600 in a 0700 folder, and hold recall ids only (no prompt)."""
+    crafted = alpha.elsewhere(session_id="../../../../../../tmp/memrl-hook-escape")
+    target = Path("/tmp/memrl-hook-escape.json")
+    target.unlink(missing_ok=True)
+    let_go(crafted.prompt("a prompt with a secret: hunter2"))
+    assert not target.exists()
+    folder = alpha.store.place.folder / "hooks"
+    (record,) = folder.iterdir()
+    assert (folder.stat().st_mode & 0o777, record.stat().st_mode & 0o777) == (0o700, 0o600)
+    assert "hunter2" not in record.read_text() and len(json.loads(record.read_text())["recalls"]) == 1
+
+
+@pytest.mark.anyio
+async def test_the_recall_resource_says_whether_a_recall_waits_for_its_report(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    """``memrl://recalls/{id}``: pending, then reported with its reward; expired past recall_ttl_seconds; unknown
+    for an id never issued (the Stop hook's question to the server)."""
+    service = make_service(embedder, tmp_path, recall_ttl_seconds=1.0)
+    try:
+        async with Client(create_server(service)) as client:
+            await call(client, "store_experience", task=TASK, experience=LESSON)
+            reported = (await call(client, "recall_experience", task=TASK))["recall_id"]
+            left = (await call(client, "recall_experience", task="something else entirely"))["recall_id"]
+            state = await recall_state(client, reported)
+            assert (state["status"], state["task"], state["memories"], state["reward"]) == ("pending", TASK, 1, None)
+            await call(client, "report_outcome", recall_id=reported, reward=-1.0)
+            state = await recall_state(client, reported)
+            assert (state["status"], state["reward"]) == ("reported", -1.0)
+            assert (await recall_state(client, left))["memories"] == 0
+            await anyio.sleep(1.1)
+            assert (await recall_state(client, left))["status"] == "expired"
+            with pytest.raises(Exception, match="unknown recall"):
+                await client.read_resource(f"memrl://recalls/{'0' * 36}")
+    finally:
+        service.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("from_roots", [True, False])
+async def test_project_dir_names_the_project_of_a_client_that_cannot_be_asked_for_roots(
+    embedder: Embedder, tmp_path: Path, from_roots: bool
+) -> None:
+    """A client that sends no roots (Claude Code on the 2026-07-28 protocol) in a session whose ``project_dir`` is
+    set: its namespace is the one its folder's root would give; ``namespace_from_roots: false`` turns it off."""
+    project = tmp_path / "alpha web (v2)"
+    service = make_service(embedder, tmp_path / "data", project_dir=project, namespace_from_roots=from_roots)
+    try:
+        async with Client(create_server(service)) as client:
+            stored = await call(client, "store_experience", task=TASK, experience=LESSON)
+        expected = project_namespace(folder_uri(project)) if from_roots else "default"
+        assert stored["memory"]["namespace"] == expected
+    finally:
+        service.close()
+
+
+def test_claude_codes_project_folder_is_read_as_project_dir() -> None:
+    """Claude Code gives every MCP server it starts ``CLAUDE_PROJECT_DIR``: read as ``project_dir``;
+    ``MEMRL_PROJECT_DIR`` wins."""
+    given = load_settings(environ={"CLAUDE_PROJECT_DIR": "/home/ann/alpha"})
+    assert (given.namespaces.project_dir, given.origin("project_dir")) == (
+        Path("/home/ann/alpha"),
+        "environment CLAUDE_PROJECT_DIR",
+    )
+    both = {"CLAUDE_PROJECT_DIR": "/home/ann/alpha", "MEMRL_PROJECT_DIR": "/home/ann/beta"}
+    assert load_settings(environ=both).namespaces.project_dir == Path("/home/ann/beta")
+
+
+def test_an_event_that_is_not_claude_codes_is_refused_by_field() -> None:
+    """The event's fields are checked, each refusal naming the field."""
+    cases = {
+        '{"cwd": "/tmp"}': "session_id",
+        '{"session_id": "s", "cwd": "relative"}': "cwd",
+        '{"session_id": "s", "cwd": "/tmp", "prompt": 3}': "prompt",
+        "[1]": "JSON object",
+    }
+    for text, field in cases.items():
+        with pytest.raises(HookInputError, match=field):
+            HookEvent.read(_stream(text), {})
+    event = HookEvent.read(_stream('{"session_id": "s", "cwd": "/tmp/a", "stop_hook_active": true}'), {})
+    assert (event.project, event.stop_hook_active) == (Path("/tmp/a"), True)
+    moved = HookEvent.read(_stream('{"session_id": "s", "cwd": "/tmp/a/sub"}'), {"CLAUDE_PROJECT_DIR": "/tmp/a"})
+    assert moved.project == Path("/tmp/a")  # the project Claude Code was opened in, as its roots say
+
+
+def test_the_hold_reason_names_the_tool_the_recall_and_the_rewards() -> None:
+    pending = [{"recall_id": "r-1", "task": "fix\nthe   flaky test " + "x" * 300}]
+    reason = hold_reason(pending, -1.0, 1.0)
+    assert "call report_outcome once with its recall_id" in reason and 'recall_id "r-1"' in reason
+    assert "task: fix the flaky test x" in reason and "..." in reason and "\n" not in reason
+    assert "reward 1 if it succeeded, -1 if it failed, 0 if there is no clear outcome" in reason
+    assert "reward 10 if it succeeded, 0 if it failed, 5 if" in hold_reason(pending, 0.0, 10.0)
+
+
+def _stream(text: str) -> Any:
+    import io
+
+    return io.StringIO(text)
+
+
+# -- Claude Code's own CLI -------------------------------------------------------------------------------------------
+
+
+def claude_cli() -> Path:
+    """Claude Code's CLI of tests/claude_code, installed from its lock file when missing (``make node``)."""
+    found = CLAUDE_CLI / "node_modules" / ".bin" / "claude"
+    if not found.exists():
+        npm = shutil.which("npm")
+        assert npm is not None, "npm is missing: `make node` (apt-get install -y nodejs npm)"
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=CLAUDE_CLI, check=True, timeout=600)
+    return found
+
+
+def claude(home: Path, *args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+    """``claude ARGS`` in a home folder of its own, offline (no telemetry, nothing non-essential), without the
+    suite's MEMRL_* variables (its one process per session would keep the hooks from the local server)."""
+    variables = {
+        key: value for key, value in os.environ.items() if not key.startswith(("ANTHROPIC_", "CLAUDE", "MEMRL_"))
+    }
+    variables |= {"HOME": str(home), "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1"}
+    return subprocess.run(
+        [str(claude_cli()), *args], cwd=cwd, env=variables | env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.slow
+def test_the_plugin_and_its_marketplace_validate_strictly_and_install_offline(tmp_path: Path) -> None:
+    """``claude plugin validate --strict`` accepts the plugin and the repository's marketplace; added as a local
+    marketplace, the plugin installs, is enabled, and Claude Code connects to its memory server (``mcp list``)."""
+    assert json.loads((PLUGIN / ".mcp.json").read_text()) == {"mcpServers": {"memrl": {"command": "memrl-mcp"}}}
+    home = tmp_path / "home"
+    home.mkdir()
+    for folder in (PLUGIN, ROOT):
+        checked = claude(home, "plugin", "validate", "--strict", str(folder))
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "Validation passed" in checked.stdout
+    added = claude(home, "plugin", "marketplace", "add", str(ROOT))
+    assert added.returncode == 0, added.stdout + added.stderr
+    installed = claude(home, "plugin", "install", "memrl@memrl-mcp")
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    listed = claude(home, "plugin", "list")
+    assert "memrl@memrl-mcp" in listed.stdout and "enabled" in listed.stdout, listed.stdout
+    with local_store(tmp_path) as store:
+        env = {key: value for key, value in store.env().items() if key.startswith(("MEMRL_", "PYTHON"))}
+        project = tmp_path / "project"
+        project.mkdir()
+        servers = claude(home, "mcp", "list", cwd=project, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", **env)
+    assert "plugin:memrl:memrl: memrl-mcp" in servers.stdout and "Connected" in servers.stdout, servers.stdout
+
+
+PROBE = """
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("method") == "initialize":
+        info = {"name": "probe", "version": "1"}
+        result = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {}, "serverInfo": info}
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+    elif message.get("method") == "notifications/initialized":
+        print(json.dumps({"jsonrpc": "2.0", "id": "roots", "method": "roots/list"}), flush=True)
+    elif message.get("id") == "roots":
+        open(sys.argv[1], "w").write(message["result"]["roots"][0]["uri"])
+    elif "id" in message and "method" in message:
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {}}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_the_root_uri_is_the_one_claude_code_sends(tmp_path: Path) -> None:
+    """Claude Code itself, opened in folders with awkward names, sends as its root exactly :func:`folder_uri` of the
+    folder (a probe MCP server asks it for its roots): so the hooks' project namespace is the session's."""
+    home = tmp_path / "home"
+    home.mkdir()
+    probe, said = tmp_path / "probe.py", tmp_path / "root.txt"
+    probe.write_text(PROBE)
+    added = claude(home, "mcp", "add", "-s", "user", "probe", "--", sys.executable, str(probe), str(said))
+    assert added.returncode == 0, added.stderr
+    names = ["plain", "a b (1)", "caf\u00e9 \u2603", "x#y?z%25", "t~ilde[1]{2}^`|\"'<>", "semi;colon,=+$&@!*"]
+    for name in names:
+        folder = Path(tempfile.mkdtemp(dir=tmp_path)) / name
+        folder.mkdir()
+        said.unlink(missing_ok=True)
+        listed = claude(home, "mcp", "list", cwd=folder)
+        assert "Connected" in listed.stdout, listed.stdout + listed.stderr
+        deadline = time.monotonic() + 30
+        while not said.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert said.read_text() == folder_uri(folder), name
+
+
+# -- Claude Code itself, with the plugin installed, its model faked over HTTP ---------------------------------------
+
+TOOLS = "mcp__plugin_memrl_memrl__"
+LEARNED = "run make migrate first, then make deploy ENV=staging and check /health"
+
+
+def install_plugin(home: Path) -> None:
+    home.mkdir()
+    for step in (("marketplace", "add", str(ROOT)), ("install", "memrl@memrl-mcp")):
+        done = claude(home, "plugin", *step)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def said(message: dict[str, Any]) -> str:
+    """What a message of the API's conversation says: its text blocks and its tool results' text."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        inner = block.get("content") if block.get("type") == "tool_result" else [block]
+        for part in [{"type": "text", "text": inner}] if isinstance(inner, str) else inner or []:
+            parts.append(part.get("text", "") if part.get("type") == "text" else "")
+    return "\n".join(parts)
+
+
+def called(messages: list[dict[str, Any]], tool: str) -> list[dict[str, Any]]:
+    """The arguments of each call of ``tool`` the model made in the conversation so far."""
+    return [
+        block["input"]
+        for message in messages
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_use" and block.get("name") == tool
+    ]
+
+
+def the_model(recall_first: bool) -> Script:
+    """A model that does what the hooks' words ask: it acts ("Done."), and reports the recall a held stop names,
+    once; with ``recall_first``, it first recalls through the memory's MCP tool on its own."""
+
+    def reply(request: dict[str, Any]) -> Reply:
+        messages = request["messages"]
+        held = [said(message) for message in messages if "Stop hook" in said(message)]
+        reported = {call["recall_id"] for call in called(messages, f"{TOOLS}report_outcome")}
+        if held and recall_id_in(held[-1]) not in reported:
+            arguments = {"recall_id": recall_id_in(held[-1]), "reward": 1.0, "experience": LEARNED}
+            return Reply(tool=f"{TOOLS}report_outcome", arguments=arguments)
+        if recall_first and not called(messages, f"{TOOLS}recall_experience"):
+            return Reply(tool=f"{TOOLS}recall_experience", arguments={"task": TASK})
+        return Reply("Done.")
+
+    return reply
+
+
+def holds(model: FakeModel) -> list[str]:
+    """The reasons of the stops held in the model's conversation (Claude Code's note of each)."""
+    final = [said(message) for message in model.requests[-1]["messages"]]
+    return [text for text in final if text.startswith("Stop hook blocking error from command")]
+
+
+def claude_session(home: Path, store: LocalStore, project: Path, model: FakeModel) -> dict[str, Any]:
+    """``claude -p TASK`` in ``project``: one session of Claude Code with the plugin, the memory's two tools allowed."""
+    env = {key: value for key, value in store.env().items() if key.startswith(("MEMRL_", "PYTHON"))}
+    env |= {"ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": "sk-ant-fake"}
+    env |= {"ENABLE_TOOL_SEARCH": "false", "MCP_CONNECTION_NONBLOCKING": "0"}  # the tools listed from the first turn
+    allowed = f"{TOOLS}report_outcome,{TOOLS}recall_experience"
+    done = claude(home, "-p", TASK, "--output-format", "json", "--allowedTools", allowed, cwd=project,
+                  PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", **env)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_claude_code_runs_the_loop_with_the_plugin(alpha: ClaudeSession, tmp_path: Path) -> None:
+    """Claude Code itself (its model faked over HTTP), the plugin installed from the repository's marketplace: the
+    prompt's context carries the project's memory and the recall id; the end of the turn is held with the recall's
+    id; the model's report goes through Claude Code's own MCP session to the same memory; the next session's prompt
+    finds what was reported, as does the model's own recall through Claude Code's MCP session (its namespace, from
+    Claude Code's roots, is the hooks')."""
+    home = tmp_path / "home"
+    install_plugin(home)
+    with anyio.fail_after(DEADLINE_S):
+        async with mcp_session(alpha) as client:
+            await call(client, "store_experience", task=TASK, experience=LESSON)
+            with fake_model(the_model(recall_first=False)) as model:
+                first = await anyio.to_thread.run_sync(claude_session, home, alpha.store, alpha.project, model)
+            assert first["result"] == "Done." and not first["is_error"], first
+            context = "\n".join(said(message) for message in model.requests[0]["messages"])
+            assert LESSON in context and "no need to call recall_experience" in context
+            held = holds(model)
+            assert len(held) == 1 and "report_outcome" in held[0], held
+            recall_id = recall_id_in(context)
+            assert recall_id in held[0]
+            state = await recall_state(client, recall_id)
+            assert (state["status"], state["reward"]) == ("reported", 1.0)
+
+            with fake_model(the_model(recall_first=True)) as model:
+                second = await anyio.to_thread.run_sync(claude_session, home, alpha.store, alpha.project, model)
+            assert second["result"] == "Done." and not second["is_error"], second
+            prompted = "\n".join(said(message) for message in model.requests[0]["messages"])
+            assert LEARNED in prompted  # the hook's recall: the experience the report stored
+            assert LEARNED in said(model.requests[1]["messages"][-1])  # the model's own recall through Claude Code
+            (reason,) = holds(model)
+            assert recall_id_in(reason) != recall_id  # the new recall of this session, not the model's own
