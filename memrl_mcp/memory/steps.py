@@ -1,27 +1,15 @@
 """The step memory: Rememberer's experience memory (arXiv 2306.07929) beside MemRL's episode memory.
 
 The episode memory learns one utility per remembered episode from one terminal reward; it cannot tell which
-decision of a long episode went wrong. The step memory learns per decision:
-
-- **Records.** One per (namespace, task, observation), under an id derived from the three (whitespace folded,
-  the task's trailing full stop dropped), so the same step always lands on the same record. A record holds the
-  actions tried there, each with Q(task, observation, action), its visits and its mean immediate reward.
-- **Matching.** A record's vector is the task's and the observation's embeddings side by side; a query scores
-  ``(1 - w) sim(task) + w sim(observation)`` (:func:`~memrl_mcp.memory.algorithm.step_similarity`; w =
-  ``step_observation_weight``). A long observation is embedded as its head and tail (the embedder reads about
-  512 characters); the whole text still keys the record.
-- **Learning.** A reported trajectory moves each step's Q toward its n-step bootstrapped target (algorithm
-  module). The tail max_a Q(task, o_{t+n}, a) comes from the record of o_{t+n} itself, and from the nearest record
-  matching at least ``step_match_threshold`` when o_{t+n} had none, else it is zero. With ``step_order: backward``
-  (the default) the steps are credited last to first, each tail read from the record as the episode's later steps
-  leave it, so the final reward reaches every step of the report
-  (:func:`~memrl_mcp.memory.algorithm.episode_targets`). The targets are computed once, against the memory as it
-  stood when the report arrived, and written into the claim, so a redo after a crash applies the same; the steps
-  are then folded in order (under the default ``mean`` rule the order of two folds into one action changes
-  nothing).
-- **Capacities.** ``step_max_actions`` per record (the lowest mean reward goes) and ``step_max_records`` per
-  namespace (:func:`~memrl_mcp.memory.algorithm.record_to_evict`: the most redundant of the new record and the two
-  closest stored ones goes). Replicas writing at once may overshoot the record capacity by one per writer.
+decision of a long episode went wrong. The step memory learns per decision. What a record holds, how a query matches it (:func:`~memrl_mcp.memory.algorithm.step_similarity`), how a reported
+trajectory's n-step targets are made (:func:`~memrl_mcp.memory.algorithm.episode_targets`: last step first by
+default, so the final reward reaches every step) and what the capacities drop
+(:func:`~memrl_mcp.memory.algorithm.record_to_evict`, ``step_max_actions``): docs/algorithm.md, "How the step memory
+learns". Here: a record's id derives from (namespace, task, observation), whitespace folded and the task's trailing
+full stop dropped, so the same step always lands on the same record; its vector is the task's and the observation's
+embeddings side by side (a long observation embedded as its head and tail). The targets are computed once, against
+the memory as it stood when the report arrived, and written into the claim, so a redo after a crash applies the
+same. Replicas writing at once may overshoot the record capacity by one per writer.
 
 **The closest pair without the matrix.** The paper's code keeps the similarity matrix of all stored records; a
 store has no such matrix, and building it read every record of the namespace and took 500x500 products per new
