@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,7 +38,7 @@ def command(event: str) -> str:
     return str(entry["hooks"][0]["command"])
 
 
-def run(shell: str, event: dict[str, object], env: dict[str, str], cwd: Path) -> tuple[float, str]:
+def run(shell: str, event: Mapping[str, object], env: dict[str, str], cwd: Path) -> tuple[float, str]:
     started = time.perf_counter()
     done = subprocess.run(["/bin/sh", "-c", shell], input=json.dumps(event), env=env, cwd=cwd, capture_output=True,
                           text=True, check=True)  # fmt: skip
