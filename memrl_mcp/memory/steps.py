@@ -1,43 +1,43 @@
 """The step memory: Rememberer's experience memory (arXiv 2306.07929) beside MemRL's episode memory.
 
-The episode memory learns one utility per remembered episode from one terminal reward; it cannot tell which
-decision of a long episode went wrong. The step memory learns per decision. What a record holds, how a query matches it (:func:`~memrl_mcp.memory.algorithm.step_similarity`), how a reported
-trajectory's n-step targets are made (:func:`~memrl_mcp.memory.algorithm.episode_targets`: last step first by
-default, so the final reward reaches every step) and what the capacities drop
-(:func:`~memrl_mcp.memory.algorithm.record_to_evict`, ``step_max_actions``): docs/algorithm.md, "How the step memory
-learns". Here: a record's id derives from (namespace, task, observation), whitespace folded and the task's trailing
-full stop dropped, so the same step always lands on the same record; its vector is the task's and the observation's
-embeddings side by side (a long observation embedded as its head and tail). The targets are computed once, against
-the memory as it stood when the report arrived, and written into the claim, so a redo after a crash applies the
-same. Replicas writing at once may overshoot the record capacity by one per writer.
+The episode memory learns one utility per remembered episode from one terminal reward; it cannot tell which decision
+of a long episode went wrong. The step memory learns per decision. What a record holds, how a query matches it
+(:func:`~memrl_mcp.memory.algorithm.step_similarity`), how a reported trajectory's n-step targets are made
+(:func:`~memrl_mcp.memory.algorithm.episode_targets`: last step first by default, so the final reward reaches every
+step) and what the capacities drop (:func:`~memrl_mcp.memory.algorithm.record_to_evict`, ``step_max_actions``):
+docs/algorithm.md, "How the step memory learns". Here: a record's id derives from (namespace, task, observation),
+whitespace folded and the task's trailing full stop dropped, so the same step always lands on the same record; its
+vector is the task's and the observation's embeddings side by side (a long observation embedded as its head and
+tail). The targets are computed once, against the memory as it stood when the report arrived, and written into the
+claim, so a redo after a crash applies the same. Replicas writing at once may overshoot the record capacity by one
+per writer.
 
-**The closest pair without the matrix.** The paper's code keeps the similarity matrix of all stored records; a
-store has no such matrix, and building it read every record of the namespace and took 500x500 products per new
-record at the capacity, for every new step of a report (docs/performance.md). Instead each record stores its
-nearest other record (``nearest``, an indexed number, and ``nearest_id``), looked up after its insert, and again when
-that neighbour turns out to be gone. Every pair of stored records then has one record, the later one looked up, whose
+**The closest pair without the matrix.** The paper's code keeps the similarity matrix of all stored records; a store
+has no such matrix, and building it read every record of the namespace and took 500x500 products per new record at
+the capacity, for every new step of a report (docs/performance.md). Instead each record stores its nearest other
+record (``nearest``, an indexed number, and ``nearest_id``), looked up after its insert, and again when that
+neighbour turns out to be gone. Every pair of stored records then has one record, the later one looked up, whose
 ``nearest`` is at least the pair's similarity, and each ``nearest`` is the similarity of a real pair unless its
 neighbour was deleted since. So the record with the highest ``nearest`` whose neighbour still exists holds the
-closest pair: an ordered look-up of one record, one read of its neighbour, and a re-look-up for each stale one
-met on the way. A new record costs a few reads at any capacity (perf/step_capacity.py). A record never
-looked up (imported, or stored before schema version 3) or looked up under another ``step_observation_weight``
-is looked up when its namespace next needs the pair: once, reading every record.
+closest pair: an ordered look-up of one record, one read of its neighbour, and a re-look-up for each stale one met
+on the way. A new record costs a few reads at any capacity (perf/step_capacity.py). A record never looked up
+(imported, or stored before schema version 3) or looked up under another ``step_observation_weight`` is looked up
+when its namespace next needs the pair: once, reading every record.
 
-**Once per episode.** ``episode_id`` is the client's once-only key. The report inserts an episode record under an
-id derived from (namespace, episode_id), insert-only, carrying a fresh claim id and every step with its target;
-the record read back names the one report that proceeds (a duplicate, concurrent or later, changes nothing and
-is told so). The record is the redo log, written whole once: each step is applied once to its record (operation
+**Once per episode.** ``episode_id`` is the client's once-only key. The report inserts an episode record under an id
+derived from (namespace, episode_id), insert-only, carrying a fresh claim id and every step with its target; the
+record read back names the one report that proceeds (a duplicate, concurrent or later, changes nothing and is told
+so). The record is the redo log, written whole once: each step is applied once to its record (operation
 ``step:<claim>:<t>`` of :meth:`~memrl_mcp.memory.ledger.Ledger.update_once`, or the operation id a new record is
 inserted with), and the progress has a small point of its own (:class:`~memrl_mcp.memory.records.EpisodeProgress`),
-written before each step's write with what that write does, so a redo counts the step it finds landed as its own
-run would have. Then the episode is marked ``reported`` (its steps dropped, its result kept) and the progress
-point deleted. Whoever runs the redo (the reporter, or the next server to open the store after a crash) gets the
-same result, and redoes only the steps not yet checkpointed. With a ``recall_id``, the redo also applies the
-episode memory's report of that recall with the last step's reward, under a claim id derived from the episode, so
-it too happens once. A namespace remembers its newest ``max_reported_episodes`` reported episodes (memory
-module): a report of an older episode id is a new episode, applied again. A namespace being forgotten deletes its
-episode records first: a report whose record is gone stops (:class:`EpisodeGone`) and removes what it had just
-created.
+written before each step's write with what that write does, so a redo counts the step it finds landed as its own run
+would have. Then the episode is marked ``reported`` (its steps dropped, its result kept) and the progress point
+deleted. Whoever runs the redo (the reporter, or the next server to open the store after a crash) gets the same
+result, and redoes only the steps not yet checkpointed. With a ``recall_id``, the redo also applies the episode
+memory's report of that recall with the last step's reward, under a claim id derived from the episode, so it too
+happens once. A namespace remembers its newest ``max_reported_episodes`` reported episodes (memory module): a report
+of an older episode id is a new episode, applied again. A namespace being forgotten deletes its episode records
+first: a report whose record is gone stops (:class:`EpisodeGone`) and removes what it had just created.
 """
 
 from __future__ import annotations
