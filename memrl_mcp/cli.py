@@ -2,7 +2,7 @@
 started if none runs), streamable HTTP or SSE; backups, settings and the local server's controls.
 
 The stdio entry imports nothing heavy before it knows it must serve in this process: a session that attaches is a
-relay of bytes (:mod:`memrl_mcp.serving.relay`) and starts in tens of milliseconds."""
+relay of bytes (:mod:`memrl_mcp.local.relay`) and starts in tens of milliseconds."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command is None and args.transport == "stdio" and not args.no_attach:
-        from memrl_mcp.serving import attach, relay
+        from memrl_mcp.local import attach, relay
 
         try:
             target = attach.target_of(args.data_dir, args.config)
@@ -160,17 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "local":
         return run_local(args)
     if args.command == "hook":
-        from memrl_mcp.serving import hooks
+        from memrl_mcp.clients import claude_code, core
 
-        return hooks.main(args.event, args.data_dir, args.config)
+        return core.run(claude_code.CLIENT, args.event, args.data_dir, args.config)
     return serve(args) if args.command is None else run_backup(args)
 
 
 def serve(args: argparse.Namespace) -> int:
     from memrl_mcp.memory.service import MemoryService
-    from memrl_mcp.serving import http  # the MCP and HTTP stack: not loaded by export / import
-    from memrl_mcp.serving.observability import configure_logging
     from memrl_mcp.settings import SettingsError
+    from memrl_mcp.surface.observability import configure_logging
+    from memrl_mcp.transports import http  # the MCP and HTTP stack: not loaded by export / import
 
     try:
         settings = _settings(args)
@@ -207,7 +207,7 @@ def serve(args: argparse.Namespace) -> int:
 def run_backup(args: argparse.Namespace) -> int:
     """``export`` or ``import``: a refusal (bad settings or file, a store held by a server) is a message, status 2."""
     from memrl_mcp.memory import archive
-    from memrl_mcp.serving.observability import configure_logging
+    from memrl_mcp.surface.observability import configure_logging
 
     try:
         settings = _settings(args)
@@ -253,8 +253,8 @@ class Progress:
 def run_calibrate(args: argparse.Namespace) -> int:
     """``calibrate``: bad settings or input, or a store held by a server, is a message and status 2."""
     from memrl_mcp.embeddings import calibrate  # numpy work and the model: not loaded by the other commands
-    from memrl_mcp.serving.observability import configure_logging
     from memrl_mcp.storage.files import write_atomically
+    from memrl_mcp.surface.observability import configure_logging
 
     try:
         settings = _settings(args)
@@ -289,8 +289,8 @@ def run_config(args: argparse.Namespace) -> int:
 
 def run_local(args: argparse.Namespace) -> int:
     """``local``: the store's local server (``run``, ``status``, ``ui``, ``stop``); a refusal is a message, status 2."""
-    from memrl_mcp.serving import attach
-    from memrl_mcp.serving.runtime import AttachError, owner_running, place_of
+    from memrl_mcp.local import attach
+    from memrl_mcp.local.place import AttachError, owner_running, place_of
 
     try:
         if args.action == "run":
@@ -305,7 +305,7 @@ def run_local(args: argparse.Namespace) -> int:
         place = place_of(target.data_dir, target.runtime_dir)
         try:
             answer = attach.attach(target, "stop" if args.action == "stop" else "status", start=False).answer
-        except attach.NotRunning:
+        except attach.NotRunningError:
             print(f"local memory server of {target.data_dir}: not running (socket: {place.socket})")
             return 0 if args.action == "stop" else 1
     except (MemrlError, OSError) as error:
@@ -325,8 +325,8 @@ def run_local(args: argparse.Namespace) -> int:
 
 
 def _run_local_server(args: argparse.Namespace) -> int:
-    from memrl_mcp.serving import local
-    from memrl_mcp.serving.observability import configure_logging
+    from memrl_mcp.local import server as local
+    from memrl_mcp.surface.observability import configure_logging
 
     settings = _settings(args)
     configure_logging(settings.serving.log_format, bool(settings.serving.log_calls))
@@ -336,7 +336,7 @@ def _run_local_server(args: argparse.Namespace) -> int:
 
 def _held_by_local_server(args: argparse.Namespace) -> str:
     """A hint for an error of a store in use, when the user's local server of that store is what holds it."""
-    from memrl_mcp.serving.runtime import owner_running, place_of
+    from memrl_mcp.local.place import owner_running, place_of
 
     try:
         settings = _settings(args)

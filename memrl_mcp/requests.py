@@ -7,7 +7,7 @@ unchanged: no argument travels positionally from layer to layer, where two ``str
 whoever built the request; the tool layer also offers each field as a tool argument with its bound and its
 description (:class:`Arg`), so that a client is told the rules before it calls.
 
-Adding a tool: its request here, its function in :mod:`memrl_mcp.serving.tools`, its name in a profile
+Adding a tool: its request here, its function in :mod:`memrl_mcp.surface.tools`, its name in a profile
 (:data:`~memrl_mcp.settings.TOOL_PROFILES`).
 """
 
@@ -35,7 +35,7 @@ from memrl_mcp.validation import (
 @dataclass(frozen=True)
 class Arg:
     """A request field as a tool argument: its ``description``, a template of the settings (``{max_task_chars}``,
-    ``{reward_max:g}``: :func:`memrl_mcp.serving.schema.argument_values` lists them), and, where its bound is a
+    ``{reward_max:g}``: :func:`memrl_mcp.surface.schema.argument_values` lists them), and, where its bound is a
     setting, the name of the rule that holds it in :class:`~memrl_mcp.validation.Limits` (``bound``)."""
 
     description: str
@@ -89,7 +89,7 @@ class RecallQuery:
 class OutcomeReport:
     """``report_outcome``: the reward of a recalled task, and what to remember of it. Without ``reward`` the user is
     asked; with ``trajectory`` instead of ``experience`` the client's model writes the experience
-    (:mod:`memrl_mcp.serving.feedback`). The service itself takes a reward and an experience only."""
+    (:mod:`memrl_mcp.surface.feedback`). The service itself takes a reward and an experience only."""
 
     recall_id: Annotated[StrictStr, Arg("The recall_id that recall_experience returned.")]
     reward: Annotated[
@@ -155,7 +155,7 @@ class StepQuery:
 @dataclass(frozen=True)
 class TrajectoryReport:
     """``report_trajectory``: every step of an episode, once per ``episode_id``. Without the last step's reward the
-    user is asked (:mod:`memrl_mcp.serving.feedback`); the service itself takes every step's reward."""
+    user is asked (:mod:`memrl_mcp.surface.feedback`); the service itself takes every step's reward."""
 
     task: Task
     steps: Annotated[

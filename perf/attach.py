@@ -11,7 +11,7 @@ MCP SDK's client), on a store and a runtime folder of the run's own:
 - **attach**: a server runs; the same, ``--runs`` times (each session closed before the next);
 - **memory**: the local server's resident set (``VmRSS``) with 0, 1, 5, 10 and ``--sessions`` sessions attached
   and each having made one recall, and the relays' own;
-- **hook**: a fresh ``python -c`` that imports :class:`memrl_mcp.serving.attach.LocalClient`, connects and makes one
+- **hook**: a fresh ``python -c`` that imports :class:`memrl_mcp.local.attach.LocalClient`, connects and makes one
   ``recall_experience``; wall time of the whole process, and of the connect + call inside it.
 
     /work/main/.venv/bin/python perf/attach.py                 # 20 attaches, up to 20 sessions, 20 hooks
@@ -41,7 +41,7 @@ import _bench as B
 HOOK = """
 import json, sys, time
 started = time.perf_counter()
-from memrl_mcp.serving.attach import LocalClient
+from memrl_mcp.local.client import LocalClient
 imported = time.perf_counter()
 with LocalClient.open() as memory:
     memory.call_tool("recall_experience", {"task": "deploy the web app to staging"})

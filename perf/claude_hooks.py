@@ -109,8 +109,8 @@ def measure(env: dict[str, str], project: Path, runs: int) -> None:
 
 STORE = """
 import sys
-from memrl_mcp.serving.attach import LocalClient
-from memrl_mcp.serving.projects import folder_uri
+from memrl_mcp.local.client import LocalClient
+from memrl_mcp.projects import folder_uri
 with LocalClient.open(roots=[folder_uri(sys.argv[2])]) as memory:
     memory.call_tool("store_experience", {"task": sys.argv[1], "experience": "make deploy ENV=staging"})
 """

@@ -48,9 +48,9 @@ from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import OutcomeReport, RecallQuery, StatsQuery
-from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import Settings, load_settings
 from memrl_mcp.storage import EdgeStore, Point, open_store
+from memrl_mcp.surface.server import create_server
 
 BATCH = 1000
 WARMUP = 10

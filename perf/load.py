@@ -480,8 +480,8 @@ def py_spy(pid: int | None, out: str | None, rate: int = 100) -> Iterator[None]:
 
 
 LAYERS = (  # a loop sample belongs to the innermost frame of one of these (stdlib, anyio, pydantic: their caller's)
-    ("memrl: tool wrapper (calls.py: hand-off to a thread, metrics, log, result dump)", r"serving/calls\.py"),
-    ("memrl: identify, reports (feedback.py: hand-off to a thread)", r"memrl_mcp/serving/(tools|feedback|roots)"),
+    ("memrl: tool wrapper (calls.py: hand-off to a thread, metrics, log, result dump)", r"surface/calls\.py"),
+    ("memrl: identify, reports (feedback.py: hand-off to a thread)", r"memrl_mcp/surface/(tools|feedback|roots)"),
     ("MCP SDK: tool layer (Tool.run, argument model)", r"mcp/server/mcpserver/"),
     (
         "MCP SDK: runner (request validation, OpenTelemetry span, serialization)",
@@ -490,7 +490,7 @@ LAYERS = (  # a loop sample belongs to the innermost frame of one of these (stdl
     ("MCP SDK: JSON-RPC dispatcher (a task per request, streams)", r"mcp/shared/"),
     ("MCP SDK: streamable-HTTP transport, session manager, auth", r"mcp/server/"),
     ("starlette: routing, middleware, request and response", r"starlette/"),
-    ("memrl: session quota (http.py)", r"memrl_mcp/serving/http\.py"),
+    ("memrl: session quota (http.py)", r"memrl_mcp/transports/http\.py"),
     ("uvicorn + h11: HTTP parsing, socket writes", r"(uvicorn|h11)/"),
 )
 

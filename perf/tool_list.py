@@ -20,8 +20,8 @@ from mcp import Client
 
 from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import TOOL_PROFILES, load_settings
+from memrl_mcp.surface.server import create_server
 
 
 def compact(value: Any) -> int:

@@ -21,12 +21,15 @@ from mcp import Client
 
 from memrl_mcp.embeddings import Embedder, MiniLMEmbedder
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.server import create_server
+from memrl_mcp.surface.server import create_server
 from tests.support.mcp import make_service
 from tests.support.servers import ONE_PROCESS
 from tests.support.stores import ENGINES
 
 os.environ.update(ONE_PROCESS)  # memrl-mcp processes spawned with this environment as well (child_env sets it too)
+# The harness's plots use the fonts matplotlib ships; without this, its first import in a fresh HOME runs fc-list to
+# list the system's fonts for its cache: a process started by whichever fast test draws first.
+os.environ["MPL_IGNORE_SYSTEM_FONTS"] = "1"
 
 PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system"})
 """The audit events (sys.addaudithook) of starting a process: what only a slow test may do. Signals are not watched:

@@ -12,9 +12,10 @@ import pytest
 import memrl_mcp
 from memrl_mcp.cli import parse_args
 from memrl_mcp.folders import default_data_dir
-from memrl_mcp.serving.attach import target_of
-from memrl_mcp.serving.relay import ANSWER, Lines
-from memrl_mcp.serving.runtime import Answer, Hello, build_identity, decode, encode
+from memrl_mcp.local.attach import target_of
+from memrl_mcp.local.greeting import Answer, Hello, decode, encode
+from memrl_mcp.local.place import build_identity
+from memrl_mcp.local.relay import ANSWER, Lines
 from memrl_mcp.settings import load_settings
 
 
@@ -91,15 +92,15 @@ def test_the_codes_identity_changes_with_any_file_of_the_package(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     package = tmp_path / "memrl_mcp"
-    (package / "serving").mkdir(parents=True)
+    (package / "surface").mkdir(parents=True)
     (package / "__init__.py").write_text('__version__ = "0.1.0"\n')
-    (package / "serving" / "tools.py").write_text("TOOLS = 10\n")
+    (package / "surface" / "tools.py").write_text("TOOLS = 10\n")
     monkeypatch.setattr(memrl_mcp, "__file__", str(package / "__init__.py"))
     before = build_identity()
     (package / "__pycache__").mkdir()
     (package / "__pycache__" / "x.pyc").write_bytes(b"compiled")  # what running the code writes changes nothing
     assert build_identity() == before
-    (package / "serving" / "tools.py").write_text("TOOLS = 1000\n")  # under the same version number
+    (package / "surface" / "tools.py").write_text("TOOLS = 1000\n")  # under the same version number
     assert build_identity() != before
 
 

@@ -1,4 +1,4 @@
-"""Where a tool call runs (memrl_mcp/serving/calls.py): a call that waits for the store holds back no other client."""
+"""Where a tool call runs (memrl_mcp/surface/calls.py): a call that waits for the store holds back no other client."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.serving.server import create_server
 from memrl_mcp.storage import EdgeStore
 from memrl_mcp.storage.quota import MeteredStore
+from memrl_mcp.surface.server import create_server
 from tests.support.mcp import call, make_service
 
 pytestmark = pytest.mark.anyio

@@ -22,11 +22,12 @@ import anyio
 import pytest
 from mcp import Client, types
 
+from memrl_mcp.clients.claude_code import CLIENT
+from memrl_mcp.clients.core import HookEvent, HookInputError, hold_reason, read_event
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.serving.hooks import HookEvent, HookInputError, hold_reason
-from memrl_mcp.serving.projects import folder_uri, project_namespace
-from memrl_mcp.serving.server import create_server
+from memrl_mcp.projects import folder_uri, project_namespace
 from memrl_mcp.settings import load_settings
+from memrl_mcp.surface.server import create_server
 from tests.support.anthropic import FakeModel, Reply, Script, fake_model
 from tests.support.local import LocalStore, local_store
 from tests.support.mcp import call, make_service
@@ -344,6 +345,10 @@ def test_claude_codes_project_folder_is_read_as_project_dir() -> None:
 
 def test_an_event_that_is_not_claude_codes_is_refused_by_field() -> None:
     """The event's fields are checked, each refusal naming the field."""
+
+    def read(text: str, environ: dict[str, str]) -> HookEvent:
+        return CLIENT.event(read_event(_stream(text)), environ)
+
     cases = {
         '{"cwd": "/tmp"}': "session_id",
         '{"session_id": "s", "cwd": "relative"}': "cwd",
@@ -352,10 +357,10 @@ def test_an_event_that_is_not_claude_codes_is_refused_by_field() -> None:
     }
     for text, field in cases.items():
         with pytest.raises(HookInputError, match=field):
-            HookEvent.read(_stream(text), {})
-    event = HookEvent.read(_stream('{"session_id": "s", "cwd": "/tmp/a", "stop_hook_active": true}'), {})
+            read(text, {})
+    event = read('{"session_id": "s", "cwd": "/tmp/a", "stop_hook_active": true}', {})
     assert (event.project, event.stop_hook_active) == (Path("/tmp/a"), True)
-    moved = HookEvent.read(_stream('{"session_id": "s", "cwd": "/tmp/a/sub"}'), {"CLAUDE_PROJECT_DIR": "/tmp/a"})
+    moved = read('{"session_id": "s", "cwd": "/tmp/a/sub"}', {"CLAUDE_PROJECT_DIR": "/tmp/a"})
     assert moved.project == Path("/tmp/a")  # the project Claude Code was opened in, as its roots say
 
 

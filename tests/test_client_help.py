@@ -1,4 +1,4 @@
-"""Rewards and experiences from the client (memrl_mcp/serving/feedback.py), through the real MCP client's elicitation
+"""Rewards and experiences from the client (memrl_mcp/surface/feedback.py), through the real MCP client's elicitation
 and sampling callbacks, in both protocol eras: the handshake protocol that stdio and HTTP clients speak today (the
 server asks mid-call) and 2026-07-28 (this SDK's default: the call answers InputRequiredResult, the client calls
 again). The attacks of docs/security.md ("Rewards and experiences from the client") are here too: an injected
@@ -21,10 +21,10 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import StatsQuery
-from memrl_mcp.serving.distill import distill_request
-from memrl_mcp.serving.feedback import MAX_NOTE_CHARS, Budget
-from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import SettingsError, load_settings
+from memrl_mcp.surface.distill import distill_request
+from memrl_mcp.surface.feedback import MAX_NOTE_CHARS, Budget
+from memrl_mcp.surface.server import create_server
 from tests.harness.fake_llm import FakeLLMServer, FakeReply
 from tests.support.mcp import call, make_service, refused, text_of
 from tests.support.servers import ALICE, BOB, DEADLINE_S, http_server, mcp_client, tokens_file

@@ -31,7 +31,7 @@ from memrl_mcp.memory.access import EVERYTHING, Access
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import MemoryView
 from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery, StatsQuery, TrajectoryReport
-from memrl_mcp.serving.server import create_server
+from memrl_mcp.surface.server import create_server
 from memrl_mcp.validation import MAX_METADATA_DEPTH, TrajectoryStep
 from tests.support.mcp import call, make_service, refused
 from tests.support.servers import child_env, http_server, run_cli

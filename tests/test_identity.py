@@ -27,9 +27,9 @@ from mcp import Client
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import NewExperience, StatsQuery
-from memrl_mcp.serving.auth import TokenTable
-from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import TokenGrant
+from memrl_mcp.surface.auth import TokenTable
+from memrl_mcp.surface.server import create_server
 from tests.support.mcp import call, refused
 from tests.support.servers import (
     ALICE,

@@ -22,7 +22,7 @@ from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import NewExperience, RecallQuery, StatsQuery
-from memrl_mcp.serving.inspector import CONTENT_SECURITY_POLICY, preview
+from memrl_mcp.transports.inspector import CONTENT_SECURITY_POLICY, preview
 from tests.support.inspector import (
     ALICE,
     BOB,
@@ -133,11 +133,11 @@ def test_every_answer_carries_the_security_headers(with_tokens: Seeded) -> None:
             assert http.get(f"/ui/{script_name}").headers["content-type"].startswith("text/javascript")
         assert http.get("/ui/../ui/secrets.txt").status_code == 404
         assert http.get("/ui/index.htm").status_code == 404
-    scripts = sorted((ROOT / "memrl_mcp" / "serving" / "ui").glob("*.js"))
+    scripts = sorted((ROOT / "memrl_mcp" / "transports" / "ui").glob("*.js"))
     assert [script.name for script in scripts] == ["app.js", "charts.js"]
     for script in scripts:
         assert not re.search(r"\.(inner|outer)HTML\b|insertAdjacentHTML|document\.write|\beval\(", script.read_text())
-    assert "<script>" not in (ROOT / "memrl_mcp" / "serving" / "ui" / "index.html").read_text()  # no inline script
+    assert "<script>" not in (ROOT / "memrl_mcp" / "transports" / "ui" / "index.html").read_text()  # no inline script
 
 
 @pytest.mark.slow  # the module's server processes
@@ -285,7 +285,7 @@ def test_the_pages_files_ship_as_package_data() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     globs = config["tool"]["setuptools"]["package-data"]["memrl_mcp"]
     shipped = {path.relative_to(ROOT / "memrl_mcp") for pattern in globs for path in (ROOT / "memrl_mcp").glob(pattern)}
-    assert {Path(f"serving/ui/{name}") for name in ("index.html", "app.js", "charts.js", "app.css")} <= shipped
+    assert {Path(f"transports/ui/{name}") for name in ("index.html", "app.js", "charts.js", "app.css")} <= shipped
     dev = config["project"]["optional-dependencies"]["dev"]
     assert any(requirement.startswith("playwright") for requirement in dev)
 

@@ -7,7 +7,7 @@ import pytest
 from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.serving.server import create_server
+from memrl_mcp.surface.server import create_server
 from tests.support.mcp import make_service
 
 pytestmark = pytest.mark.anyio

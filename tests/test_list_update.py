@@ -17,7 +17,7 @@ from mcp import Client
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import QEvent
-from memrl_mcp.serving.server import create_server
+from memrl_mcp.surface.server import create_server
 from tests.support.mcp import call, hints, make_service, read_json, refused
 from tests.support.scripts import run
 from tests.support.servers import ALICE, BOB, DEADLINE_S, http_server, mcp_client, tokens_file

@@ -15,8 +15,9 @@ import anyio
 import pytest
 from mcp import Client, types
 
-from memrl_mcp.serving.attach import LocalClient, attach
-from memrl_mcp.serving.projects import project_namespace
+from memrl_mcp.local.attach import attach
+from memrl_mcp.local.client import LocalClient
+from memrl_mcp.projects import project_namespace
 from tests.support.local import LocalStore, local_store, python_with, servers_of
 from tests.support.mcp import call
 from tests.support.node import CLIENT, node_with_sdk
@@ -329,7 +330,7 @@ def test_a_cancelled_request_is_never_answered_through_the_relay(store: LocalSto
 
 HOOK = """
 import json, sys
-from memrl_mcp.serving.attach import LocalClient, attach
+from memrl_mcp.local.client import LocalClient
 with LocalClient.open(roots=[sys.argv[1]]) as memory:
     found = memory.call_tool("recall_experience", {"task": "run the unit tests"})
 heavy = sorted(name for name in ("mcp", "pydantic", "numpy", "anyio") if name in sys.modules)

@@ -19,8 +19,8 @@ from mcp import Client, types
 from mcp.shared.exceptions import MCPError
 
 import memrl_mcp
-from memrl_mcp.serving.projects import project_namespace
-from memrl_mcp.serving.runtime import flocked
+from memrl_mcp.local.place import flocked
+from memrl_mcp.projects import project_namespace
 from tests.support.local import LocalStore, local_store, servers_of
 from tests.support.mcp import call, resource_text
 from tests.support.servers import run_cli

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from memrl_mcp.serving.runtime import AttachError, Place, build_identity, place_of
+from memrl_mcp.local.place import AttachError, Place, build_identity, place_of
 from tests.support.local import LocalStore, local_store
 from tests.support.mcp import call
 from tests.support.servers import INITIALIZE, MCP_HEADERS

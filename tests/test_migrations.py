@@ -22,10 +22,10 @@ from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.records import operation_token
 from memrl_mcp.models import QEvent
 from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery
-from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, new_id, open_store
 from memrl_mcp.storage.migrations import SCHEMA_POINT, SCHEMA_VERSION, schema_version
+from memrl_mcp.surface.server import create_server
 from tests.support.mcp import call, make_service, refused, resource_text
 from tests.support.stores import TASKS, old_payload, write_old_store
 

@@ -15,10 +15,10 @@ from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, open_store
 from memrl_mcp.storage.numbers import kept, kept_float
+from memrl_mcp.surface.server import create_server
 from tests.support.mcp import call, read_json
 from tests.support.stores import ENGINES
 

@@ -1,4 +1,4 @@
-"""Questions to the client cannot pile up (memrl_mcp/serving/asking.py, OpenQuestions): of the reports of one recall
+"""Questions to the client cannot pile up (memrl_mcp/surface/asking.py, OpenQuestions): of the reports of one recall
 (or one episode_id), one at a time asks the user or the client's model, since only one can apply; and one token has
 at most ``max_open_questions_per_token`` reports waiting for answers, without touching another token's. Through the
 real MCP client and server, with real concurrent calls, in both protocol eras (the handshake protocols hold the
@@ -20,7 +20,7 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import StatsQuery
-from memrl_mcp.serving.server import create_server
+from memrl_mcp.surface.server import create_server
 from tests.support.mcp import call, make_service, text_of
 from tests.support.servers import ALICE, BOB, DEADLINE_S, http_server, mcp_client, tokens_file
 

@@ -9,7 +9,7 @@ from mcp import Client
 
 import memrl_mcp
 from memrl_mcp.embeddings import Embedder
-from memrl_mcp.serving.server import create_server
+from memrl_mcp.surface.server import create_server
 from tests.support.mcp import make_service
 
 

@@ -15,10 +15,10 @@ from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery, TrajectoryReport
-from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Point, StoreLockedError, new_id, open_store
 from memrl_mcp.storage.migrations import SCHEMA_VERSION
+from memrl_mcp.surface.server import create_server
 from memrl_mcp.validation import TrajectoryStep
 from tests.support.crashes import DiesAtWrite
 from tests.support.mcp import call, make_service, resource_text

@@ -18,10 +18,10 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.calls import tool
-from memrl_mcp.serving.projects import project_namespace
-from memrl_mcp.serving.server import create_server
-from memrl_mcp.serving.tools import READS
+from memrl_mcp.projects import project_namespace
+from memrl_mcp.surface.calls import tool
+from memrl_mcp.surface.server import create_server
+from memrl_mcp.surface.tools import READS
 from memrl_mcp.validation import NAMESPACE_PATTERN
 from tests.support.mcp import call, make_service, read_json, refused
 from tests.support.servers import DEADLINE_S, http_server

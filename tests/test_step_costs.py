@@ -19,9 +19,9 @@ from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.memory.steps import embedded_text
 from memrl_mcp.requests import TrajectoryReport
-from memrl_mcp.serving.server import create_server
 from memrl_mcp.settings import load_settings
 from memrl_mcp.storage import Store, open_store
+from memrl_mcp.surface.server import create_server
 from memrl_mcp.validation import TrajectoryStep
 from tests.support.crashes import CountingStore
 from tests.support.mcp import call

@@ -15,7 +15,7 @@ from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import StatsQuery, StepQuery, TrajectoryReport
-from memrl_mcp.serving.server import create_server
+from memrl_mcp.surface.server import create_server
 from tests.support.mcp import call, hints, make_service, refused
 from tests.support.servers import ALICE, BOB, DEADLINE_S, http_server, mcp_client, tokens_file
 from tests.support.steps import COUNTER, HOLDING, MUG, ROOM, SUCCESS, records, steps_of, trajectory_of

@@ -23,7 +23,7 @@ from memrl_mcp.requests import (
     StepQuery,
     TrajectoryReport,
 )
-from memrl_mcp.serving.server import create_server
+from memrl_mcp.surface.server import create_server
 from memrl_mcp.validation import TrajectoryStep
 from tests.support.mcp import call, hints, make_service, prompt_text, read_json, refused
 from tests.support.servers import TOOLS

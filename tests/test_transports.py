@@ -210,7 +210,7 @@ def test_unknown_yaml_key_is_refused(tmp_path: Path) -> None:
 @pytest.mark.slow  # a server process
 @pytest.mark.anyio
 async def test_stdio_serves_large_and_concurrent_requests_on_its_own_pipes(tmp_path: Path) -> None:
-    """The stdio server reads and writes its pipes on the event loop (memrl_mcp/serving/stdio.py): a request line of
+    """The stdio server reads and writes its pipes on the event loop (memrl_mcp/transports/stdio.py): a request line of
     several times asyncio's default 64 KiB line limit is read whole; answers to many requests in flight at once all
     arrive, each to its request, while the client reads them as fast as it likes."""
     steps = [

@@ -264,7 +264,7 @@ class MemoryService:
         """Q <- Q + alpha (R - Q) on the recalled memories, once; then store the new experience. ``provenance``: who
         gave the reward and wrote the experience, kept in the Q history and the memory. The reward and the
         experience are the report's own: asking the user or a model for them is the tools' part
-        (:mod:`memrl_mcp.serving.feedback`)."""
+        (:mod:`memrl_mcp.surface.feedback`)."""
         if report.reward is None:
             raise MemoryRequestError("reward: required")
         if report.trajectory is not None:

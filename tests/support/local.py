@@ -17,8 +17,9 @@ from pathlib import Path
 
 from mcp import StdioServerParameters
 
-from memrl_mcp.serving.attach import NotRunning, Target, attach, target_of
-from memrl_mcp.serving.runtime import Answer, Place, owner_running, place_of
+from memrl_mcp.local.attach import NotRunningError, Target, attach, target_of
+from memrl_mcp.local.greeting import Answer
+from memrl_mcp.local.place import Place, owner_running, place_of
 from tests.support.servers import CLI, EVERY_TOOL, ONE_PROCESS, child_env
 
 GONE_S = 30.0  # a stopped server releases its store within seconds
@@ -56,7 +57,7 @@ class LocalStore:
         """What the running server says of itself; None when none runs."""
         try:
             attached = attach(self.target, "status", start=False)
-        except NotRunning:
+        except NotRunningError:
             return None
         attached.connection.close()
         return attached.answer

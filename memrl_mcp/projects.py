@@ -2,9 +2,9 @@
 8 hex digits of SHA-256(the URI)>`` (``memrl-mcp-3fa9c2d1``), so one server attached to several projects keeps their
 memories apart and two folders of the same name do not meet.
 
-The standard library only: the Claude Code plugin's hooks (:mod:`memrl_mcp.serving.hooks`), fresh processes at each
+The standard library only: the Claude Code plugin's hooks (:mod:`memrl_mcp.clients.core`), fresh processes at each
 prompt, build a folder's URI here; the server derives the namespace here from the roots a client sends
-(:mod:`memrl_mcp.serving.roots`) or from the ``project_dir`` setting.
+(:mod:`memrl_mcp.surface.roots`) or from the ``project_dir`` setting.
 """
 
 from __future__ import annotations

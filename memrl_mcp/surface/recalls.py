@@ -1,7 +1,7 @@
 """The resource ``memrl://recalls/{recall_id}``: whether a recall still waits for its report.
 
 A program that made a recall for an agent checks here whether the agent reported it: the Claude Code plugin's Stop
-hook (:mod:`memrl_mcp.serving.hooks`) holds the session only for a recall that is still pending. Read-only, and
+hook (:mod:`memrl_mcp.clients.core`) holds the session only for a recall that is still pending. Read-only, and
 scoped like the other resources: a recall outside the namespaces of the reader's token is as unknown as one never
 issued."""
 

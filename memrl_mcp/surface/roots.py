@@ -2,7 +2,7 @@
 
 A client that offers roots (Claude Code, VS Code and others list the project folder they were opened in) gets,
 when neither the call, its token nor the ``namespace`` setting names a namespace, one derived from its first root
-(:func:`~memrl_mcp.serving.projects.project_namespace`): a readable slug of the folder name and a short hash of the
+(:func:`~memrl_mcp.projects.project_namespace`): a readable slug of the folder name and a short hash of the
 full URI (``memrl-mcp-3fa9c2d1``), so one server attached to several projects keeps their memories apart, and two
 folders of the same name do not meet. A client of the 2026-07-28 protocol cannot be asked for its roots: the
 ``project_dir`` setting names its project folder instead (Claude Code gives it to every server it starts).
@@ -20,7 +20,7 @@ import anyio
 from mcp.server.mcpserver import Context
 from mcp.types import ListRootsRequest, ListRootsResult
 
-from memrl_mcp.serving.projects import project_namespace
+from memrl_mcp.projects import project_namespace
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from pydantic import BaseModel
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.asking import Asking, InputRequired
-from memrl_mcp.serving.feedback import Feedback
-from memrl_mcp.serving.observability import Metrics
-from memrl_mcp.serving.schema import Arguments
-from memrl_mcp.serving.text import text
+from memrl_mcp.surface.asking import Asking, InputRequired
+from memrl_mcp.surface.feedback import Feedback
+from memrl_mcp.surface.observability import Metrics
+from memrl_mcp.surface.schema import Arguments
+from memrl_mcp.surface.text import text
 
 F = TypeVar("F", bound=Callable[..., Any])
 OnLoop = Callable[[MemoryService, Any, Access], bool]
@@ -57,7 +57,7 @@ class ToolDef:
 
     @property
     def asks(self) -> bool:
-        """A coroutine: it may ask the client (:mod:`~memrl_mcp.serving.asking`), so it runs on the event loop."""
+        """A coroutine: it may ask the client (:mod:`~memrl_mcp.surface.asking`), so it runs on the event loop."""
         return inspect.iscoroutinefunction(self.run)
 
 
@@ -101,7 +101,7 @@ def served(
     logged; a refused request reaches the client as a tool error with its message (which names the field).
 
     The result, a model built and checked by the service, is handed to the SDK as its wire form: structured content,
-    and the short text its model reads (:mod:`~memrl_mcp.serving.text`); the SDK would validate it again against the
+    and the short text its model reads (:mod:`~memrl_mcp.surface.text`); the SDK would validate it again against the
     model and dump it twice."""
     on_loop = tool.on_loop if single_client else None
 

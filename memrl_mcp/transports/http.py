@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
 
 import anyio
-from mcp.server import MCPServer
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
@@ -20,10 +19,12 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.auth import TokenTable, is_loopback, refusal
-from memrl_mcp.serving.server import create_server
-from memrl_mcp.serving.stdio import run_session, stdio_streams
 from memrl_mcp.settings import ServingSettings, SettingsError, load_grants
+from memrl_mcp.surface.auth import TokenTable, is_loopback, refusal
+from memrl_mcp.surface.observability import Metrics
+from memrl_mcp.surface.server import create_server
+from memrl_mcp.transports import inspector, routes
+from memrl_mcp.transports.stdio import run_session, stdio_streams
 
 Transport = Literal["stdio", "streamable-http", "sse"]
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -71,20 +72,23 @@ docs/security.md, "Identity per request")."""
 
 def serve(service: MemoryService, transport: Transport, host: str, port: int, tokens: TokenTable | None) -> None:
     """Run until interrupted; the caller closes the service."""
-    server = create_server(service, tokens, single_client=transport == "stdio")
     if transport == "stdio":
-        anyio.run(run_session, server, stdio_streams())
+        anyio.run(run_session, create_server(service, single_client=True), stdio_streams())
         return
     import uvicorn
 
-    app = http_app(server, service.settings.serving, transport, host, tokens)
-    uvicorn.run(app, host=host, port=port, **UVICORN_OPTIONS)
+    uvicorn.run(http_app(service, transport, host, tokens), host=host, port=port, **UVICORN_OPTIONS)
 
 
-def http_app(
-    server: MCPServer, settings: ServingSettings, transport: Transport, host: str, tokens: TokenTable | None
-) -> ASGIApp:
-    """The ASGI app of ``server``'s HTTP transport (not stdio) bound on ``host``, with its quotas and host checks."""
+def http_app(service: MemoryService, transport: Transport, host: str, tokens: TokenTable | None) -> ASGIApp:
+    """The ASGI app of an MCP server over ``service`` on an HTTP transport (not stdio), bound on ``host``: the MCP
+    endpoint with its quotas and host checks, and beside it the operators' routes (:mod:`~memrl_mcp.transports.routes`)
+    and the inspector (:mod:`~memrl_mcp.transports.inspector`), which count and show what the same server serves."""
+    metrics = Metrics(service)
+    server = create_server(service, tokens, metrics=metrics)
+    routes.mount(server, service, tokens, metrics)  # /health, /metrics, /stats
+    inspector.mount(server, service, tokens)  # the /ui page and its JSON API
+    settings = service.settings.serving
     security = transport_security(host, settings.allowed_hosts)
     endpoint = SSE_PATH if transport == "sse" else MCP_PATH
     server.custom_route("/", methods=["GET"], include_in_schema=False)(home(transport, endpoint))
@@ -146,7 +150,7 @@ class HostCheck:
 
 class TokenCheck:
     """A request to a route that needs a token (:data:`TOKEN_ROUTES`) without a valid one is answered here, the same
-    way on every such route (:func:`~memrl_mcp.serving.auth.refusal`: RFC 6750's ``invalid_token``, saying what is
+    way on every such route (:func:`~memrl_mcp.surface.auth.refusal`: RFC 6750's ``invalid_token``, saying what is
     wrong), before the SDK's transports or the server's routes see it."""
 
     def __init__(self, app: ASGIApp, tokens: TokenTable) -> None:

@@ -1,6 +1,6 @@
 """The inspector: a page at ``/ui`` on the HTTP server itself, to see what the memory learned and correct it.
 
-The page (``memrl_mcp/serving/ui/``: one HTML file, one script, one style sheet, no framework, nothing fetched from
+The page (``memrl_mcp/transports/ui/``: one HTML file, one script, one style sheet, no framework, nothing fetched from
 elsewhere) talks to a small JSON API under ``/ui/api/``. The API is a thin adapter over the public
 :class:`~memrl_mcp.memory.service.MemoryService` methods, under the same rules as every other route:
 
@@ -22,7 +22,7 @@ chosen or not. Learning curves are read from the ``curve.json`` of harness run f
 
 A memory's page says who wrote its experience (the agent, the client's model, the server's endpoint, an operator
 here) and, for each change of its Q, who gave the reward (the agent, or the user the server asked, with the user's
-note): :mod:`memrl_mcp.serving.feedback` records both.
+note): :mod:`memrl_mcp.surface.feedback` records both.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import EffectiveSettings, PoolCandidate
 from memrl_mcp.requests import ForgetRequest, ListQuery, MemoryEdit, RecallQuery, StatsQuery
-from memrl_mcp.serving.auth import TokenTable, caller, is_loopback
+from memrl_mcp.surface.auth import TokenTable, caller, is_loopback
 from memrl_mcp.validation import MAX_METADATA_DEPTH, plain_error
 
 PREFIX = "/ui"
@@ -384,7 +384,7 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
         return _json(await in_thread(lambda: curves(run_folders(list(service.settings.serving.ui_runs)), wanted)))
 
     def asset(name: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:
-        content = resources.files("memrl_mcp.serving").joinpath("ui", name).read_bytes()
+        content = resources.files("memrl_mcp.transports").joinpath("ui", name).read_bytes()
 
         async def serve(request: Request) -> Response:
             if tokens is None and not _host_is_loopback(request):

@@ -1,10 +1,10 @@
-"""Where a store's local memory server and its sessions meet, and what they say first: a private folder per store
-under the user's runtime folder (its Unix socket, its locks, its log), the greeting exchanged on each connection
-before the MCP session starts, and the identity of the installed code.
+"""Where a store's local memory server and its sessions meet: a private folder per store under the user's runtime
+folder (its Unix socket, its locks, its log), and the identity of the installed code.
 
-Both sides import this module: the local server (:mod:`memrl_mcp.serving.local`) and whoever attaches to it (the
-stdio entry's relay, the hooks; :mod:`memrl_mcp.serving.attach`). It needs the standard library only, because the
-attaching side must start in a few tens of milliseconds.
+Both sides of the rendezvous use this module: the local server (:mod:`memrl_mcp.local.server`) and whoever attaches
+to it (:mod:`memrl_mcp.local.attach`: the stdio entry's relay, the hooks). It needs the standard library only,
+because the attaching side must start in a few tens of milliseconds. What the two say first on a connection is
+:mod:`memrl_mcp.local.greeting`.
 
 The folder of one store is ``<runtime_dir>/<first 16 hex digits of SHA-256(the store's resolved path)>``, made
 0700; a folder that is a symbolic link, belongs to another user or lets anyone else in is refused, never repaired
@@ -22,30 +22,21 @@ The folder of one store is ``<runtime_dir>/<first 16 hex digits of SHA-256(the s
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import hashlib
-import json
 import os
-import socket
 import stat
-import struct
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
 
 import memrl_mcp
 from memrl_mcp import __version__
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.folders import default_runtime_dir
 
-PROTOCOL = 1  # of the greeting below; a change of its fields is a new number
-GREETING_LIMIT = 1 << 20  # bytes of one greeting line (a session's environment fits many times over)
 MAX_SOCKET_PATH = 100  # a Unix socket's path: 108 bytes on Linux, 104 on macOS, with the final NUL
-Kind = Literal["session", "status", "stop"]
 
 
 class AttachError(MemrlError):
@@ -145,110 +136,3 @@ def build_identity() -> str:
             relative = os.path.relpath(os.path.join(folder, name), root)
             digest.update(f"{relative}\0{found.st_size}\0{found.st_mtime_ns}\0".encode())
     return digest.hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class Hello:
-    """What the attaching side says first: who it is, and the session's own settings as a process of its own would
-    read them (its environment, config file, store and working folder)."""
-
-    kind: Kind
-    version: str
-    build: str
-    pid: int
-    data_dir: str
-    config: str | None = None
-    cwd: str = "/"
-    environ: dict[str, str] = field(default_factory=dict)
-    protocol: int = PROTOCOL
-
-
-@dataclass(frozen=True)
-class Answer:
-    """The server's answer to a :class:`Hello`. ``ok``: the MCP session starts on this connection (``session``) or
-    the request was done (``status``, ``stop``); else ``message`` says why not, and ``retry`` that the server is
-    going away for this very session (a restart to another version or other settings): connect again."""
-
-    ok: bool
-    version: str
-    build: str
-    pid: int
-    message: str = ""
-    retry: bool = False
-    data_dir: str = ""
-    sessions: int = 0
-    ui: str = ""
-    started: float = 0.0
-    protocol: int = PROTOCOL
-
-
-def encode(record: Hello | Answer) -> bytes:
-    return json.dumps(dataclasses.asdict(record)).encode() + b"\n"
-
-
-Greeting = TypeVar("Greeting", Hello, Answer)
-
-
-def decode(kind: type[Greeting], line: bytes) -> Greeting:
-    """A :class:`Hello` or :class:`Answer` from its line; ValueError when it is not one (a stranger, another
-    protocol)."""
-    try:
-        data = json.loads(line)
-        if not isinstance(data, dict) or data.get("protocol") != PROTOCOL:
-            raise ValueError(f"not a memrl-mcp greeting of protocol {PROTOCOL}")
-        names = {item.name for item in dataclasses.fields(kind)}
-        return kind(**{key: value for key, value in data.items() if key in names})
-    except (TypeError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"not a memrl-mcp greeting: {error}") from None
-
-
-def read_line(connection: socket.socket, limit: int = GREETING_LIMIT) -> bytes:
-    """One line from ``connection``, taking nothing beyond its newline (what follows is the MCP session's)."""
-    line = b""
-    while True:
-        peeked = connection.recv(min(65536, limit + 1 - len(line)), socket.MSG_PEEK)
-        if not peeked:
-            raise ConnectionError("the other side closed the connection")
-        end = peeked.find(b"\n")
-        line += connection.recv(len(peeked) if end < 0 else end + 1)
-        if end >= 0:
-            return line
-        if len(line) > limit:
-            raise ValueError(f"a greeting is at most {limit} bytes")
-
-
-def peer_uid(connection: socket.socket) -> int | None:
-    """The user id of the process at the other end of a Unix socket, from the kernel (Linux ``SO_PEERCRED``, macOS
-    ``LOCAL_PEERCRED``); None where neither exists."""
-    if hasattr(socket, "SO_PEERCRED"):
-        credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return int(struct.unpack("3i", credentials)[1])
-    if sys.platform == "darwin" and hasattr(socket, "LOCAL_PEERCRED"):
-        credentials = connection.getsockopt(0, socket.LOCAL_PEERCRED, struct.calcsize("IIh16I"))  # struct xucred
-        return int(struct.unpack_from("II", credentials)[1])
-    return None
-
-
-def connect_socket(path: Path, timeout: float) -> socket.socket | None:
-    """A connection to the Unix socket at ``path``; None when nothing listens there (no file, or one a dead
-    server left)."""
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    connection.settimeout(timeout)
-    try:
-        connection.connect(os.fspath(path))
-    except (FileNotFoundError, ConnectionRefusedError):
-        connection.close()
-        return None
-    except OSError:
-        connection.close()
-        raise
-    return connection
-
-
-def greet(connection: socket.socket, hello: Hello) -> Answer | None:
-    """Send ``hello`` and read the server's answer; None when the server closed first (it is going away)."""
-    try:
-        connection.sendall(encode(hello))
-        return decode(Answer, read_line(connection))
-    except (ConnectionError, BrokenPipeError):
-        return None

@@ -1,20 +1,22 @@
-"""Claude Code's hooks (the plugin in ``integrations/claude-code/``): the memory's loop run by the client, not left to
-the model's goodwill. ``memrl-mcp hook EVENT`` reads the event's JSON on stdin and answers in Claude Code's JSON on
-stdout.
+"""The memory's loop run by an agent's own hooks, whichever agent: the client-neutral core that each client's module
+(:mod:`memrl_mcp.clients.claude_code`, ...) adapts to its hook format.
 
-- ``user-prompt-submit``: recalls for the prompt and, when memories of similar tasks were found, adds the recall's
-  own text (what ``recall_experience`` answers a model) and one line on how to report it to the model's context.
-- ``stop``: when a recall this hook made in this session still waits for its report, blocks the stop once, with a
+``memrl-mcp hook EVENT`` reads the event's JSON on stdin and answers in the client's JSON on stdout. Each hook is a
+step of the loop:
+
+- ``prompt``: recalls for the prompt and, when memories of similar tasks were found, adds the recall's own text (what
+  ``recall_experience`` answers a model) and one line on how to report it to the model's context.
+- ``stop``: when a recall this hook made in this session still waits for its report, holds the stop once, with a
   reason that names ``report_outcome``, the recall id and the reward to give. Never while a stop it caused is under
   way (``stop_hook_active``), never twice for one recall. A recall that found nothing is held too: its report is
   the only way a new kind of task enters the memory (docs/claude-code.md says why).
-- ``session-end``: forgets the session's record.
+- ``end``: forgets the session's record.
 
 The hooks reach the memory the session's MCP server uses: the same store through the user's local server
-(:mod:`memrl_mcp.serving.attach`), and the same project namespace: they hand the server the project folder as the
-very root URI Claude Code sends (:func:`~memrl_mcp.serving.projects.folder_uri`), from which it derives the namespace
-as for any session, and the plugin's MCP server names the same folder (its ``project_dir``). Each hook runs as a
-fresh process per event, so it imports the standard library and the attach path only.
+(:mod:`memrl_mcp.local.attach`), and the same project namespace: they hand the server the project folder as the
+very root URI Claude Code sends (:func:`~memrl_mcp.projects.folder_uri`), from which it derives the namespace as
+for any session, and the plugin's MCP server names the same folder (its ``project_dir``). Each hook runs as a fresh
+process per event, so it imports the standard library and the attach path only.
 
 A hook never fails or blocks a prompt: whatever goes wrong (no memory, a server that cannot start, bad input), it
 says why on stderr, answers nothing and exits 0.
@@ -34,65 +36,77 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, Protocol, TextIO
 
-from memrl_mcp.serving.attach import LocalClient, Target, ToolCallError, attach, target_of
-from memrl_mcp.serving.projects import folder_uri
-from memrl_mcp.serving.runtime import AttachError, place_of, private_folder
+from memrl_mcp.errors import MemrlError
+from memrl_mcp.local.attach import Target, attach, target_of
+from memrl_mcp.local.client import LocalClient, ToolCallError
+from memrl_mcp.local.place import AttachError, place_of, private_folder
+from memrl_mcp.projects import folder_uri
 
 START_SECONDS = 20.0  # the first prompt may wait for the server's cold start; hooks.json allows the hook 30 s
 CALL_SECONDS = 5.0  # a recall of a running server takes milliseconds
 TASK_CHARS = 4000  # the server's default max_task_chars: a longer prompt is recalled by its head
 RECORD_RECALLS = 64  # the newest recalls a session's record keeps
 RECORD_DAYS = 7.0  # a record untouched this long belongs to a session that ended without SessionEnd
-PROMPTED = (None, "user", "sdk")
-"""The sources of a prompt that is a task: typed by the user, or given to ``claude -p``; not one the client
-injected (a task notification, a loop's wake-up)."""
+Step = Literal["prompt", "stop", "end"]
 
 
-class HookInputError(ValueError):
-    """The event's JSON is not what Claude Code sends."""
+class HookInputError(MemrlError, ValueError):
+    """The event's JSON is not what the client sends; the message names the field."""
 
 
 @dataclass(frozen=True)
 class HookEvent:
-    """The fields of a Claude Code hook event that the hooks use."""
+    """What the loop needs of a hook event, whichever client sent it: the session, its project folder, the prompt
+    and whether it is a task (typed by the user, not injected by the client), and whether a stop the hook caused is
+    under way."""
 
     session_id: str
     project: Path
     prompt: str = ""
-    source: str | None = None
+    is_task: bool = True
     stop_hook_active: bool = False
 
     @classmethod
-    def read(cls, stream: TextIO, environ: Mapping[str, str]) -> HookEvent:
-        """The event on ``stream``; its project is ``CLAUDE_PROJECT_DIR`` (the folder Claude Code was opened in, as
-        its roots say), else the event's working folder."""
-        try:
-            data = json.load(stream)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise HookInputError(f"the event is not JSON ({error})") from None
-        if not isinstance(data, dict):
-            raise HookInputError("the event is not a JSON object")
-        session_id, cwd, prompt = data.get("session_id"), data.get("cwd"), data.get("prompt", "")
-        folder = environ.get("CLAUDE_PROJECT_DIR") or cwd
+    def checked(
+        cls, session_id: Any, folder: Any, prompt: Any = "", is_task: bool = True, stop_hook_active: bool = False
+    ) -> HookEvent:
+        """The event of these fields as the client sent them; :class:`HookInputError` naming the first that is not
+        what the loop needs (``folder`` is named ``cwd``: where every client's event carries it)."""
         if not isinstance(session_id, str) or not session_id:
             raise HookInputError("session_id: a non-empty string is required")
         if not isinstance(folder, str) or not os.path.isabs(folder):
-            raise HookInputError("cwd: an absolute folder is required (or CLAUDE_PROJECT_DIR)")
+            raise HookInputError("cwd: an absolute folder is required (or the client's project variable)")
         if not isinstance(prompt, str):
             raise HookInputError("prompt: a string is required")
-        source = data.get("source")
-        source = source if isinstance(source, str) else None
-        return cls(session_id, Path(folder), prompt, source, data.get("stop_hook_active") is True)
+        return cls(session_id, Path(folder), prompt, is_task, stop_hook_active)
+
+
+class Client(Protocol):
+    """One agent's hook format: which of its hooks is which step of the loop, its event as a :class:`HookEvent`,
+    and the loop's answers in the JSON it reads."""
+
+    @property
+    def steps(self) -> Mapping[str, Step]:
+        """Its hooks' names, as ``memrl-mcp hook`` takes them, and the step each is."""
+
+    def event(self, data: Mapping[str, Any], environ: Mapping[str, str]) -> HookEvent:
+        """The event of its JSON ``data``, in the hook's environment."""
+
+    def context(self, text: str) -> dict[str, Any]:
+        """The answer that adds ``text`` to the model's context for this prompt."""
+
+    def hold(self, reason: str) -> dict[str, Any]:
+        """The answer that holds the stop, with the ``reason`` the model reads."""
 
 
 @dataclass
 class SessionRecall:
-    """A recall the hook made in a session, and whether the Stop hook has settled it (held the stop for it, or
+    """A recall the hook made in a session, and whether the stop hook has settled it (held the stop for it, or
     found it reported): it is never held twice."""
 
     recall_id: str
@@ -156,9 +170,9 @@ def memory(target: Target, event: HookEvent, start: bool) -> Iterator[LocalClien
         yield client
 
 
-def user_prompt_submit(target: Target, event: HookEvent) -> dict[str, Any] | None:
+def recall(target: Target, event: HookEvent) -> str | None:
     """Recall for the prompt; the memories found and how to report them, as context for the model."""
-    if event.source not in PROMPTED or not event.prompt.strip():
+    if not event.is_task or not event.prompt.strip():
         return None
     with memory(target, event, start=True) as client:
         found = client.call("recall_experience", {"task": event.prompt[:TASK_CHARS]})
@@ -170,12 +184,11 @@ def user_prompt_submit(target: Target, event: HookEvent) -> dict[str, Any] | Non
         f"(Recalled for this prompt by the memory's hook: no need to call recall_experience. When the task is over, "
         f'call report_outcome once with recall_id "{recall_id}", a reward and an experience.)'
     )
-    context = f"{found.text}\n{how}"
-    return {"hookSpecificOutput": {"hookEventName": "UserPromptSubmit", "additionalContext": context}}
+    return f"{found.text}\n{how}"
 
 
-def stop(target: Target, event: HookEvent) -> dict[str, Any] | None:
-    """Block the stop once when a recall of this session still waits for its report."""
+def hold(target: Target, event: HookEvent) -> str | None:
+    """The reason to hold the stop once, when a recall of this session still waits for its report."""
     if event.stop_hook_active:
         return None
     record = SessionRecord.of(target, event)
@@ -190,7 +203,7 @@ def stop(target: Target, event: HookEvent) -> dict[str, Any] | None:
     record.save()
     if not pending:
         return None
-    return {"decision": "block", "reason": hold_reason(pending, scale["reward_min"], scale["reward_max"])}
+    return hold_reason(pending, scale["reward_min"], scale["reward_max"])
 
 
 def _state(client: LocalClient, recall_id: str) -> dict[str, Any]:
@@ -219,28 +232,42 @@ def _head(task: str, chars: int = 120) -> str:
     return line if len(line) <= chars else line[: chars - 3] + "..."
 
 
-def session_end(target: Target, event: HookEvent) -> None:
+def end(target: Target, event: HookEvent) -> None:
     SessionRecord.of(target, event).forget()
 
 
-HANDLERS: dict[str, Callable[[Target, HookEvent], dict[str, Any] | None]] = {
-    "user-prompt-submit": user_prompt_submit,
-    "stop": stop,
-    "session-end": session_end,
-}
-
-
-def main(name: str, data_dir: str | None = None, config: str | None = None) -> int:
-    """``memrl-mcp hook NAME``: the event on stdin, the answer (if any) on stdout; always 0 (module docstring)."""
+def read_event(stream: TextIO) -> dict[str, Any]:
+    """The event's JSON object on ``stream``."""
     try:
-        event = HookEvent.read(sys.stdin, os.environ)
+        data = json.load(stream)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise HookInputError(f"the event is not JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise HookInputError("the event is not a JSON object")
+    return data
+
+
+def run(client: Client, hook: str, data_dir: str | None = None, config: str | None = None) -> int:
+    """``memrl-mcp hook HOOK`` for ``client``: the event on stdin, the answer (if any) on stdout; always 0 (module
+    docstring)."""
+    try:
+        event = client.event(read_event(sys.stdin), os.environ)
         target = target_of(data_dir, config)
         if target is None:
             raise AttachError("these settings run memrl-mcp in a process of its own (attach: false, read_only, "
                               "qdrant_url): the hooks reach the memory through the local server only")  # fmt: skip
-        answer = HANDLERS[name](target, event)
+        step = client.steps[hook]
+        answer = None
+        if step == "prompt":
+            text = recall(target, event)
+            answer = None if text is None else client.context(text)
+        elif step == "stop":
+            reason = hold(target, event)
+            answer = None if reason is None else client.hold(reason)
+        else:
+            end(target, event)
     except Exception as error:  # whatever fails, the prompt and the stop go on (module docstring)
-        print(f"memrl-mcp hook {name}: the memory is unavailable, nothing done ({error})", file=sys.stderr)
+        print(f"memrl-mcp hook {hook}: the memory is unavailable, nothing done ({error})", file=sys.stderr)
         return 0
     if answer is not None:
         sys.stdout.write(json.dumps(answer))

@@ -1,5 +1,5 @@
-"""Attaching to the user's local memory server: which store a session means, reaching its server or starting one,
-and a small client for short-lived processes.
+"""The attaching side of the local server's rendezvous: which store a session means, reaching its server or starting
+one, and greeting it.
 
 :func:`target_of` says which store's server a session attaches to, or that it runs its own process (``attach``
 off, a ``read_only`` profile, a Qdrant server). It reads the settings without loading them when nothing but the
@@ -7,58 +7,42 @@ environment's store and runtime folder can matter (no config file, no variable t
 loading them costs half a second, most of an attach. The server then loads the session's settings itself and
 refuses a session whose store is not its own, so this shortcut can never attach a session to another store.
 
-:func:`attach` connects to the store's server (:mod:`memrl_mcp.serving.runtime`) and greets it; when none runs, it
-starts one (``memrl-mcp local run``, in a session of its own so that it outlives its starter) and waits for it.
-Sessions starting at the same moment start one server: the first takes ``start.lock`` and holds it until its
-server holds ``owner.lock``; the others wait for the socket. A server that cannot start (its store held by a
-process of its own, bad settings) is reported with the end of its log.
+:func:`attach` connects to the store's server (its socket in :mod:`memrl_mcp.local.place`) and greets it
+(:mod:`memrl_mcp.local.greeting`); when none runs, it starts one (``memrl-mcp local run``, in a session of its own so
+that it outlives its starter) and waits for it. Sessions starting at the same moment start one server: the first
+takes ``start.lock`` and holds it until its server holds ``owner.lock``; the others wait for the socket. A server
+that cannot start (its store held by a process of its own, bad settings) is reported with the end of its log.
 
 For hooks and scripts that must reach the memory in well under a second, :func:`connect` returns a greeted
-connection (newline-delimited JSON-RPC, as over stdio), and :class:`LocalClient` makes MCP calls over one with the
-standard library alone: importing the MCP SDK's client takes seconds on a small machine.
+connection (newline-delimited JSON-RPC, as over stdio), over which :class:`~memrl_mcp.local.client.LocalClient`
+makes MCP calls. The standard library only: the attaching side starts in tens of milliseconds.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
 import memrl_mcp
 from memrl_mcp import __version__
 from memrl_mcp.folders import default_data_dir
-from memrl_mcp.serving.runtime import (
-    Answer,
-    AttachError,
-    Hello,
-    Kind,
-    Place,
-    build_identity,
-    connect_socket,
-    flocked,
-    greet,
-    owner_running,
-    place_of,
-)
+from memrl_mcp.local.greeting import Answer, Hello, Kind, decode, encode, read_line
+from memrl_mcp.local.place import AttachError, Place, build_identity, flocked, owner_running, place_of
 
 START_SECONDS = 120.0  # a cold start loads the model and opens the store: seconds, more on a loaded machine
 GREETING_SECONDS = 30.0  # a running server answers a greeting in milliseconds; a stopped (SIGSTOP) one never does
 POLL_SECONDS = 0.02
 DECIDING_VARIABLES = ("MEMRL_CONFIG", "MEMRL_ATTACH", "MEMRL_QDRANT_URL", "QDRANT_URL")
 """Variables that may change the store or whether to attach at all: with any of them, the settings are loaded."""
-HANDSHAKE_VERSION = "2025-11-25"  # the protocol LocalClient speaks (the newest of the handshake era)
 
 
-class NotRunning(AttachError):
+class NotRunningError(AttachError):
     """No local server runs for the store, and none was to be started."""
 
 
@@ -125,7 +109,7 @@ class Attached:
 
 def attach(target: Target, kind: Kind = "session", start: bool = True, timeout: float = START_SECONDS) -> Attached:
     """A connection to ``target``'s local server, greeted as ``kind``; the server is started first when none runs
-    and ``start`` (module docstring). :class:`NotRunning` when none runs and none is to be started;
+    and ``start`` (module docstring). :class:`NotRunningError` when none runs and none is to be started;
     :class:`AttachError` when none could be reached or started, or the server refused (its message says why)."""
     place = place_of(target.data_dir, target.runtime_dir)
     hello = target.hello(kind)
@@ -145,7 +129,7 @@ def attach(target: Target, kind: Kind = "session", start: bool = True, timeout: 
             if answer is not None and not answer.retry:
                 raise AttachError(answer.message)
         elif not start:
-            raise NotRunning(f"no local memory server runs for {target.data_dir}")
+            raise NotRunningError(f"no local memory server runs for {target.data_dir}")
         elif started is None or started.poll() is not None:
             if started is not None and started.returncode != 0:
                 raise AttachError(_failure(place, started.returncode))
@@ -203,117 +187,36 @@ def connect(data_dir: str | Path | None = None, *, start: bool = True, timeout: 
 
     The connection is greeted and blocking: what follows is one MCP session, newline-delimited JSON-RPC exactly as
     over a stdio server's pipes, starting with the client's ``initialize``; closing the socket ends the session.
-    Wrap it with :class:`LocalClient`, or hand it to any MCP client that speaks stdio's framing. Raises
-    :class:`NotRunning` when none runs and ``start`` is false, and :class:`AttachError` (the message says why) when
-    the settings do not attach (``attach: false``, ``read_only``, a Qdrant server), or no server could be reached,
-    started or used."""
+    Wrap it with :class:`~memrl_mcp.local.client.LocalClient`, or hand it to any MCP client that speaks stdio's
+    framing. Raises :class:`NotRunningError` when none runs and ``start`` is false, and :class:`AttachError` (the
+    message says why) when the settings do not attach (``attach: false``, ``read_only``, a Qdrant server), or no
+    server could be reached, started or used."""
     target = target_of(data_dir)
     if target is None:
         raise AttachError("these settings run memrl-mcp in a process of its own (attach: false, read_only, qdrant_url)")
     return attach(target, start=start, timeout=timeout).connection
 
 
-class ToolCallError(AttachError):
-    """A tool call answered with an error: the tool refused it, or the request itself failed."""
+def connect_socket(path: Path, timeout: float) -> socket.socket | None:
+    """A connection to the Unix socket at ``path``; None when nothing listens there (no file, or one a dead
+    server left)."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(timeout)
+    try:
+        connection.connect(os.fspath(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        connection.close()
+        return None
+    except OSError:
+        connection.close()
+        raise
+    return connection
 
 
-@dataclass(frozen=True)
-class ToolResult:
-    """A tool's result as :class:`LocalClient` gets it: the structured content, and the text a model reads."""
-
-    structured: dict[str, Any]
-    text: str
-
-
-class LocalClient:
-    """A minimal, synchronous MCP client of the local server, for hooks and scripts that run for a moment (a
-    process per prompt): :func:`connect`, the ``initialize`` handshake, then tool calls one after another.
-
-        with LocalClient.open() as memory:
-            found = memory.call_tool("recall_experience", {"task": "deploy the web app"})
-
-    ``roots``: the project folders this client reports when the server asks (``file://`` URIs), so that its calls
-    use that project's namespace as an editor's would. The server's other requests (elicitation, sampling) are
-    declined: this client offers neither."""
-
-    def __init__(self, connection: socket.socket, roots: Sequence[str] = (), name: str = "memrl-mcp-client") -> None:
-        self._connection = connection
-        self._stream = connection.makefile("rb")
-        self._roots = list(roots)
-        self._ids = itertools.count(1)
-        capabilities: dict[str, Any] = {"roots": {}} if self._roots else {}
-        info = {"name": name, "version": __version__}
-        handshake = {"protocolVersion": HANDSHAKE_VERSION, "capabilities": capabilities, "clientInfo": info}
-        self._request("initialize", handshake)
-        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    @classmethod
-    def open(
-        cls,
-        data_dir: str | Path | None = None,
-        *,
-        start: bool = True,
-        timeout: float = START_SECONDS,
-        roots: Sequence[str] = (),
-        name: str = "memrl-mcp-client",
-    ) -> LocalClient:
-        """A client of the local server of ``data_dir`` (:func:`connect`: the arguments mean the same)."""
-        return cls(connect(data_dir, start=start, timeout=timeout), roots, name)
-
-    def call_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        """The tool's structured result; :class:`ToolCallError` with the tool's message when it refused the call."""
-        return self.call(name, arguments).structured
-
-    def call(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
-        """The tool's whole result: its structured content, and the text a model reads of it."""
-        result = self._request("tools/call", {"name": name, "arguments": dict(arguments)})
-        text = "\n".join(block.get("text", "") for block in result.get("content", []) if block.get("type") == "text")
-        if result.get("isError"):
-            raise ToolCallError(f"{name}: {text}")
-        return ToolResult(result.get("structuredContent") or {}, text)
-
-    def read_resource(self, uri: str) -> str:
-        """The text of the resource at ``uri``; :class:`ToolCallError` with the server's message when it has none."""
-        contents = self._request("resources/read", {"uri": uri}).get("contents") or [{}]
-        text: str = contents[0].get("text", "")
-        return text
-
-    def close(self) -> None:
-        self._stream.close()
-        self._connection.close()
-
-    def __enter__(self) -> LocalClient:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def _send(self, message: Mapping[str, Any]) -> None:
-        self._connection.sendall(json.dumps(message).encode() + b"\n")
-
-    def _request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
-        request_id = next(self._ids)
-        self._send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
-        while True:
-            line = self._stream.readline()
-            if not line:
-                raise AttachError("the local memory server closed the connection")
-            message = json.loads(line)
-            if "method" in message and "id" in message:  # the server asks
-                self._answer(message)
-            elif message.get("id") == request_id:
-                if "error" in message:
-                    raise ToolCallError(f"{method}: {message['error'].get('message', message['error'])}")
-                answer: dict[str, Any] = message.get("result") or {}
-                return answer
-
-    def _answer(self, request: Mapping[str, Any]) -> None:
-        if request["method"] == "roots/list" and self._roots:
-            reply: dict[str, Any] = {"result": {"roots": [{"uri": uri} for uri in self._roots]}}
-        elif request["method"] == "ping":
-            reply = {"result": {}}
-        else:
-            reply = {"error": {"code": -32601, "message": f"this client does not answer {request['method']}"}}
-        self._send({"jsonrpc": "2.0", "id": request["id"], **reply})
+def greet(connection: socket.socket, hello: Hello) -> Answer | None:
+    """Send ``hello`` and read the server's answer; None when the server closed first (it is going away)."""
+    try:
+        connection.sendall(encode(hello))
+        return decode(Answer, read_line(connection))
+    except (ConnectionError, BrokenPipeError):
+        return None

@@ -10,7 +10,7 @@ Like the SDK's, it claims fds 0 and 1 while it serves: the wire is read and writ
 fd 0 reads the null device and fd 1 writes to stderr, so that nothing else in the process (a child, a stray print)
 reads the requests or writes into the answers; both are given back at the end.
 
-The local server (:mod:`memrl_mcp.serving.local`) serves each session attached to it the same way, over the session's
+The local server (:mod:`memrl_mcp.local.server`) serves each session attached to it the same way, over the session's
 Unix socket (:func:`socket_streams`): one MCP session per connection, as if the session had its own process.
 
 The end of stdin ends the session only once every request read is answered (:class:`_Draining`): the SDK cancels

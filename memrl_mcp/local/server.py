@@ -1,11 +1,11 @@
 """The local memory server: one process per user and store, which owns the store and serves every session attached
-to it (``memrl-mcp`` over stdio, :mod:`memrl_mcp.serving.relay`; hooks and scripts, :mod:`memrl_mcp.serving.attach`),
+to it (``memrl-mcp`` over stdio, :mod:`memrl_mcp.local.relay`; hooks and scripts, :mod:`memrl_mcp.local.attach`),
 started by the first of them and gone after ``local_idle_seconds`` without any.
 
-Each session is a connection to the server's Unix socket (:mod:`memrl_mcp.serving.runtime`), served exactly as a
-stdio server serves its one client: an MCP session (of the server :func:`~memrl_mcp.serving.server.create_server`
+Each session is a connection to the server's Unix socket (:mod:`memrl_mcp.local.place`), served exactly as a
+stdio server serves its one client: an MCP session (of the server :func:`~memrl_mcp.surface.server.create_server`
 builds with ``single_client`` for the sessions with its settings) over the same stream machinery
-(:func:`~memrl_mcp.serving.stdio.socket_streams`), on an event loop of its own in a thread of its own, so what one
+(:func:`~memrl_mcp.transports.stdio.socket_streams`), on an event loop of its own in a thread of its own, so what one
 session waits for (the store's write lock on the loop, a question to its user) holds back no other. All of them
 share one :class:`~memrl_mcp.memory.service.MemoryService`, which is safe for concurrent callers. Per session: its
 roots (project namespace), its questions to its client, its protocol era, and its own settings among ``namespace``,
@@ -19,7 +19,7 @@ bearer token made at start and told only over the socket (``memrl-mcp local ui``
 
 A session is admitted only when the server can serve it as a process of its own would:
 
-- the same code (:func:`~memrl_mcp.serving.runtime.build_identity`): another version of memrl-mcp meeting a server
+- the same code (:func:`~memrl_mcp.local.place.build_identity`): another version of memrl-mcp meeting a server
   that serves no session makes it stop, and a new one starts for it; one that serves sessions is refused with the
   reason (the store is never written by two versions at once);
 - the same memory: the session's settings of the groups that shape the memory (:data:`MEMORY_GROUPS`) must be the
@@ -36,6 +36,8 @@ import os
 import secrets
 import selectors
 import socket
+import struct
+import sys
 import threading
 import time
 from pathlib import Path
@@ -46,24 +48,14 @@ from mcp.server import MCPServer
 
 from memrl_mcp import __version__
 from memrl_mcp.errors import MemrlError
+from memrl_mcp.local.greeting import Answer, Hello, decode, encode, read_line
+from memrl_mcp.local.place import Place, build_identity, flocked, place_of
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.serving.auth import TokenTable
-from memrl_mcp.serving.http import UVICORN_OPTIONS, http_app
-from memrl_mcp.serving.runtime import (
-    Answer,
-    Hello,
-    Place,
-    build_identity,
-    decode,
-    encode,
-    flocked,
-    peer_uid,
-    place_of,
-    read_line,
-)
-from memrl_mcp.serving.server import create_server
-from memrl_mcp.serving.stdio import run_session, socket_streams
 from memrl_mcp.settings import ALL_NAMESPACES, Settings, SettingsError, TokenGrant, load_settings
+from memrl_mcp.surface.auth import TokenTable
+from memrl_mcp.surface.server import create_server
+from memrl_mcp.transports.http import UVICORN_OPTIONS, http_app
+from memrl_mcp.transports.stdio import run_session, socket_streams
 
 GREETING_SECONDS = 10.0  # a session greets at once; a connection that does not is dropped
 STOP_SECONDS = 10.0  # how long a stop waits for the sessions to answer the requests they read
@@ -110,7 +102,7 @@ class LocalServer:
         self._idle_since = time.monotonic()
         self._stopping = ""  # why the server stops, once it does
         self._wake_read, self._wake_write = os.pipe()
-        self._inspector = Inspector(service, settings)
+        self._inspector = Inspector(service)
         self._bound = 0  # the inode of the socket file this server bound
         self._servers: dict[str, MCPServer] = {}  # by the sessions' own settings (_server_for)
 
@@ -296,6 +288,18 @@ class LocalServer:
         )
 
 
+def peer_uid(connection: socket.socket) -> int | None:
+    """The user id of the process at the other end of a Unix socket, from the kernel (Linux ``SO_PEERCRED``, macOS
+    ``LOCAL_PEERCRED``); None where neither exists."""
+    if hasattr(socket, "SO_PEERCRED"):
+        credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return int(struct.unpack("3i", credentials)[1])
+    if sys.platform == "darwin" and hasattr(socket, "LOCAL_PEERCRED"):
+        credentials = connection.getsockopt(0, socket.LOCAL_PEERCRED, struct.calcsize("IIh16I"))  # struct xucred
+        return int(struct.unpack_from("II", credentials)[1])
+    return None
+
+
 def refusal(data_dir: Path, pid: int, differs: str, sessions: int) -> str:
     return (
         f"the local memory server of {data_dir} serves {sessions} other session(s) and cannot serve this one "
@@ -310,12 +314,11 @@ class Inspector:
     """The local server's ``/ui`` (and its HTTP routes) on a loopback port chosen at start, for the holder of a
     token made at start (module docstring), served by uvicorn in a thread of its own."""
 
-    def __init__(self, service: MemoryService, settings: Settings) -> None:
+    def __init__(self, service: MemoryService) -> None:
         token = secrets.token_urlsafe(32)
         grant = TokenGrant.model_validate({"name": "local", "token": token, "namespaces": [ALL_NAMESPACES]})
         tokens = TokenTable([grant])
-        server = create_server(service, tokens)
-        app = http_app(server, settings.serving, "streamable-http", LOOPBACK, tokens)
+        app = http_app(service, "streamable-http", LOOPBACK, tokens)
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.bind((LOOPBACK, 0))
         port = self._socket.getsockname()[1]

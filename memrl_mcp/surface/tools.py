@@ -33,7 +33,7 @@ from memrl_mcp.requests import (
     StepQuery,
     TrajectoryReport,
 )
-from memrl_mcp.serving.calls import ToolCall, ToolDef, tool
+from memrl_mcp.surface.calls import ToolCall, ToolDef, tool
 
 TOOLS: dict[str, ToolDef] = {}
 WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)

@@ -11,8 +11,8 @@ from starlette.responses import JSONResponse, Response
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import StatsQuery
-from memrl_mcp.serving.auth import TokenTable, caller
-from memrl_mcp.serving.observability import Metrics
+from memrl_mcp.surface.auth import TokenTable, caller
+from memrl_mcp.surface.observability import Metrics
 
 TOKEN_MISSING = {"error": "invalid_token", "error_description": "a bearer token is required"}
 

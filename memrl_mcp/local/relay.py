@@ -30,8 +30,8 @@ import subprocess
 import sys
 from typing import Any
 
-from memrl_mcp.serving.attach import GREETING_SECONDS, Attached, Target, attach
-from memrl_mcp.serving.runtime import AttachError
+from memrl_mcp.local.attach import GREETING_SECONDS, Attached, Target, attach
+from memrl_mcp.local.place import AttachError
 
 CHUNK = 1 << 16  # below malloc's mmap threshold: a bigger buffer cost three more system calls per message
 CONNECTION_CLOSED = -32000  # the code the MCP SDK's client uses for a connection that closed under a request

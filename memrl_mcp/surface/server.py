@@ -1,10 +1,10 @@
 """The MCP server over one :class:`MemoryService`: the tools of the ``tool_profile`` setting
-(:mod:`~memrl_mcp.serving.tools`), the resources, the prompt, the instructions, and the HTTP routes beside them
-(:mod:`~memrl_mcp.serving.routes`, the inspector).
+(:mod:`~memrl_mcp.surface.tools`), the resources, the prompt and the instructions. The transports serve it
+(:mod:`memrl_mcp.transports`), an HTTP one with its operators' routes and the inspector beside it.
 
-With a :class:`~memrl_mcp.serving.auth.TokenTable`, the HTTP transports require a bearer token, and every tool,
+With a :class:`~memrl_mcp.surface.auth.TokenTable`, the HTTP transports require a bearer token, and every tool,
 resource and route sees only the namespaces of the caller's token. A call that names no namespace uses the
-token's first one, else one derived from the client's project root (:mod:`memrl_mcp.serving.roots`), else the
+token's first one, else one derived from the client's project root (:mod:`memrl_mcp.surface.roots`), else the
 ``namespace`` setting."""
 
 from __future__ import annotations
@@ -25,18 +25,17 @@ from memrl_mcp import __version__
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.projects import folder_uri, project_namespace
 from memrl_mcp.requests import StatsQuery
-from memrl_mcp.serving import inspector, routes
-from memrl_mcp.serving.auth import TokenTable, caller
-from memrl_mcp.serving.calls import served
-from memrl_mcp.serving.feedback import Feedback
-from memrl_mcp.serving.observability import Metrics
-from memrl_mcp.serving.projects import folder_uri, project_namespace
-from memrl_mcp.serving.recalls import add_recall_resource
-from memrl_mcp.serving.roots import roots_namespace
-from memrl_mcp.serving.schema import Arguments, MemoryTool, argument_values
-from memrl_mcp.serving.tools import TOOLS
 from memrl_mcp.settings import TOOL_PROFILES, LearningSettings, Settings
+from memrl_mcp.surface.auth import TokenTable, caller
+from memrl_mcp.surface.calls import served
+from memrl_mcp.surface.feedback import Feedback
+from memrl_mcp.surface.observability import Metrics
+from memrl_mcp.surface.recalls import add_recall_resource
+from memrl_mcp.surface.roots import roots_namespace
+from memrl_mcp.surface.schema import Arguments, MemoryTool, argument_values
+from memrl_mcp.surface.tools import TOOLS
 
 TOKEN_REQUIRED = "authorization: a valid bearer token is required"
 
@@ -83,16 +82,18 @@ def create_server(
     tokens: TokenTable | None = None,
     single_client: bool = False,
     settings: Settings | None = None,
+    metrics: Metrics | None = None,
 ) -> MCPServer:
     """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one; ``single_client``: it
     serves one client only (stdio). The caller owns the service and closes it. It offers the tools of the
     ``tool_profile`` setting. ``settings``: those of this server's client when they are not the service's (a session
     of the local server): its tool profile and descriptions and its default namespace; the memory's own groups are
-    the service's."""
+    the service's. ``metrics``: where its tool calls are counted (an HTTP transport's ``/metrics`` shows them);
+    default, a registry of its own."""
     settings = settings or service.settings
     serving = settings.serving
     assert set(TOOLS) == set(TOOL_PROFILES["full"]), "a tool is missing from the full profile"
-    metrics = Metrics(service)
+    metrics = metrics or Metrics(service)
     feedback = Feedback(service, reports_on_loop=single_client)
     arguments = Arguments(service.limits, argument_values(settings, service.scale.delta))
     callers = Callers(settings, tokens)
@@ -120,14 +121,12 @@ def create_server(
     )
     _add_resources(server, service, callers.resource_caller)
     _add_prompt(server, settings)
-    routes.mount(server, service, tokens, metrics)  # /health, /metrics, /stats
-    inspector.mount(server, service, tokens)  # the /ui page and its JSON API
     return server
 
 
 @dataclasses.dataclass(frozen=True)
 class Callers:
-    """Who makes a call: the token of the request that carried it (:func:`~memrl_mcp.serving.auth.caller`), with
+    """Who makes a call: the token of the request that carried it (:func:`~memrl_mcp.surface.auth.caller`), with
     the default namespace of the client's ``settings``."""
 
     settings: Settings

@@ -2,7 +2,7 @@
 
 MemRL learns only from rewards, and keeps only the experiences someone wrote. In a chat the agent often cannot see
 whether a task succeeded, and writes a poor experience; the user can see it, and the client's own model can write
-one. MCP gives the server both (:mod:`~memrl_mcp.serving.asking`):
+one. MCP gives the server both (:mod:`~memrl_mcp.surface.asking`):
 
 - **A reward from the user.** A report without ``reward`` (``report_outcome``; the last step of
   ``report_trajectory``) asks the user through MCP elicitation: a form of one required boolean, ``succeeded``, and an
@@ -13,13 +13,13 @@ one. MCP gives the server both (:mod:`~memrl_mcp.serving.asking`):
   ``reward``. Everything is checked before the user is asked: a report that would be refused is never asked about.
 - **An experience from a model.** ``report_outcome`` and ``store_experience`` take ``trajectory`` (the episode as
   text, at most ``max_trajectory_chars``) instead of ``experience``: the client's model writes the experience
-  through MCP sampling (:mod:`~memrl_mcp.serving.distill`: a success becomes a procedure, a failure a reflection),
+  through MCP sampling (:mod:`~memrl_mcp.surface.distill`: a success becomes a procedure, a failure a reflection),
   else the configured endpoint (``distill_base_url``), else the call is refused. Each token may have at most
   ``max_samplings_per_minute`` experiences written (:class:`Budget`); a model's answer is checked as any experience.
 
 While a report asks, it holds its recall (or episode_id) and one of its token's ``max_open_questions_per_token``
 places: another report of the same recall, or one beyond the token's places, is refused before its client is asked
-(:class:`~memrl_mcp.serving.asking.OpenQuestions`).
+(:class:`~memrl_mcp.surface.asking.OpenQuestions`).
 
 A report is all or nothing: if the model's answer is refused, or no answer comes within the time allowed, nothing
 is reported (the user's answer too is dropped: the recall stays reportable, and is asked about again).
@@ -53,8 +53,8 @@ from memrl_mcp.models import (
     iso_time,
 )
 from memrl_mcp.requests import NewExperience, OutcomeReport, TrajectoryReport
-from memrl_mcp.serving.asking import Asking, OpenQuestions, Subject
-from memrl_mcp.serving.distill import Endpoint, answered_text, checked, distill_request
+from memrl_mcp.surface.asking import Asking, OpenQuestions, Subject
+from memrl_mcp.surface.distill import Endpoint, answered_text, checked, distill_request
 from memrl_mcp.validation import Outcome, check_step_rewards, outcome_of, plain_error, text_rule
 
 R = TypeVar("R")
