@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,43 +111,35 @@ def settings_of(runs: Sequence[LoadedRun]) -> list[Setting]:
         transfer = [r.transfer for r in group] if group[0].config.transfer else []
         aggregate = aggregate_seeds([r.config.seed for r in group], [r.summary for r in group], transfer)
         settings.append(Setting(group, aggregate))
-    benchmarks = {s.config.benchmark for s in settings}
-    models = {s.config.model for s in settings}
-    for setting in settings:
-        parts = [setting.config.mode_label]
-        if len(benchmarks) > 1:
-            parts.append(setting.config.benchmark)
-        if len(models) > 1:
-            parts.append(setting.config.model or "no model")
-        setting.label = " / ".join(parts)
-    counts: dict[str, int] = defaultdict(int)
-    for setting in settings:
-        counts[setting.label] += 1
-    seen: dict[str, int] = defaultdict(int)
-    for setting in settings:  # same label, other options (tasks, epochs, benchmark options): numbered
-        if counts[setting.label] > 1:
-            seen[setting.label] += 1
-            setting.label = f"{setting.label} #{seen[setting.label]}"
+    labels = _labels([setting.config for setting in settings])
+    tied = {label for label, count in Counter(labels).items() if count > 1}
+    seen: Counter[str] = Counter()
+    for setting, label in zip(settings, labels, strict=True):  # same label, other options (tasks, epochs...): numbered
+        seen[label] += 1
+        setting.label = f"{label} #{seen[label]}" if label in tied else label
     return settings
 
 
 def assign_labels(runs: Sequence[LoadedRun]) -> None:
     """Label by mode, adding benchmark and model only where they differ, and the folder on a tie."""
-    benchmarks = {r.config.benchmark for r in runs}
-    models = {r.config.model for r in runs}
-    for run in runs:
-        parts: list[str] = [run.config.mode_label]
-        if len(benchmarks) > 1:
-            parts.append(run.config.benchmark)
-        if len(models) > 1:
-            parts.append(run.config.model or "no model")
-        run.label = " / ".join(parts)
-    counts: dict[str, int] = defaultdict(int)
-    for run in runs:
-        counts[run.label] += 1
-    for run in runs:
-        if counts[run.label] > 1:
-            run.label = f"{run.label} ({run.path.name})"
+    labels = _labels([run.config for run in runs])
+    tied = {label for label, count in Counter(labels).items() if count > 1}
+    for run, label in zip(runs, labels, strict=True):
+        run.label = f"{label} ({run.path.name})" if label in tied else label
+
+
+def _labels(configs: Sequence[RunConfig]) -> list[str]:
+    """Each config's mode, with its benchmark and its model where those differ among ``configs``."""
+    benchmarks = {config.benchmark for config in configs}
+    models = {config.model for config in configs}
+    return [
+        " / ".join(
+            [config.mode_label]
+            + ([config.benchmark] if len(benchmarks) > 1 else [])
+            + ([config.model or "no model"] if len(models) > 1 else [])
+        )
+        for config in configs
+    ]
 
 
 def _rate(value: float | None) -> str:

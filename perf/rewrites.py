@@ -40,10 +40,10 @@ import _bench as B
 
 from memrl_mcp.embeddings import MiniLMEmbedder
 from memrl_mcp.memory.access import EVERYTHING
+from memrl_mcp.memory.admission import QuotaExceededError
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import MemoryEdit, NewExperience, OutcomeReport, RecallQuery, TrajectoryReport
 from memrl_mcp.settings import load_settings
-from memrl_mcp.storage.quota import QuotaExceededError
 from memrl_mcp.validation import TrajectoryStep
 
 TASK = "summarise the nightly build log"

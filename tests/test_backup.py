@@ -17,7 +17,7 @@ import pytest
 from memrl_mcp.cli import parse_args
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
-from memrl_mcp.memory.archive import import_memories, write_records
+from memrl_mcp.memory.archive import import_memories, restore, write_records
 from memrl_mcp.memory.records import step_id
 from memrl_mcp.models import MemoryView, StepRecordView
 from memrl_mcp.requests import NewExperience, OutcomeReport, RecallQuery, StepQuery, TrajectoryReport
@@ -236,7 +236,7 @@ def test_import_completes_an_interrupted_one_and_keeps_other_memories(embedder: 
     target = make_service(embedder, tmp_path / "target")
     try:
         first, second = list(original.values())[:2]
-        target.restore([first, second.model_copy(update={"q": -0.9, "experience": "stale"})])  # the crashed run
+        restore(target, [first, second.model_copy(update={"q": -0.9, "experience": "stale"})])  # the crashed run
         # As stored: qdrant-edge may move a float by an ulp on its first write (a fixed point from then on).
         elsewhere = target.store_experience(
             NewExperience(PNG_TASK, "Image.resize((64, 64))", namespace="elsewhere"), access=EVERYTHING

@@ -26,6 +26,7 @@ from memrl_mcp.clients.claude_code import CLIENT
 from memrl_mcp.clients.core import HookEvent, HookInputError, hold_reason, read_event
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.projects import folder_uri, project_namespace
+from memrl_mcp.rewards import RewardScale
 from memrl_mcp.settings import load_settings
 from memrl_mcp.surface.server import create_server
 from tests.support.anthropic import FakeModel, Reply, Script, fake_model
@@ -209,7 +210,7 @@ async def test_the_stop_is_held_until_the_recall_is_reported_and_never_otherwise
             let_go(await anyio.to_thread.run_sync(other_session.stop))  # another session's recall: never
             reason = held_for(await anyio.to_thread.run_sync(alpha.stop))
             assert f'recall_id "{first}"' in reason and "report_outcome" in reason
-            assert "reward 1 if it succeeded, -1 if it failed, 0 if there is no clear outcome" in reason
+            assert "a reward (1 success, -1 failure, 0 no clear outcome;" in reason
             let_go(await anyio.to_thread.run_sync(alpha.stop))  # never twice for one recall
 
             # The model reports (as the reason asks), and the next prompt of the project finds its experience.
@@ -366,11 +367,11 @@ def test_an_event_that_is_not_claude_codes_is_refused_by_field() -> None:
 
 def test_the_hold_reason_names_the_tool_the_recall_and_the_rewards() -> None:
     pending = [{"recall_id": "r-1", "task": "fix\nthe   flaky test " + "x" * 300}]
-    reason = hold_reason(pending, -1.0, 1.0)
+    reason = hold_reason(pending, RewardScale(-1.0, 1.0))
     assert "call report_outcome once with its recall_id" in reason and 'recall_id "r-1"' in reason
     assert "task: fix the flaky test x" in reason and "..." in reason and "\n" not in reason
-    assert "reward 1 if it succeeded, -1 if it failed, 0 if there is no clear outcome" in reason
-    assert "reward 10 if it succeeded, 0 if it failed, 5 if" in hold_reason(pending, 0.0, 10.0)
+    assert "a reward (1 success, -1 failure, 0 no clear outcome;" in reason
+    assert "a reward (10 success, 0 failure, 5 no clear outcome;" in hold_reason(pending, RewardScale(0.0, 10.0))
 
 
 def _stream(text: str) -> Any:

@@ -28,6 +28,7 @@ from mcp import Client
 from memrl_mcp.embeddings import CachedEmbedder, Embedder
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import EVERYTHING, Access
+from memrl_mcp.memory.archive import restore
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import MemoryView
 from memrl_mcp.requests import ForgetRequest, NewExperience, OutcomeReport, RecallQuery, StatsQuery, TrajectoryReport
@@ -123,7 +124,7 @@ async def test_hostile_metadata_is_refused_everywhere_and_the_store_reopens_whol
             (deep,) = [m for m in service.memories() if m.id == deepest["id"]]  # with its times as floats
             memory = deep.model_dump() | {"id": "0c9a3b8e-3d43-4f0e-8f4e-64f3f0a0e3b2"}
             with pytest.raises(MemoryRequestError, match=r"^metadata"):
-                service.restore([MemoryView.model_construct(**(memory | {"metadata": metadata}))])
+                restore(service, [MemoryView.model_construct(**(memory | {"metadata": metadata}))])
         before = snapshot(service)
     finally:
         service.close()

@@ -24,6 +24,7 @@ import yaml
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.memory import admission
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.requests import ForgetRequest, MemoryEdit, NewExperience, OutcomeReport, RecallQuery
 from memrl_mcp.settings import SettingsError, load_settings
@@ -208,7 +209,7 @@ def test_the_versions_a_rewrite_replaces_count_until_the_store_reuses_them(
             rewrites += 1
             try:
                 service.update_memory(MemoryEdit(memory.id, experience=text(rewrites, LONG)), access=EVERYTHING)
-            except quota.QuotaExceededError as error:
+            except admission.QuotaExceededError as error:
                 refusal = str(error)
         assert QUOTA_REFUSAL.search(refusal) and "versions that rewrites replaced" in refusal, refusal
         assert rewrites > 50  # the quota filled by replaced versions: ~17 KB each
@@ -274,6 +275,7 @@ def counted(store: Store, namespace: str) -> int | None:
 
 KILLED_WRITER = """
 import os, signal, sys
+from memrl_mcp.memory import admission
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.settings import load_settings

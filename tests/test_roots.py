@@ -179,4 +179,4 @@ def test_a_tool_that_does_not_take_its_callers_access_cannot_be_served() -> None
         return {"task": task}
 
     with pytest.raises(TypeError, match=r"the tool careless must take .* its caller's access"):
-        tool({}, "Careless", READS)(careless)
+        tool({}, "Careless", READS)(careless)  # type: ignore[arg-type]  # a wrong tool, on purpose

@@ -17,7 +17,7 @@ from memrl_mcp.embeddings import Embedder, embed_scoped, embed_tasks
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.records import EpisodeRecord, ReportedStep, StepPayload, episode_key, step_id
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.memory.steps import EpisodeGone
+from memrl_mcp.memory.steps import EpisodeGoneError
 from memrl_mcp.models import ActionView
 from memrl_mcp.requests import ForgetRequest, NewExperience, RecallQuery, StatsQuery, TrajectoryReport
 from memrl_mcp.settings import Settings, load_settings
@@ -206,7 +206,7 @@ def test_a_namespace_forgotten_mid_report_never_comes_back(
             assert other.stats(StatsQuery(), access=EVERYTHING).steps == 3
             return
         if forget_at < 7:  # a step record is created after the forget: the report sees its episode gone, stops
-            with pytest.raises(EpisodeGone, match="episode_id: episode 'e' is gone"):
+            with pytest.raises(EpisodeGoneError, match="episode_id: episode 'e' is gone"):
                 reporter.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "e"), access=EVERYTHING)
         else:  # every record was created before: the forget took them with it, the report's last writes miss
             reporter.report_trajectory(TrajectoryReport(MUG, steps_of(SUCCESS), "e"), access=EVERYTHING)

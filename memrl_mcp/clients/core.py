@@ -46,6 +46,7 @@ from memrl_mcp.local.attach import Target, attach, target_of
 from memrl_mcp.local.client import LocalClient, ToolCallError
 from memrl_mcp.local.place import AttachError, place_of, private_folder
 from memrl_mcp.projects import folder_uri
+from memrl_mcp.rewards import RewardScale
 
 START_SECONDS = 20.0  # the first prompt may wait for the server's cold start; hooks.json allows the hook 30 s
 CALL_SECONDS = 5.0  # a recall of a running server takes milliseconds
@@ -203,7 +204,7 @@ def hold(target: Target, event: HookEvent) -> str | None:
     record.save()
     if not pending:
         return None
-    return hold_reason(pending, scale["reward_min"], scale["reward_max"])
+    return hold_reason(pending, RewardScale(scale["reward_min"], scale["reward_max"]))
 
 
 def _state(client: LocalClient, recall_id: str) -> dict[str, Any]:
@@ -215,13 +216,12 @@ def _state(client: LocalClient, recall_id: str) -> dict[str, Any]:
     return state
 
 
-def hold_reason(pending: list[dict[str, Any]], low: float, high: float) -> str:
+def hold_reason(pending: list[dict[str, Any]], scale: RewardScale) -> str:
     """What the model reads when its stop is held: which recall to report, with what, and when not to."""
     tasks = "; ".join(f'recall_id "{state["recall_id"]}" (task: {_head(state["task"])})' for state in pending)
     return (
         f"The memory waits for a report: {tasks}. For each task that is over, call report_outcome once with its "
-        f"recall_id, reward {high:g} if it succeeded, {low:g} if it failed, {(low + high) / 2:g} if "
-        "there is no clear outcome (unsure: leave the reward out and the user is asked), and an experience: on "
+        f"recall_id, a reward ({scale}; unsure: leave the reward out and the user is asked), and an experience: on "
         "success the 3-5 steps that worked, on failure what went wrong and what to avoid. If this turn was not a "
         "task (a question answered, a chat) or the task goes on, stop without reporting."
     )

@@ -33,11 +33,12 @@ from typing import BinaryIO
 from pydantic import ValidationError
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
-from memrl_mcp.memory.admission import RESTORE_BATCH
+from memrl_mcp.memory.admission import RESTORE_BATCH, restore_bytes
 from memrl_mcp.memory.records import check_memory, check_step
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import MemoryView, StepRecordView
 from memrl_mcp.settings import Settings
+from memrl_mcp.storage import Table
 from memrl_mcp.storage.files import write_atomically
 from memrl_mcp.validation import plain_error
 
@@ -110,14 +111,11 @@ def import_memories(settings: Settings, path: Path, progress: Callable[[int, int
             valid = []
             for number, record in batch:
                 try:
-                    if isinstance(record, StepRecordView):
-                        check_step(service.limits, settings.steps.step_max_actions, record)
-                    else:
-                        check_memory(service.limits, record)
-                    valid.append(record)
+                    valid.append(checked(service, record))
                 except MemoryRequestError as error:
                     problems.append(f"line {number}: {error}")
-            added += service.restore_bytes(valid)
+            with service.backup() as store:
+                added += restore_bytes(store, valid, service.embedder.dim)
         for namespace, size in sorted(added.items()):
             try:
                 service.quotas.check(namespace, size)
@@ -129,18 +127,47 @@ def import_memories(settings: Settings, path: Path, progress: Callable[[int, int
         remaining = (record for _, record in records_in(path))
         done = 0
         while chunk := list(itertools.islice(remaining, RESTORE_BATCH)):
-            memory_batch = [record for record in chunk if isinstance(record, MemoryView)]
-            step_batch = [record for record in chunk if isinstance(record, StepRecordView)]
-            service.restore(memory_batch)
-            service.restore_steps(step_batch)
-            memories.update(m.namespace for m in memory_batch)
-            steps.update(s.namespace for s in step_batch)
+            restore(service, chunk)
+            memories.update(r.namespace for r in chunk if isinstance(r, MemoryView))
+            steps.update(r.namespace for r in chunk if isinstance(r, StepRecordView))
             done += len(chunk)
             if progress is not None:
                 progress(done, total)
     finally:
         service.close()
     return f"imported {_tally(memories, steps)} into {settings.storage.qdrant_url or settings.storage.data_dir}"
+
+
+def restore(service: MemoryService, records: Sequence[Record]) -> int:
+    """Write ``records`` exactly as given (same id, Q, visits, timestamps; a record whose id is stored is replaced),
+    their texts embedded anew; every one is checked, and what they add admitted under the namespaces' quotas, before
+    any is written."""
+    for record in records:
+        checked(service, record)
+    with service.backup() as store, service.quotas.admit_all(restore_bytes(store, records, service.embedder.dim)):
+        for start in range(0, len(records), RESTORE_BATCH):
+            chunk = sorted(records[start : start + RESTORE_BATCH], key=lambda r: (_table(r), r.namespace))
+            for (table, namespace), group in itertools.groupby(chunk, key=lambda r: (_table(r), r.namespace)):
+                same = list(group)
+                if table == "memories":
+                    points = service.episodes.points(namespace, [r for r in same if isinstance(r, MemoryView)])
+                else:
+                    points = service.steps.points(namespace, [r for r in same if isinstance(r, StepRecordView)])
+                store.upsert(table, points)
+    return len(records)
+
+
+def checked(service: MemoryService, record: Record) -> Record:
+    """``record`` if it passes the rules of what the tools store (:mod:`memrl_mcp.memory.records`)."""
+    if isinstance(record, StepRecordView):
+        check_step(service.limits, service.settings.steps.step_max_actions, record)
+    else:
+        check_memory(service.limits, record)
+    return record
+
+
+def _table(record: Record) -> Table:
+    return "steps" if isinstance(record, StepRecordView) else "memories"
 
 
 def check_lines(path: Path) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +19,10 @@ from memrl_mcp.embeddings import Embedder, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.access import Access
+from memrl_mcp.memory.admission import Quotas
 from memrl_mcp.memory.bounds import OldestBeyond
 from memrl_mcp.memory.ledger import Ledger
-from memrl_mcp.memory.records import READ, RecallRecord, memory_view
+from memrl_mcp.memory.records import READ, RecallRecord, memory_payload, memory_view
 from memrl_mcp.models import (
     ExperienceSource,
     MemoryView,
@@ -36,7 +37,7 @@ from memrl_mcp.requests import RecallQuery
 from memrl_mcp.settings import Settings
 from memrl_mcp.storage import Hit, Point, Store, new_id
 from memrl_mcp.storage.migrations import SCHEMA_POINT
-from memrl_mcp.storage.quota import Quotas, record_bytes
+from memrl_mcp.storage.quota import record_bytes
 from memrl_mcp.validation import OUTCOMES, Outcome, is_point_id
 
 
@@ -217,6 +218,11 @@ class EpisodeMemory:
                 f"recall_id: recall {recall_id} expired (recall_ttl_seconds={learning.recall_ttl_seconds:g})"
             )
         return recall
+
+    def points(self, namespace: str, memories: Sequence[MemoryView]) -> list[Point]:
+        """The memories of ``namespace`` as stored, exactly as given, their tasks embedded (an import)."""
+        vectors = embed_tasks(self._embedder, [m.task for m in memories], namespace)
+        return [Point(m.id, v, memory_payload(m)) for m, v in zip(memories, vectors, strict=True)]
 
     def store(
         self,

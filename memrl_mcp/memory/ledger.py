@@ -19,7 +19,7 @@ There is no lock around the learned state (replicas of the server may share one 
    after a crash) gets the same result, so running it twice is harmless.
 
 A namespace being forgotten deletes its recalls before its memories: a report whose recall is gone stops
-before writing (:class:`RecallGone`), so a forgotten namespace never comes back through a report.
+before writing (:class:`RecallGoneError`), so a forgotten namespace never comes back through a report.
 """
 
 from __future__ import annotations
@@ -55,12 +55,12 @@ from memrl_mcp.storage import Point, Store, Table
 WRITE_ATTEMPTS = 200  # optimistic write retries before giving up on a memory (contention, not an error)
 
 
-class WriteContention(MemrlError):
+class WriteContentionError(MemrlError):
     """A memory's optimistic write lost :data:`WRITE_ATTEMPTS` races in a row; nothing of this call was written
     to it. Retrying later is safe (every operation is applied once)."""
 
 
-class RecallGone(MemoryRequestError):
+class RecallGoneError(MemoryRequestError):
     """The recall being reported was deleted mid-report: its namespace was forgotten, or it was evicted."""
 
     def __init__(self, recall_id: str) -> None:
@@ -121,7 +121,7 @@ class Ledger:
             tried = Written(before, update)
             self.conflicts += 1
             time.sleep(random.uniform(0, 0.0005 * min(attempt + 1, 20)))  # jitter; not the service's seeded rng
-        raise WriteContention(
+        raise WriteContentionError(
             f"memory {memory_id}: {WRITE_ATTEMPTS} concurrent writers in a row won the race; retry the call"
         )
 
@@ -134,7 +134,7 @@ class Ledger:
             return pending.model_copy(update={"status": "applying", "report": report})
         payload = self._store.get("recalls", [recall_id]).get(recall_id)
         if payload is None:
-            raise RecallGone(recall_id)
+            raise RecallGoneError(recall_id)
         record = RecallRecord.model_validate(payload)
         if record.report is None or record.report.claim != report.claim:
             raise MemoryRequestError(f"recall_id: recall {recall_id} was already reported; a recall is reported once")
@@ -251,7 +251,7 @@ class Ledger:
             return StoreResult(id=memory_id, merged=False, memory=memory_view(memory_id, existing))
         vector = self._store.get_vector("recalls", recall_id)
         if vector is None:  # the recall was deleted mid-report: its namespace is being forgotten
-            raise RecallGone(recall_id)
+            raise RecallGoneError(recall_id)
         q = self._learning.q_init(report.outcome)
         memory = MemoryView(
             id=memory_id,
@@ -271,7 +271,7 @@ class Ledger:
         stored = self.add(memory, vector)
         if recall_id not in self._store.get("recalls", [recall_id]):  # forgotten between the read and the add
             self._store.delete("memories", [memory_id])
-            raise RecallGone(recall_id)
+            raise RecallGoneError(recall_id)
         return stored
 
 

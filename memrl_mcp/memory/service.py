@@ -14,11 +14,9 @@ without limit. Reported episodes of the step memory likewise: a namespace keeps 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Self
@@ -29,7 +27,7 @@ from pydantic import BaseModel
 from memrl_mcp.embeddings import Embedder, cached, create_embedder, embed_tasks
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
-from memrl_mcp.memory.admission import RESTORE_BATCH, edit_bytes, report_bytes, restore_bytes, trajectory_bytes
+from memrl_mcp.memory.admission import Quotas, edit_bytes, report_bytes, trajectory_bytes
 from memrl_mcp.memory.bounds import OldestBeyond
 from memrl_mcp.memory.episodes import EpisodeMemory, PendingRecall
 from memrl_mcp.memory.ledger import Ledger
@@ -38,10 +36,7 @@ from memrl_mcp.memory.records import (
     ClaimedReport,
     RecallRecord,
     StepPayload,
-    check_memory,
-    check_step,
     memory_detail,
-    memory_payload,
     memory_view,
 )
 from memrl_mcp.memory.steps import StepMemory
@@ -79,9 +74,9 @@ from memrl_mcp.requests import (
     TrajectoryReport,
 )
 from memrl_mcp.settings import GROUP_OF, Settings, TokenGrant, load_grants
-from memrl_mcp.storage import DiskFullError, Point, Range, Store, Words, new_id, open_store
+from memrl_mcp.storage import DiskFullError, Range, Store, Words, new_id, open_store
 from memrl_mcp.storage.migrations import migrate
-from memrl_mcp.storage.quota import Quotas, new_record_bytes
+from memrl_mcp.storage.quota import new_record_bytes
 from memrl_mcp.validation import (
     DELTA,
     EPISODE_ID,
@@ -544,33 +539,13 @@ class MemoryService:
         for record_id, payload in self._store.scroll("steps"):
             yield StepPayload.model_validate(payload).view(record_id)
 
-    def restore(self, memories: Sequence[MemoryView], batch: int = RESTORE_BATCH) -> int:
-        """Write memories exactly as given (same id, Q, visits, timestamps), re-embedding their tasks.
-        A memory whose id is already stored is replaced. Every memory is checked before any is written."""
-        for memory in memories:
-            check_memory(self.limits, memory)
-        with self._call(), self.quotas.admit_all(self.restore_bytes(memories)):
-            for start in range(0, len(memories), batch):
-                chunk = sorted(memories[start : start + batch], key=lambda m: m.namespace)
-                points = []
-                for namespace, group in itertools.groupby(chunk, key=lambda m: m.namespace):
-                    same = list(group)
-                    vectors = self._embed_tasks([m.task for m in same], namespace)
-                    points += [Point(m.id, v, memory_payload(m)) for m, v in zip(same, vectors, strict=True)]
-                self._store.upsert("memories", points)
-        return len(memories)
-
-    def restore_steps(self, records: Sequence[StepRecordView]) -> int:
-        """Write step records exactly as given, re-embedding their texts; every one is checked first."""
-        for record in records:
-            check_step(self.limits, self.settings.steps.step_max_actions, record)
-        with self._call(), self.quotas.admit_all(self.restore_bytes(records)):
-            self.steps.restore(records)
-        return len(records)
-
-    def restore_bytes(self, records: Sequence[MemoryView | StepRecordView]) -> Counter[str]:
-        """Per namespace, what restoring ``records`` adds (:func:`admission.restore_bytes`)."""
-        return restore_bytes(self._store, records, self.embedder.dim)
+    @contextmanager
+    def backup(self) -> Iterator[Store]:
+        """The store itself, for a backup that reads or writes records exactly as stored (an import,
+        :mod:`memrl_mcp.memory.archive`): a call in flight, which :meth:`close` waits for. Nothing is checked or
+        admitted here: that is the backup's part."""
+        with self._call():
+            yield self._store
 
     # -- validation -----------------------------------------------------------------------------
 

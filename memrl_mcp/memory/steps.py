@@ -37,12 +37,11 @@ result, and redoes only the steps not yet checkpointed. With a ``recall_id``, th
 memory's report of that recall with the last step's reward, under a claim id derived from the episode, so it too
 happens once. A namespace remembers its newest ``max_reported_episodes`` reported episodes (memory module): a report
 of an older episode id is a new episode, applied again. A namespace being forgotten deletes its episode records
-first: a report whose record is gone stops (:class:`EpisodeGone`) and removes what it had just created.
+first: a report whose record is gone stops (:class:`EpisodeGoneError`) and removes what it had just created.
 """
 
 from __future__ import annotations
 
-import itertools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,7 +84,7 @@ from memrl_mcp.storage import PLACEHOLDER, Condition, Point, Range, Store
 from memrl_mcp.storage.numbers import kept_float
 
 
-class EpisodeGone(MemoryRequestError):
+class EpisodeGoneError(MemoryRequestError):
     """The episode being applied was deleted mid-report: its namespace was forgotten."""
 
     def __init__(self, episode_id: str) -> None:
@@ -263,7 +262,7 @@ class StepMemory:
         self._store.insert("episodes", Point(key, PLACEHOLDER, record.model_dump()))
         written = self._store.get("episodes", [key]).get(key)
         if written is None:
-            raise EpisodeGone(episode_id)
+            raise EpisodeGoneError(episode_id)
         claimed = EpisodeRecord.model_validate(written)
         if claimed.claim != record.claim:
             return self._already(key, claimed)
@@ -443,7 +442,7 @@ class StepMemory:
         if self._store.get_vector("episodes", key) is None:  # forgotten between the claim and this insert
             self._store.delete("steps", [record_id])
             self._store.delete("episodes", [progress_key(record.claim)])
-            raise EpisodeGone(record.episode_id)
+            raise EpisodeGoneError(record.episode_id)
         stored = self._store.get("steps", [record_id]).get(record_id)
         if stored is None or not was_applied(applied_ids(stored), operation):
             return None
@@ -538,19 +537,14 @@ class StepMemory:
 
     # -- backups ------------------------------------------------------------------------------------
 
-    def restore(self, records: Sequence[StepRecordView], batch: int = 64) -> None:
-        """Write checked records under their own ids, re-embedded (an import; a record with the id is replaced)."""
-        for start in range(0, len(records), batch):
-            chunk = sorted(records[start : start + batch], key=lambda r: r.namespace)
-            points = []
-            for namespace, group in itertools.groupby(chunk, key=lambda r: r.namespace):
-                same = list(group)
-                tasks = self._tasks([r.task for r in same], namespace)
-                observations = self._observations([r.observation for r in same], namespace)
-                for record, task, observation in zip(same, tasks, observations, strict=True):
-                    payload = StepPayload(**record.model_dump(exclude={"id"}))
-                    points.append(Point(record.id, np.concatenate([task, observation]), payload.model_dump()))
-            self._store.upsert("steps", points)
+    def points(self, namespace: str, records: Sequence[StepRecordView]) -> list[Point]:
+        """The step records of ``namespace`` as stored, exactly as given, their texts embedded (an import)."""
+        tasks = self._tasks([r.task for r in records], namespace)
+        observations = self._observations([r.observation for r in records], namespace)
+        return [
+            Point(r.id, np.concatenate([task, observation]), StepPayload(**r.model_dump(exclude={"id"})).model_dump())
+            for r, task, observation in zip(records, tasks, observations, strict=True)
+        ]
 
     # -- housekeeping -------------------------------------------------------------------------------
 
@@ -563,7 +557,7 @@ class StepMemory:
             if now - record.reported_at >= stale_after:
                 try:
                     self.redo(key, record, self._progress(key, record))
-                except EpisodeGone:
+                except EpisodeGoneError:
                     continue
         for progress_id, payload in list(self._store.scroll("episodes", {"status": "progress"})):
             progress = EpisodeProgress.model_validate(payload)

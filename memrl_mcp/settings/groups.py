@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.folders import default_data_dir
+from memrl_mcp.rewards import RewardScale
 from memrl_mcp.validation import MAX_K, NamespaceName
 
 ALL_NAMESPACES = "*"
@@ -239,6 +240,11 @@ class LearningSettings(Group):
         if (self.distill_base_url is None) != (self.distill_model is None):
             raise ValueError("distill_base_url and distill_model go together: give both, or neither")
         return self
+
+    @property
+    def reward_scale(self) -> RewardScale:
+        """The rewards of a success, a failure and no clear outcome, as the model is told them."""
+        return RewardScale(self.reward_min, self.reward_max)
 
     def q_init(self, outcome: str) -> float:
         """Q_init of a new memory of this outcome."""

@@ -1,5 +1,5 @@
-"""Storage quotas: the bytes each namespace holds, kept up to date write by write, and the refusal of a call that
-would take a namespace past its quota, so that one tenant cannot fill the disk all tenants share.
+"""The bytes each namespace holds, kept up to date write by write: what the storage quotas of
+:mod:`memrl_mcp.memory.admission` admit calls against, so that one tenant cannot fill the disk all tenants share.
 
 **What is measured.** A record's size is its payload as compact JSON (each top-level field: key, value, colon and
 comma) plus its vector (4 bytes a dimension): what the engine stores of it, the engine's own indexes and files
@@ -23,15 +23,6 @@ docs/performance.md). A namespace forgotten whole drops its counts without readi
 a Qdrant server several replicas write and no process sees every write: no usage is measured there, and quotas are
 not enforced.
 
-**Who is refused.** :class:`Quotas` admits a call that grows a namespace only if the namespace's usage, plus what
-the calls in flight for it may still add, plus what this call may add, fits in its quota; what a call may add is
-reserved until it returns, so concurrent calls cannot overshoot together. A call is admitted or refused whole
-before it writes, so no report stops halfway for want of quota. What a call may add is computed from the texts
-it stores (:func:`text_bytes`) and the records it makes; the bookkeeping of updates (a Q event of ~160 bytes per
-recalled memory, capped by ``q_history_size``) is counted at :data:`UPDATE_BYTES` each, and an edit counts the
-version it replaces. What a call adds may exceed the estimate by up to ~2 KB (a merge keeps the union of the old
-and new metadata, up to ``max_metadata_chars``), and a report by the versions of the memories it updates, which
-the next admission at the quota gives back: a namespace ends within that of its quota.
 """
 
 from __future__ import annotations
@@ -41,15 +32,12 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pydantic_core
 
-from memrl_mcp.errors import MemoryRequestError
-from memrl_mcp.settings import ALL_NAMESPACES, TokenGrant
 from memrl_mcp.storage.disk import MB
 from memrl_mcp.storage.files import sync_folder, write_atomically
 from memrl_mcp.storage.layers import StoreLayer
@@ -70,10 +58,6 @@ DEAD_MIN = 1 * MB  # and never for less: each compaction rewrites the whole tabl
 FLUSH_BYTES = 4 * MB  # of records written to a table between two flushes (each stops every request for a moment)
 GIVE_BACK_EVERY = 1.0  # seconds between two flushes made for a namespace at its quota
 log = logging.getLogger(__name__)
-
-
-class QuotaExceededError(MemoryRequestError):
-    """A call would take a namespace past its storage quota; nothing was written."""
 
 
 def json_bytes(value: Any) -> int:
@@ -343,72 +327,3 @@ class MeteredStore(StoreLayer):
                 write_atomically(self._folder / SAVED, lambda stream: stream.write(self._usage.to_json()))
             except OSError as error:  # a full disk: the next open counts again
                 log.warning("could not save the namespaces' usage (%s); the next open recounts it", error)
-
-
-class Quotas:
-    """Each namespace's quota (``namespace_quota_mb``, or the largest ``namespace_quota_mb`` of the tokens that
-    name it), and the admission of the calls that grow it (module docstring)."""
-
-    def __init__(self, store: Store, default_mb: int, grants: Sequence[TokenGrant]) -> None:
-        self._store = store
-        self._default = default_mb
-        self._by_namespace: dict[str, int] = {}
-        for grant in grants:
-            if grant.namespace_quota_mb is not None:
-                for namespace in grant.namespaces:
-                    if namespace != ALL_NAMESPACES:
-                        self._by_namespace[namespace] = max(
-                            grant.namespace_quota_mb, self._by_namespace.get(namespace, 0)
-                        )
-        self._reserved: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def of(self, namespace: str) -> int:
-        """The namespace's quota in MB (0: none)."""
-        return self._by_namespace.get(namespace, self._default)
-
-    @contextmanager
-    def admit(self, namespace: str, need: int) -> Iterator[None]:
-        """Run the block only if ``need`` more bytes fit in the namespace's quota; hold them meanwhile."""
-        with self._lock:
-            self._check(namespace, need)
-            self._reserved[namespace] += need
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._reserved[namespace] -= need
-
-    @contextmanager
-    def admit_all(self, added: Mapping[str, int]) -> Iterator[None]:
-        """Admission of a write that adds to several namespaces at once: all of them, or none."""
-        with ExitStack() as stack:
-            for namespace, size in sorted(added.items()):
-                stack.enter_context(self.admit(namespace, size))
-            yield
-
-    def check(self, namespace: str, need: int) -> None:
-        """Refuse unless ``need`` more bytes fit in the namespace's quota now (an import, before it writes)."""
-        with self._lock:
-            self._check(namespace, need)
-
-    def _check(self, namespace: str, need: int) -> None:
-        quota = self.of(namespace) * MB
-        used = self._store.usage(namespace) if quota else None
-        if used is None or used + self._reserved[namespace] + need <= quota:
-            return
-        held = self._store.reclaim(namespace)
-        used = self._store.usage(namespace) or 0
-        if used + self._reserved[namespace] + need > quota:
-            rewrites = (
-                f" ({held / MB:.2f} MB of it versions that rewrites replaced, whose room the store reuses within "
-                f"{GIVE_BACK_EVERY:.0f} s: a retry then may fit)"
-                if held
-                else ""
-            )
-            raise QuotaExceededError(
-                f"namespace: {namespace!r} is at its storage quota: {used / MB:.2f} MB stored of {quota // MB} MB "
-                f"(namespace_quota_mb){rewrites}, and this would add up to {need / 1024:.1f} KB more. Forget what is "
-                "no longer needed to make room (forget_experience: a memory_id, or the namespace to drop all of it; "
-                "forgotten records stop counting at once), or ask the operator for a larger namespace_quota_mb"
-            )

@@ -46,7 +46,7 @@ Capability = Literal["elicitation", "sampling"]
 Answer = TypeVar("Answer", bound=BaseModel)
 
 
-class InputRequired(Exception):
+class InputRequiredError(Exception):
     """A call on a 2026-07-28 connection needs what ``result`` asks for: the call answers it, and is made again."""
 
     def __init__(self, result: InputRequiredResult) -> None:
@@ -54,7 +54,7 @@ class InputRequired(Exception):
         self.result = result
 
 
-class NoAnswer(MemoryRequestError):
+class NoAnswerError(MemoryRequestError):
     """The client did not answer in time, answered with an error, or could not be asked on this connection."""
 
 
@@ -107,7 +107,7 @@ class Asking:
         spend: Callable[[], None] | None = None,
     ) -> Answer:
         """The client's answer to ``request``, as ``answer``; on a 2026-07-28 connection without it yet, raises
-        :class:`InputRequired`. A pydantic ``ValidationError``: the answer is not of that type. ``spend`` is called
+        :class:`InputRequiredError`. A pydantic ``ValidationError``: the answer is not of that type. ``spend`` is called
         each time the request is made (not when an earlier round's answer is taken), and may refuse it."""
         if not self.multi_round:
             if spend is not None:
@@ -125,7 +125,7 @@ class Asking:
             spend()
         self._round.asked[key] = digest
         self._round.answers.pop(key, None)
-        raise InputRequired(
+        raise InputRequiredError(
             InputRequiredResult(input_requests={key: request}, request_state=self._round.model_dump_json())
         )
 
@@ -140,13 +140,13 @@ class Asking:
                 answered: Answer = await session.send_request(request, answer, metadata=related)
                 return answered
         except TimeoutError:
-            raise NoAnswer(f"the client did not answer {what} within {timeout:g} s") from None
+            raise NoAnswerError(f"the client did not answer {what} within {timeout:g} s") from None
         except NoBackChannelError:
-            raise NoAnswer(
+            raise NoAnswerError(
                 f"this connection cannot carry {what} (a streamable-HTTP client without its GET stream)"
             ) from None
         except MCPError as error:
-            raise NoAnswer(f"the client answered {what} with an error: {_clip(error.error.message)}") from None
+            raise NoAnswerError(f"the client answered {what} with an error: {_clip(error.error.message)}") from None
 
 
 class Subject(NamedTuple):
@@ -194,7 +194,7 @@ class OpenQuestions:
             self._take(mine, token, subjects)
         try:
             yield
-        except InputRequired:
+        except InputRequiredError:
             raise  # the client comes back with the answer: the hold stays until then, or until it lapses
         except BaseException:
             with self._lock:

@@ -9,7 +9,7 @@ import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, Generic, TypeVar, get_type_hints
 
 import anyio.to_thread
 from mcp.server.mcpserver import Context
@@ -21,13 +21,14 @@ from pydantic import BaseModel
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.surface.asking import Asking, InputRequired
+from memrl_mcp.surface.asking import Asking, InputRequiredError
 from memrl_mcp.surface.feedback import Feedback
 from memrl_mcp.surface.observability import Metrics
 from memrl_mcp.surface.schema import Arguments
 from memrl_mcp.surface.text import text
 
-F = TypeVar("F", bound=Callable[..., Any])
+Request = TypeVar("Request")
+Result = BaseModel | Awaitable[BaseModel]
 OnLoop = Callable[[MemoryService, Any, Access], bool]
 """Whether a call (the service, its request, its caller) is short enough to be served on the event loop."""
 
@@ -44,15 +45,15 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
-class ToolDef:
+class ToolDef(Generic[Request]):
     """One tool: its function (whose docstring is the tool's description, and whose first parameter's type is the
     tool's request), its title and hints, and, for a server of one client, which calls run on the event loop."""
 
     name: str
     title: str
     hints: ToolAnnotations
-    request: type[Any]
-    run: Callable[[Any, ToolCall], BaseModel | Awaitable[BaseModel]]
+    request: type[Request]
+    run: Callable[[Request, ToolCall], Result]
     on_loop: OnLoop | None
 
     @property
@@ -60,28 +61,43 @@ class ToolDef:
         """A coroutine: it may ask the client (:mod:`~memrl_mcp.surface.asking`), so it runs on the event loop."""
         return inspect.iscoroutinefunction(self.run)
 
+    async def answer(self, request: Request, call: ToolCall) -> BaseModel:
+        """The result of a tool that asks (:attr:`asks`), awaited on the event loop."""
+        result = self.run(request, call)
+        assert inspect.isawaitable(result), f"{self.name} asks: its function is a coroutine"
+        return await result
+
+    def compute(self, request: Request, call: ToolCall) -> BaseModel:
+        """The result of a tool that does not ask, wherever it runs (a worker thread, or the loop)."""
+        result = self.run(request, call)
+        assert isinstance(result, BaseModel), f"{self.name} does not ask: its function returns its result"
+        return result
+
 
 def tool(
-    registry: dict[str, ToolDef], title: str, hints: ToolAnnotations, on_loop: OnLoop | None = None
-) -> Callable[[F], F]:
+    registry: dict[str, ToolDef[Any]], title: str, hints: ToolAnnotations, on_loop: OnLoop | None = None
+) -> Callable[[Callable[[Request, ToolCall], Result]], Callable[[Request, ToolCall], Result]]:
     """Register the decorated function in ``registry`` as a tool named after it."""
 
-    def register(fn: F) -> F:
+    def register(fn: Callable[[Request, ToolCall], Result]) -> Callable[[Request, ToolCall], Result]:
         types = get_type_hints(fn)
         taken = [types.get(name) for name in inspect.signature(fn).parameters]
-        if len(taken) != 2 or not dataclasses.is_dataclass(taken[0]) or taken[1] is not ToolCall:
+        request = taken[0] if taken else None
+        if len(taken) != 2 or not isinstance(request, type) or not dataclasses.is_dataclass(request):
             raise TypeError(
                 f"the tool {fn.__name__} must take its request (a dataclass) and its call (ToolCall), which carries "
                 "its caller's access"
             )
-        registry[fn.__name__] = ToolDef(fn.__name__, title, hints, taken[0], fn, on_loop)  # type: ignore[arg-type]
+        if taken[1] is not ToolCall:
+            raise TypeError(f"the tool {fn.__name__}'s second parameter must be its call (ToolCall)")
+        registry[fn.__name__] = ToolDef(fn.__name__, title, hints, request, fn, on_loop)
         return fn
 
     return register
 
 
 def served(
-    tool: ToolDef,
+    tool: ToolDef[Request],
     arguments: Arguments,
     service: MemoryService,
     feedback: Feedback,
@@ -113,25 +129,25 @@ def served(
                 request = tool.request(**given)
                 context = ToolCall(service, feedback, access, Asking(ctx))
                 if tool.asks:
-                    result = await tool.run(request, context)  # type: ignore[misc]
+                    result = await tool.answer(request, context)
                 elif on_loop is not None and on_loop(service, request, access):
-                    result = tool.run(request, context)
+                    result = tool.compute(request, context)
                 else:
-                    result = await anyio.to_thread.run_sync(tool.run, request, context)
-            except InputRequired as needed:  # 2026-07-28: the client asks, then calls again
+                    result = await anyio.to_thread.run_sync(tool.compute, request, context)
+            except InputRequiredError as needed:  # 2026-07-28: the client asks, then calls again
                 call.status = "asking"
                 return needed.result
             except MemrlError as error:
                 call.status = "refused"
                 raise ToolError(str(error)) from None
-        assert isinstance(result, BaseModel)
         content = [TextContent(type="text", text=text(result))]
         return CallToolResult(content=content, structured_content=result.model_dump(mode="json"))
 
     parameters = arguments.parameters(tool.request)
     context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context[Any, Any])
     run.__name__ = tool.name
-    run.__signature__ = inspect.Signature([*parameters, context], return_annotation=CallToolResult)  # type: ignore[attr-defined]
+    # What inspect.signature, and so the SDK, reads of a function (a plain function has no such declared attribute).
+    run.__dict__["__signature__"] = inspect.Signature([*parameters, context], return_annotation=CallToolResult)
     run.__annotations__ = {
         **{p.name: p.annotation for p in parameters},
         "ctx": Context[Any, Any],

@@ -266,10 +266,9 @@ class Feedback:
     def _can_ask_user(self, client: Asking) -> None:
         lacking = client.lacks("elicitation")
         if lacking is not None:
-            low, high = self._learning.reward_min, self._learning.reward_max
             raise MemoryRequestError(
-                f"reward: required: {lacking}. Pass reward yourself: {high:g} success, {low:g} failure, "
-                f"{(low + high) / 2:g} no clear outcome; ask the user in the chat if you cannot tell."
+                f"reward: required: {lacking}. Pass reward yourself: {self._learning.reward_scale}; ask the user in "
+                "the chat if you cannot tell."
             )
 
     async def _ask_user(self, client: Asking, message: str) -> Verdict:

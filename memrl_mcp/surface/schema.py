@@ -121,13 +121,12 @@ class Arguments:
 def argument_values(settings: Settings, delta: float) -> dict[str, object]:
     """What the arguments' descriptions may name: the limits' settings, the reward range, and the defaults of
     recall (``delta``: the similarity threshold in effect, the embedder's when not set)."""
-    learning, retrieval = settings.learning, settings.retrieval
-    low, high = learning.reward_min, learning.reward_max
+    scale, retrieval = settings.learning.reward_scale, settings.retrieval
     return {
         **settings.limits.model_dump(),
-        "reward_min": low,
-        "reward_max": high,
-        "reward_neutral": (low + high) / 2,
+        "reward_min": scale.low,
+        "reward_max": scale.high,
+        "reward_neutral": scale.neutral,
         "k1": retrieval.k1,
         "k2": retrieval.k2,
         "q_weight": retrieval.q_weight,

@@ -42,7 +42,6 @@ TOKEN_REQUIRED = "authorization: a valid bearer token is required"
 
 def instructions(profile: str, learning: LearningSettings) -> str:
     """The server's instructions (a client may hand them to its model): the loop of the tools ``profile`` offers."""
-    low, high, neutral = learning.reward_min, learning.reward_max, (learning.reward_min + learning.reward_max) / 2
     if profile == "read_only":
         return (
             "A read-only episodic memory of past experiences: nothing you do changes it. At the start of a task, "
@@ -53,8 +52,8 @@ def instructions(profile: str, learning: LearningSettings) -> str:
     text = (
         "An episodic memory that learns which past experiences help. For every task: call recall_experience(task) "
         "first; follow the successful memories and avoid the mistakes of the failed ones; when the task is over, "
-        f"call report_outcome(recall_id, reward, experience) once. Reward: {high:g} success, {low:g} failure, "
-        f"{neutral:g} no clear outcome; in a chat, ask the user or infer it from their reaction. Experience: on "
+        f"call report_outcome(recall_id, reward, experience) once. Reward: {learning.reward_scale}; in a chat, ask "
+        "the user or infer it from their reaction. Experience: on "
         "success 3-5 steps that worked, on failure what went wrong and what to avoid. store_experience keeps a "
         "lesson that no recall led to."
     )
@@ -206,8 +205,7 @@ def _add_resources(server: MCPServer, service: MemoryService, reader: Callable[[
 
 def _add_prompt(server: MCPServer, settings: Settings) -> None:
     """``memory_loop``: the instructions and the loop's steps for one task."""
-    learning, read_only = settings.learning, settings.serving.read_only
-    low, high = learning.reward_min, learning.reward_max
+    scale, read_only = settings.learning.reward_scale, settings.serving.read_only
 
     @server.prompt(title="Learn from experience", description="Teaches the recall -> act -> report loop.")
     def memory_loop(task: str) -> str:
@@ -222,8 +220,7 @@ def _add_prompt(server: MCPServer, settings: Settings) -> None:
                 "1. Call recall_experience with this task. Keep the recall_id.\n"
                 "2. Read the memories: follow the procedures of successes; avoid what the failures warn about.\n"
                 "3. Do the task.\n"
-                f"4. Call report_outcome with the recall_id, a reward ({high:g} success, {low:g} failure, "
-                f"{(low + high) / 2:g} no clear outcome), and an experience: on success 3-5 steps that worked, on "
-                "failure what went wrong and what to avoid."
+                f"4. Call report_outcome with the recall_id, a reward ({scale}), and an experience: on success 3-5 "
+                "steps that worked, on failure what went wrong and what to avoid."
             )
         return f"{server.instructions}\n\nTask: {task}\n\n{steps}"

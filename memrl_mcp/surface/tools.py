@@ -6,6 +6,8 @@ Adding a tool: its request in :mod:`memrl_mcp.requests`, its function here, its 
 
 from __future__ import annotations
 
+from typing import Any
+
 from mcp.types import ToolAnnotations
 
 from memrl_mcp.memory.access import Access
@@ -35,7 +37,7 @@ from memrl_mcp.requests import (
 )
 from memrl_mcp.surface.calls import ToolCall, ToolDef, tool
 
-TOOLS: dict[str, ToolDef] = {}
+TOOLS: dict[str, ToolDef[Any]] = {}
 WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
 RETRIED = WRITES.model_copy(update={"idempotent_hint": True})
 CORRECTS = WRITES.model_copy(update={"destructive_hint": True})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
@@ -170,7 +171,7 @@ def _needs_token(path: str) -> bool:
     return any(path.startswith(route) if route.endswith("/") else path == route for route in TOKEN_ROUTES)
 
 
-class _TenantQuota:
+class _TenantQuota(ABC):
     """What the session and stream quotas share: a request's tenant, read from its own Authorization header (this
     runs in front of the SDK's authentication), and the refusal. Without tokens (a loopback-only server) every
     client is the same tenant: there is no boundary between local clients to protect, since each may use every
@@ -180,6 +181,21 @@ class _TenantQuota:
         self.app = app
         self._tokens = tokens
         self._per_token = per_token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tenant = await self._tenant(scope) if scope["type"] == "http" and self._opens(scope) else None
+        if tenant is None:  # opens nothing; or no or a bad token, which the SDK answers with 401
+            await self.app(scope, receive, send)
+            return
+        await self._admit(tenant, scope, receive, send)
+
+    @abstractmethod
+    def _opens(self, scope: Scope) -> bool:
+        """Whether the HTTP request of ``scope`` would open what the quota counts."""
+
+    @abstractmethod
+    async def _admit(self, tenant: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve a request of ``tenant`` that opens what the quota counts, or refuse it."""
 
     async def _tenant(self, scope: Scope) -> str | None:
         """The token's name; None for no or a bad token, which passes through to the SDK's 401."""
@@ -227,18 +243,10 @@ class SessionQuota(_TenantQuota):
         self._open: defaultdict[str, set[str]] = defaultdict(set)
         self._opening: Counter[str] = Counter()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["path"] != MCP_PATH
-            or _header(scope["headers"], MCP_SESSION_ID_HEADER) is not None
-        ):
-            await self.app(scope, receive, send)
-            return
-        tenant = await self._tenant(scope)
-        if tenant is None:  # no or a bad token: the SDK answers 401
-            await self.app(scope, receive, send)
-            return
+    def _opens(self, scope: Scope) -> bool:
+        return scope["path"] == MCP_PATH and _header(scope["headers"], MCP_SESSION_ID_HEADER) is None
+
+    async def _admit(self, tenant: str, scope: Scope, receive: Receive, send: Send) -> None:
         # No await between counting and reserving: the event loop cannot interleave another opening here.
         live = {session for session in self._open[tenant] if session in self._manager._server_instances}
         self._open[tenant] = live
@@ -285,14 +293,10 @@ class StreamQuota(_TenantQuota):
         super().__init__(app, tokens, per_token)
         self._open: Counter[str] = Counter()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != SSE_PATH or scope["method"] != "GET":
-            await self.app(scope, receive, send)
-            return
-        tenant = await self._tenant(scope)
-        if tenant is None:  # no or a bad token: the SDK answers 401
-            await self.app(scope, receive, send)
-            return
+    def _opens(self, scope: Scope) -> bool:
+        return bool(scope["path"] == SSE_PATH and scope["method"] == "GET")
+
+    async def _admit(self, tenant: str, scope: Scope, receive: Receive, send: Send) -> None:
         if self._open[tenant] >= self._per_token:  # no await between counting and taking a place
             advice = f"Close the streams you no longer use: each GET {SSE_PATH} holds one until it ends"
             await self._refusal(tenant, "SSE streams", self._open[tenant], advice, {})(scope, receive, send)

@@ -42,7 +42,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from memrl_mcp.curves import curves, run_folders
-from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import EffectiveSettings, PoolCandidate
@@ -74,7 +74,7 @@ SAME_SITE_FETCHES = ("same-origin", "none")
 Handler = Callable[[Request, Access], Awaitable[Response]]
 
 
-class Refusal(Exception):
+class RefusalError(MemrlError):
     """An HTTP refusal: status, a short code and a message that names the field."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
@@ -210,10 +210,10 @@ def _typed(model: type[Any], data: Any, strings: bool = False) -> Any:
         raise _bad_request(error) from None
 
 
-def _bad_request(error: ValidationError) -> Refusal:
+def _bad_request(error: ValidationError) -> RefusalError:
     """The first problem, named by its field."""
     first = error.errors()[0]
-    return Refusal(400, "bad_request", plain_error(first, "" if first["loc"] else "body"))
+    return RefusalError(400, "bad_request", plain_error(first, "" if first["loc"] else "body"))
 
 
 def _json(model: BaseModel | dict[str, Any], status: int = 200) -> Response:
@@ -221,7 +221,7 @@ def _json(model: BaseModel | dict[str, Any], status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json", headers=SECURITY_HEADERS)
 
 
-def _refusal(refusal: Refusal) -> Response:
+def _refusal(refusal: RefusalError) -> Response:
     response = _json({"error": refusal.code, "error_description": str(refusal)}, refusal.status)
     if refusal.status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer error="invalid_token"'
@@ -249,30 +249,30 @@ async def _body(request: Request, model: type[Any], **path: str) -> Any:
     survive. Parsed in a worker thread, so that the event loop (every other client's requests) does not wait: the
     costliest 1 MB body takes a noticeable fraction of a second to scan and parse (docs/performance.md)."""
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-        raise Refusal(415, "unsupported_media_type", "content-type: a change is sent as application/json")
+        raise RefusalError(415, "unsupported_media_type", "content-type: a change is sent as application/json")
     raw = bytearray()
     async for chunk in request.stream():  # counted as it arrives: a body without Content-Length is bounded too
         raw += chunk
         if len(raw) > MAX_BODY_BYTES:
-            raise Refusal(413, "too_large", f"body: at most {MAX_BODY_BYTES} bytes")
+            raise RefusalError(413, "too_large", f"body: at most {MAX_BODY_BYTES} bytes")
     return await anyio.to_thread.run_sync(_parsed, bytes(raw), model, path)
 
 
 def _parsed(raw: bytes, model: type[Any], path: dict[str, str]) -> Any:
     deep = _too_deep(raw, model)
     if deep is not None:
-        raise Refusal(400, "bad_request", deep)
+        raise RefusalError(400, "bad_request", deep)
     try:
         data = json.loads(raw)
     except UnicodeDecodeError as error:
-        raise Refusal(400, "bad_request", f"body: not UTF-8 ({error.reason} at byte {error.start})") from None
+        raise RefusalError(400, "bad_request", f"body: not UTF-8 ({error.reason} at byte {error.start})") from None
     except json.JSONDecodeError as error:
-        raise Refusal(400, "bad_request", f"body: not JSON ({error.msg} at character {error.pos})") from None
+        raise RefusalError(400, "bad_request", f"body: not JSON ({error.msg} at character {error.pos})") from None
     except ValueError as error:  # an integer of more digits than Python converts (4300)
-        raise Refusal(400, "bad_request", f"body: not JSON ({str(error).split(':')[0]})") from None
+        raise RefusalError(400, "bad_request", f"body: not JSON ({str(error).split(':')[0]})") from None
     if path and isinstance(data, dict):
         for name in set(path) & set(data):
-            raise Refusal(400, "bad_request", f"{name}: no such field (the path names it)")
+            raise RefusalError(400, "bad_request", f"{name}: no such field (the path names it)")
         data = {**data, **path}
     return _typed(model, data)
 
@@ -324,17 +324,17 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
             async def route(request: Request) -> Response:
                 try:
                     if tokens is None and not _host_is_loopback(request):
-                        raise Refusal(421, "misdirected", "host: this server without tokens answers loopback only")
+                        raise RefusalError(421, "misdirected", "host: this server without tokens answers loopback only")
                     access = caller(request, tokens)
                     if access is None:
-                        raise Refusal(401, "invalid_token", "authorization: a valid bearer token is required")
+                        raise RefusalError(401, "invalid_token", "authorization: a valid bearer token is required")
                     if request.method != "GET" and not _same_origin(request):
-                        raise Refusal(403, "cross_site", "origin: changes are accepted from this page only")
+                        raise RefusalError(403, "cross_site", "origin: changes are accepted from this page only")
                     return await handler(request, access)
-                except Refusal as refusal:
+                except RefusalError as refusal:
                     return _refusal(refusal)
                 except MemoryRequestError as error:
-                    return _refusal(Refusal(400, "bad_request", str(error)))
+                    return _refusal(RefusalError(400, "bad_request", str(error)))
 
             server.custom_route(f"{PREFIX}/api{path}", methods=methods, include_in_schema=False)(route)
             return handler
@@ -365,7 +365,9 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
         if request.method == "GET":
             return _json(await in_thread(lambda: service.get(memory_id, access=access)))
         if service.settings.serving.read_only:
-            raise Refusal(403, "read_only", "this server is read-only (tool_profile: read_only): nothing can change")
+            raise RefusalError(
+                403, "read_only", "this server is read-only (tool_profile: read_only): nothing can change"
+            )
         if request.method == "DELETE":
             await _body(request, Forget)
             return _json(await in_thread(lambda: service.forget(ForgetRequest(memory_id), access=access)))
@@ -388,7 +390,9 @@ def mount(server: MCPServer, service: MemoryService, tokens: TokenTable | None) 
 
         async def serve(request: Request) -> Response:
             if tokens is None and not _host_is_loopback(request):
-                return _refusal(Refusal(421, "misdirected", "host: this server without tokens answers loopback only"))
+                return _refusal(
+                    RefusalError(421, "misdirected", "host: this server without tokens answers loopback only")
+                )
             return Response(content, media_type=media_type, headers=SECURITY_HEADERS)
 
         return serve
