@@ -483,17 +483,23 @@ def install_plugin(home: Path) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
 
 
-def said(message: dict[str, Any]) -> str:
-    """What a message of the API's conversation says: its text blocks and its tool results' text."""
+def parts(message: dict[str, Any]) -> list[str]:
+    """The texts of a message of the API's conversation: its text blocks and its tool results' text, in order
+    (Claude Code sends consecutive user turns as the blocks of one message)."""
     content = message["content"]
     if isinstance(content, str):
-        return content
-    parts = []
+        return [content]
+    texts = []
     for block in content:
         inner = block.get("content") if block.get("type") == "tool_result" else [block]
         for part in [{"type": "text", "text": inner}] if isinstance(inner, str) else inner or []:
-            parts.append(part.get("text", "") if part.get("type") == "text" else "")
-    return "\n".join(parts)
+            texts.append(part.get("text", "") if part.get("type") == "text" else "")
+    return texts
+
+
+def said(message: dict[str, Any]) -> str:
+    """What a message of the API's conversation says, whole."""
+    return "\n".join(parts(message))
 
 
 def called(messages: list[dict[str, Any]], tool: str) -> list[dict[str, Any]]:
@@ -526,9 +532,10 @@ def the_model(recall_first: bool) -> Script:
 
 
 def holds(model: FakeModel) -> list[str]:
-    """The reasons of the stops held in the model's conversation (Claude Code's note of each)."""
-    final = [said(message) for message in model.requests[-1]["messages"]]
-    return [text for text in final if text.startswith("Stop hook blocking error from command")]
+    """The reasons of the stops held in the model's conversation (Claude Code 2.1.197 hands each to the model as a
+    user message "Stop hook feedback:" and the reason)."""
+    final = [text for message in model.requests[-1]["messages"] for text in parts(message)]
+    return [text for text in final if text.startswith("Stop hook feedback:")]
 
 
 def claude_session(home: Path, store: LocalStore, project: Path, model: FakeModel) -> dict[str, Any]:
