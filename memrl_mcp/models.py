@@ -110,6 +110,10 @@ class RecalledMemory(MemoryView):
 
     similarity: float = Field(description="Cosine similarity of its task to the query task (Phase A).")
     score: float = Field(description="Phase-B score (1 - lambda) z(sim) + lambda z(Q).")
+    shortened: bool = Field(
+        False,
+        description="Its task or experience is shown shortened (max_recall_chars); the whole memory: memrl://memories/{id}.",
+    )
 
 
 class SearchResult(BaseModel):

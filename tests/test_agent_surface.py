@@ -35,6 +35,7 @@ from memrl_mcp.models import (
 from memrl_mcp.requests import StatsQuery
 from memrl_mcp.settings import TOOL_PROFILES, SettingsError, load_settings
 from memrl_mcp.surface.schema import compact_schema
+from memrl_mcp.surface.text import UNTRUSTED
 from memrl_mcp.surface.server import create_server
 from memrl_mcp.validation import CandidateCount, NamespaceName, Outcome, SortKey
 from tests.support.mcp import call, hints, prompt_text, text_of
@@ -271,7 +272,8 @@ LOG_EXPERIENCES = [
 
 async def test_a_recall_reads_in_little_more_than_its_memories(default_client: Client) -> None:
     """The text the model reads of a recall: each experience, whether it worked, how far to trust it, the recall
-    id, numbers rounded, within RECALL_TEXT_BUDGET of the experiences' own length; every field stays structured."""
+    id, numbers rounded, within RECALL_TEXT_BUDGET of the experiences' own length besides the one line that says
+    they are data (UNTRUSTED: a fixed cost per recall); every field stays structured."""
     for task, experience in zip(LOG_TASKS, LOG_EXPERIENCES, strict=True):
         await call(default_client, "store_experience", task=task, experience=experience)
     for reward in (1.0, 0.7, -0.3):  # q values with float noise
@@ -284,7 +286,7 @@ async def test_a_recall_reads_in_little_more_than_its_memories(default_client: C
     assert len(memories) == 3 and all(200 <= len(m["experience"]) <= 250 for m in memories)
     own = sum(len(m["experience"]) for m in memories)
     text = content.text
-    assert len(text) <= RECALL_TEXT_BUDGET * own, (len(text) / own, text)
+    assert len(text) <= RECALL_TEXT_BUDGET * own + len(UNTRUSTED), (len(text) / own, text)
     assert result.structured_content["recall_id"] in text
     for memory in memories:
         assert memory["experience"] in text and f"q {round(memory['q'], 2):g}" in text

@@ -76,7 +76,9 @@ async def test_store_then_recall_returns_the_memory_with_its_numbers(client: Cli
     assert recall["candidates"] == 1 and not recall["explored"]
     (memory,) = recall["memories"]
     assert memory["id"] == stored["id"] and memory["experience"] == MUG_PROCEDURE
-    assert memory["metadata"] == {"bench": "alf"}
+    assert "metadata" not in memory and not memory["shortened"]  # what the agent needs to act; the rest is a read away
+    whole = await read_json(client, f"memrl://memories/{memory['id']}")
+    assert whole["metadata"] == {"bench": "alf"}
     assert 0.5 < memory["similarity"] < 1.0
     # One candidate: z(Q) = 0, so the score is half its corpus z(sim).
     expected = 0.5 * (memory["similarity"] - service.scale.z_similarity.mean) / service.scale.z_similarity.std

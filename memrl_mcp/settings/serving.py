@@ -121,6 +121,15 @@ class ServingSettings(Group):
         "(one that gives both asks nobody). Whatever this is, one recall or episode_id is asked about by one report at "
         "a time: only one report of it can apply.",
     )
+    max_recall_chars: int = Field(
+        6000,
+        ge=100,
+        le=1_000_000,
+        description="Characters of experience one recall or search shows the model, all its memories together: a "
+        "longer experience is shown shortened to its head (the whole memory: memrl://memories/{id}). What a recall "
+        "shows enters the model's context, every turn of the conversation; the plugin's hooks add it to the prompt "
+        "(Claude Code cuts a hook's context above 10,000 characters to a preview).",
+    )
     log_format: Literal["json", "text"] = Field("json", description="Logs on stderr: JSON lines or plain text.")
     log_calls: bool | None = Field(
         None,

@@ -25,7 +25,7 @@ from memrl_mcp.surface.asking import Asking, InputRequiredError
 from memrl_mcp.surface.feedback import Feedback
 from memrl_mcp.surface.observability import Metrics
 from memrl_mcp.surface.schema import Arguments
-from memrl_mcp.surface.text import text
+from memrl_mcp.surface.text import structured, text
 
 Request = TypeVar("Request")
 Result = BaseModel | Awaitable[BaseModel]
@@ -42,6 +42,7 @@ class ToolCall:
     feedback: Feedback
     access: Access
     client: Asking
+    recall_chars: int  # of experience one recall shows its model (max_recall_chars): surface.text.shown
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ def served(
     identify: Callable[[Context[Any, Any]], Awaitable[Access]],
     metrics: Metrics,
     single_client: bool,
+    recall_chars: int,
 ) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
     """``tool`` as the SDK serves it: a function of the tool's arguments (each field of its request, bounded and
     described by ``arguments``) and the call's ``Context``, which ``identify`` turns into the caller's
@@ -127,7 +129,7 @@ def served(
                 access = await identify(ctx)
                 call.client = access.client
                 request = tool.request(**given)
-                context = ToolCall(service, feedback, access, Asking(ctx))
+                context = ToolCall(service, feedback, access, Asking(ctx), recall_chars)
                 if tool.asks:
                     result = await tool.answer(request, context)
                 elif on_loop is not None and on_loop(service, request, access):
@@ -141,7 +143,7 @@ def served(
                 call.status = "refused"
                 raise ToolError(str(error)) from None
         content = [TextContent(type="text", text=text(result))]
-        return CallToolResult(content=content, structured_content=result.model_dump(mode="json"))
+        return CallToolResult(content=content, structured_content=structured(result))
 
     parameters = arguments.parameters(tool.request)
     context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context[Any, Any])

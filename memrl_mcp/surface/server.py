@@ -96,9 +96,10 @@ def create_server(
     feedback = Feedback(service, reports_on_loop=single_client)
     arguments = Arguments(service.limits, argument_values(settings, service.scale.delta))
     callers = Callers(settings, tokens)
+    shows = serving.max_recall_chars
     tools: list[Tool] = [
         MemoryTool.strict(
-            served(tool, arguments, service, feedback, callers.tool_caller, metrics, single_client),
+            served(tool, arguments, service, feedback, callers.tool_caller, metrics, single_client, shows),
             tool.title,
             serving.tool_descriptions.get(name) or paragraphs(tool.run.__doc__ or ""),
             tool.hints,

@@ -36,6 +36,7 @@ from memrl_mcp.requests import (
     TrajectoryReport,
 )
 from memrl_mcp.surface.calls import ToolCall, ToolDef, tool
+from memrl_mcp.surface.text import shown
 
 TOOLS: dict[str, ToolDef[Any]] = {}
 WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
@@ -57,7 +58,7 @@ def recall_experience(query: RecallQuery, call: ToolCall) -> RecallResult:
     (ranked by similarity and by how much each helped before), and a recall_id. Follow the procedures of the
     successes; avoid what the failures warn about. No memory is a valid answer (a new kind of task). When the
     task is over, call report_outcome with the recall_id, once."""
-    return call.service.recall(query, access=call.access)
+    return shown(call.service.recall(query, access=call.access), call.recall_chars)
 
 
 @tool(TOOLS, "Report a task's outcome", WRITES)
@@ -96,7 +97,7 @@ def search_experience(query: RecallQuery, call: ToolCall) -> SearchResult:
     """Look memories up like recall_experience, without a recall: nothing is logged, there is nothing to
     report, and nothing learns from this use. For browsing, or a retrieval-only baseline; an agent working on
     a task calls recall_experience instead."""
-    return call.service.search(query, access=call.access)
+    return shown(call.service.search(query, access=call.access), call.recall_chars)
 
 
 @tool(TOOLS, "List memories", READS)
