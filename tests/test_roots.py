@@ -88,10 +88,28 @@ async def test_clients_with_different_roots_keep_their_memories_apart(service: M
         # The 2026-07-28 protocol (this SDK's in-process default) has no server-to-client request: the default.
         async with Client(create_server(service), list_roots_callback=offering(ALPHA)) as modern:
             assert (await call(modern, "list_memories"))["namespace"] == "default"
-        # An explicit namespace still wins.
-        shared = await call(alpha, "store_experience", task=TASK, experience="nox", namespace="shared")
+        # A project's session reaches its project's namespace alone (tests/test_claude_code.py performs the attack);
+        # a client without a project names any.
+        message = await refused(alpha, "store_experience", task=TASK, experience="nox", namespace="shared")
+        assert "'shared' is not one of the namespaces a session of this project" in message
+        assert "other_namespaces" in message
+        shared = await call(plain, "store_experience", task=TASK, experience="nox", namespace="shared")
         assert shared["memory"]["namespace"] == "shared"
-        assert (await call(other, "list_memories", namespace="shared"))["total"] == 1
+
+
+async def test_other_namespaces_widen_a_projects_reach_by_name(embedder: Embedder, tmp_path: Path) -> None:
+    """A namespace a team shares is one setting away, and ["*"] gives a project's session every namespace."""
+    for other, reaches in ((["team"], ("team",)), (["*"], ("team", "default", project_namespace(OTHER_ALPHA)))):
+        service = make_service(embedder, tmp_path / other[0].replace("*", "all"), other_namespaces=other)
+        try:
+            async with project(service, ALPHA) as client:
+                for namespace in reaches:
+                    stored = await call(client, "store_experience", task=TASK, experience="tox", namespace=namespace)
+                    assert stored["memory"]["namespace"] == namespace
+                if other == ["team"]:
+                    assert "not one of" in await refused(client, "list_memories", namespace="default")
+        finally:
+            service.close()
 
 
 async def test_the_settings_can_pin_the_namespace_or_turn_roots_off(embedder: Embedder, tmp_path: Path) -> None:

@@ -61,7 +61,15 @@ GREETING_SECONDS = 10.0  # a session greets at once; a connection that does not 
 STOP_SECONDS = 10.0  # how long a stop waits for the sessions to answer the requests they read
 MEMORY_GROUPS = ("storage", "embeddings", "similarity", "retrieval", "learning", "steps", "limits")
 """The groups of settings that shape the memory itself: every session of a server has the server's."""
-SESSION_SETTINGS = ("namespace", "namespace_from_roots", "project_dir", "tool_profile", "tool_descriptions")
+SESSION_SETTINGS = (
+    "namespace",
+    "namespace_from_roots",
+    "project_dir",
+    "other_namespaces",
+    "tool_profile",
+    "tool_descriptions",
+    "max_recall_chars",
+)
 """The settings each session has its own of: what its MCP server offers, and its default namespace."""
 LOOPBACK = "127.0.0.1"
 log = logging.getLogger(__name__)

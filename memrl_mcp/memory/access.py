@@ -13,11 +13,12 @@ class Access:
     ``namespaces=None`` is every namespace: a local caller (stdio, an in-process client, a server without
     tokens, the operator's CLI). Memories and recalls outside a caller's namespaces are reported as unknown,
     never as forbidden, so their existence does not leak. ``client`` names the token, for the logs (None: a
-    local caller)."""
+    local caller); ``holder`` says who the namespaces are granted to, in a refusal."""
 
     namespaces: frozenset[str] | None = None
     default: str | None = None
     client: str | None = None
+    holder: str = "this token"
 
     def allows(self, namespace: str) -> bool:
         return self.namespaces is None or namespace in self.namespaces

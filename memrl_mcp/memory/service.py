@@ -555,7 +555,7 @@ class MemoryService:
             namespace = access.default or self.settings.namespaces.namespace
         namespace = NAMESPACE.check("namespace", namespace)
         if not access.allows(namespace):
-            raise MemoryRequestError(f"namespace: {namespace!r} is not one of the namespaces this token may use")
+            raise MemoryRequestError(f"namespace: {namespace!r} is not one of the namespaces {access.holder} may use")
         return namespace
 
     def _metadata(self, metadata: Mapping[str, Any] | None) -> dict[str, Any]:

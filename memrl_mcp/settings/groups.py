@@ -360,6 +360,13 @@ class NamespaceSettings(Group):
         "names a namespace, use one derived from the first root (<folder name>-<hash of its URI>), so one server "
         "shared by several projects keeps their memories apart.",
     )
+    other_namespaces: list[NamespaceName | Literal["*"]] = Field(
+        default_factory=list,
+        description="Namespaces a session of a project may use besides its project's own (a session without a token "
+        'whose namespace comes from its roots or project_dir), e.g. one a team shares; ["*"]: every namespace. A '
+        "recall runs for every prompt: a namespace another project could reach would carry that project's files into "
+        "this one's prompts (env: a JSON list).",
+    )
     project_dir: Path | None = Field(
         None,
         description="The folder of this session's project, for a client that sends no MCP roots (one of the "

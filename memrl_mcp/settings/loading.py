@@ -68,6 +68,7 @@ JSON_EXAMPLES = {
     "allowed_hosts": '["memory.example.com:*"]',
     "tool_descriptions": '{"recall_experience": "Recall how this team solved similar tasks."}',
     "ui_runs": '["runs/demo"]',
+    "other_namespaces": '["team"]',
 }
 """The settings given as JSON in the environment (lists and objects), each with a value it accepts."""
 

@@ -7,9 +7,10 @@ issued."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError
@@ -21,9 +22,11 @@ from memrl_mcp.memory.service import MemoryService
 RECALL_URI = "memrl://recalls/{recall_id}"
 
 
-def add_recall_resource(
-    server: MCPServer, service: MemoryService, reader: Callable[[Context[Any, Any]], Access]
-) -> None:
+Reader = Callable[[Context[Any, Any]], Awaitable[Access]]
+"""What the caller of a resource read may see (the server's :class:`~memrl_mcp.surface.server.Callers`)."""
+
+
+def add_recall_resource(server: MCPServer, service: MemoryService, reader: Reader) -> None:
     """Offer :data:`RECALL_URI` on ``server``; ``reader`` says what the caller of a read may see."""
 
     @server.resource(
@@ -33,8 +36,10 @@ def add_recall_resource(
         description="One recall: its task, how many memories it returned, and whether it still waits for its "
         "report (status pending) or was reported.",
     )
-    def recall(recall_id: str, ctx: Context[Any, Any]) -> str:
+    async def recall(recall_id: str, ctx: Context[Any, Any]) -> str:
+        access = await reader(ctx)
         try:
-            return service.recall_state(recall_id, access=reader(ctx)).model_dump_json()
+            state = await anyio.to_thread.run_sync(lambda: service.recall_state(recall_id, access=access))
+            return state.model_dump_json()
         except MemoryRequestError as error:
             raise ResourceError(str(error)) from None

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from collections.abc import Callable
 from typing import Any
 
+import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context
@@ -27,17 +27,18 @@ from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.projects import folder_uri, project_namespace
 from memrl_mcp.requests import StatsQuery
-from memrl_mcp.settings import TOOL_PROFILES, LearningSettings, Settings
+from memrl_mcp.settings import ALL_NAMESPACES, TOOL_PROFILES, LearningSettings, Settings
 from memrl_mcp.surface.auth import TokenTable, caller
 from memrl_mcp.surface.calls import served
 from memrl_mcp.surface.feedback import Feedback
 from memrl_mcp.surface.observability import Metrics
-from memrl_mcp.surface.recalls import add_recall_resource
+from memrl_mcp.surface.recalls import Reader, add_recall_resource
 from memrl_mcp.surface.roots import roots_namespace
 from memrl_mcp.surface.schema import Arguments, MemoryTool, argument_values
 from memrl_mcp.surface.tools import TOOLS
 
 TOKEN_REQUIRED = "authorization: a valid bearer token is required"
+PROJECT_SESSION = "a session of this project (its project's namespace, and other_namespaces)"
 
 
 def instructions(profile: str, learning: LearningSettings) -> str:
@@ -133,38 +134,50 @@ class Callers:
     tokens: TokenTable | None
 
     async def tool_caller(self, ctx: Context[Any, Any]) -> Access:
-        """A tool's caller; when its token names no default namespace, the one of the client's project (its root,
-        else the ``project_dir`` setting), else the client's ``namespace`` setting."""
+        """A tool's caller (:meth:`resource_caller`), refused as a tool error."""
+        try:
+            return await self.resource_caller(ctx)
+        except ResourceError as error:
+            raise MemoryRequestError(str(error)) from None
+
+    async def resource_caller(self, ctx: Context[Any, Any]) -> Access:
+        """Who sends this request: its token's namespaces; when its token names no default namespace, the one of the
+        client's project (its root, else the ``project_dir`` setting), else the client's ``namespace`` setting.
+
+        A session of a project without a token reaches its project's namespace and ``other_namespaces`` alone
+        (``["*"]``: every namespace): with recalls made for every prompt, a namespace another project could reach
+        would be a channel from that project's files into this one's prompts. A session with no project, or with a
+        token (whose namespaces an operator granted), is not confined further."""
         access = caller(ctx.request_context.request, self.tokens)
         if access is None:  # over HTTP the SDK answered 401 already; this is a call without HTTP, or a bug
-            raise MemoryRequestError(TOKEN_REQUIRED)
+            raise ResourceError(TOKEN_REQUIRED)
         if access.default is not None:
             return access
-        settings = self.settings
+        namespaces = self.settings.namespaces
         project = None
-        if settings.namespaces.namespace_from_roots and not settings.is_set("namespace"):
+        if namespaces.namespace_from_roots and not self.settings.is_set("namespace"):
             project = await roots_namespace(ctx) or self._folder_namespace()
-        return dataclasses.replace(access, default=project or settings.namespaces.namespace)
+        if project is None:
+            return dataclasses.replace(access, default=namespaces.namespace)
+        if self.tokens is not None or ALL_NAMESPACES in namespaces.other_namespaces:
+            return dataclasses.replace(access, default=project)
+        reach = frozenset({project, *namespaces.other_namespaces})
+        return Access(reach, project, access.client, holder=PROJECT_SESSION)
 
     def _folder_namespace(self) -> str | None:
         """The namespace of the ``project_dir`` setting (what a client that sends no roots says of its project)."""
         folder = self.settings.namespaces.project_dir
         return None if folder is None else project_namespace(folder_uri(folder))
 
-    def resource_caller(self, ctx: Context[Any, Any]) -> Access:
-        """A resource's caller: the token of the request that carried the read."""
-        access = caller(ctx.request_context.request, self.tokens)
-        if access is None:
-            raise ResourceError(TOKEN_REQUIRED)
-        return access
 
-
-def _add_resources(server: MCPServer, service: MemoryService, reader: Callable[[Context[Any, Any]], Access]) -> None:
+def _add_resources(server: MCPServer, service: MemoryService, reader: Reader) -> None:
     """The statistics, the settings, and one memory with its Q history, as resources."""
 
-    def stats(ctx: Context[Any, Any], namespace: str | None = None) -> str:
+    async def stats(ctx: Context[Any, Any], namespace: str | None = None) -> str:
+        access = await reader(ctx)
         try:
-            return service.stats(StatsQuery(namespace), access=reader(ctx)).model_dump_json()
+            found = await anyio.to_thread.run_sync(lambda: service.stats(StatsQuery(namespace), access=access))
+            return found.model_dump_json()
         except MemoryRequestError as error:
             raise ResourceError(str(error)) from None
 
@@ -195,9 +208,11 @@ def _add_resources(server: MCPServer, service: MemoryService, reader: Callable[[
         mime_type="application/json",
         description="One memory, with the history of its Q (each reward folded in, and resets).",
     )
-    def memory(memory_id: str, ctx: Context[Any, Any]) -> str:
+    async def memory(memory_id: str, ctx: Context[Any, Any]) -> str:
+        access = await reader(ctx)
         try:
-            return service.get(memory_id, access=reader(ctx)).model_dump_json()
+            found = await anyio.to_thread.run_sync(lambda: service.get(memory_id, access=access))
+            return found.model_dump_json()
         except MemoryRequestError as error:
             raise ResourceError(str(error)) from None
 
