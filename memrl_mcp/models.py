@@ -34,9 +34,10 @@ tool or a resource answers (an agent or an operator reads a date, not 1795656671
 (``model_dump()``), so that a restore brings it back bit for bit."""
 
 
-RewardSource = Literal["agent", "user"]
-"""Who gave a reward: the agent (the reward argument of its report), or the user, asked by the server through the
-client (MCP elicitation) because the agent left the reward out."""
+RewardSource = Literal["agent", "user", "tests", "build", "typecheck", "lint", "check"]
+"""Who decided a reward (:mod:`memrl_mcp.memory.evidence`): the agent (the model's own judgement, the reward argument
+of its report), the user (asked through the client, or their next words), or the kind of check whose runs decided
+it (a test run, a build, a type check, a lint, a project's own check)."""
 ExperienceSource = Literal["agent", "client_model", "endpoint", "operator"]
 """Who wrote an experience: the agent, the client's own model from the episode's trajectory (MCP sampling), the
 server's configured OpenAI-compatible endpoint from it, or an operator's correction in the inspector."""

@@ -26,7 +26,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Generic, Literal, TypeVar, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from memrl_mcp.errors import MemoryRequestError
@@ -264,6 +273,33 @@ def outcome_of(reward: float) -> Outcome:
 
 MAX_EPISODE_ID_CHARS = 200
 EPISODE_ID = text_rule(MAX_EPISODE_ID_CHARS)
+
+
+CheckKind = Literal["tests", "build", "typecheck", "lint", "check", "edit", "user"]
+MAX_CHECK_TEXT = 200  # of a check's command or the user's words: what tells the check apart, never its output
+MAX_CHECKS = 64  # a recall keeps its newest checks (what decides its reward is the latest of each command)
+
+
+class Check(BaseModel):
+    """One piece of evidence of how a task goes (:mod:`memrl_mcp.memory.evidence`), in the order it happened: a run
+    of a check (``tests``, ``build``, ``typecheck``, ``lint``, or a project's own ``check``) that passed or failed,
+    with its counts where its output printed them; an ``edit`` of the files (the runs before it tested other code);
+    or the ``user``'s verdict, with their words."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    kind: CheckKind
+    passed: bool | None = Field(None, description="Whether it passed (the user: the task succeeded); none for an edit.")
+    command: str | None = Field(None, max_length=MAX_CHECK_TEXT, description="What ran (pytest -q tests/).")
+    passed_count: int | None = Field(None, ge=0, le=10_000_000, description="Tests or items that passed.")
+    failed_count: int | None = Field(None, ge=0, le=10_000_000, description="Tests or items that failed.")
+    said: str | None = Field(None, max_length=MAX_CHECK_TEXT, description="The user's words, for kind user.")
+
+    @model_validator(mode="after")
+    def _verdict_given(self) -> Check:
+        if (self.passed is None) != (self.kind == "edit"):
+            raise ValueError("passed: required for a check or the user's verdict, none for an edit")
+        return self
 
 
 class TrajectoryStep(BaseModel):
