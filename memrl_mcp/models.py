@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 from memrl_mcp.requests import RecallQuery
 from memrl_mcp.storage.numbers import KeptFloat, KeptJson
 from memrl_mcp.storage.tally import Q_STEP, Counts
-from memrl_mcp.validation import MAX_TIMESTAMP, Outcome
+from memrl_mcp.validation import MAX_TIMESTAMP, Check, Outcome
 
 Q_DIGITS = 6  # a tally's Q is exact to Q_STEP (1e-4); two more digits keep the quartiles' interpolation
 
@@ -80,7 +80,7 @@ class QEvent(BaseModel):
     """One change of a memory's Q: a reward folded in by a report, or a reset by update_memory."""
 
     at: Timestamp
-    event: Literal["reward", "reset"]
+    event: Literal["reward", "reset", "correction"]
     reward: KeptFloat | None = Field(description="The reward folded in (None for a reset).")
     q_before: KeptFloat
     q_after: KeptFloat
@@ -89,6 +89,9 @@ class QEvent(BaseModel):
         None, description="Who gave the reward (None for a reset, or a reward from before this was recorded)."
     )
     note: str | None = Field(None, description="What the user added when asked how the task went.")
+    claimed: KeptFloat | None = Field(
+        None, description="The model's reward, when the evidence or the user decided another outcome."
+    )
 
 
 class MemoryDetail(MemoryView):
@@ -165,6 +168,12 @@ class RecallState(BaseModel):
     created_at: Timestamp
     expires_at: Timestamp
     reward: KeptFloat | None = Field(None, description="The reward reported, once reported.")
+    reward_source: RewardSource | None = Field(None, description="What decided the reward, once reported.")
+    evidence: list[Check] = Field(description="The checks recorded for the recall's task, in order (record_evidence).")
+    evidence_says: Outcome | None = Field(
+        None, description="What the evidence says of the task (None: nothing clear): it decides the reward."
+    )
+    evidence_source: RewardSource | None = Field(None, description="Which source said it: the user, or a check.")
 
 
 class QChange(BaseModel):
@@ -192,11 +201,30 @@ class ReportResult(BaseModel):
         True, description="False: the user declined to say how the task went; nothing changed, report it again."
     )
     reward: KeptFloat | None = Field(description="The reward applied (None when nothing was reported).")
-    reward_source: RewardSource | None = Field(None, description="agent (the reward given) or user (asked).")
+    reward_source: RewardSource | None = Field(
+        None,
+        description="What decided the reward: the agent's own word, the user, or a kind of check (tests, build...).",
+    )
+    claimed: KeptFloat | None = Field(
+        None, description="The reward the agent gave, when the evidence or the user decided another outcome."
+    )
     updated: list[QChange] = Field(description="Every memory the recall returned, with its Q before and after.")
     missing: list[str] = Field(description="Memories of the recall that were forgotten since; nothing to update.")
     stored: StoreResult | None = Field(description="The episode's new experience, when one was given.")
     message: str | None = Field(None, description="What the user answered, when asked; why nothing changed.")
+
+
+class EvidenceResult(BaseModel):
+    """What a recall's evidence says now, and the report it made or corrected."""
+
+    recall_id: str
+    checks: int = Field(description="Checks the recall holds now (the newest, up to its bound).")
+    evidence_says: Outcome | None = Field(None, description="What the evidence says of the task (None: nothing clear).")
+    evidence_source: RewardSource | None = Field(None, description="Which source said it.")
+    report: ReportResult | None = Field(
+        None, description="The report this call made (close) or corrected (a reported recall's later evidence)."
+    )
+    message: str
 
 
 class ForgetResult(BaseModel):

@@ -19,9 +19,12 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, with_config
 
 from memrl_mcp.validation import (
+    MAX_CHECKS,
     MAX_EPISODE_ID_CHARS,
+    MAX_K,
     MAX_METADATA_DEPTH,
     CandidateCount,
+    Check,
     NamespaceName,
     Outcome,
     QWeight,
@@ -115,6 +118,33 @@ class OutcomeReport:
     outcome: Annotated[Outcome | None, Arg("success or failure; default: success when the reward is above 0.")] = None
     metadata: Metadata = None
     trajectory: Trajectory = None
+    followed: Annotated[
+        list[Annotated[int, Field(ge=1, le=MAX_K)]] | None,
+        Field(max_length=MAX_K),
+        Arg("Numbers of the recalled memories you followed (1: the first); only theirs moves. Default: all."),
+    ] = None
+
+
+@with_config(REQUEST)
+@dataclass(frozen=True)
+class EvidenceReport:
+    """``record_evidence``: what happened in a recalled task, as it happened (:mod:`memrl_mcp.memory.evidence`)."""
+
+    recall_id: Annotated[StrictStr, Arg("The recall_id of the task the evidence is about.")]
+    checks: Annotated[
+        list[Check],
+        Field(min_length=1, max_length=MAX_CHECKS),
+        Arg(
+            "What happened, in order, at most {max_checks} at a time: a run of a check "
+            "({{kind: tests|build|typecheck|lint|check, passed, command?, passed_count?, failed_count?}}), an edit of "
+            "the files ({{kind: edit}}: earlier runs tested other code), the user's verdict "
+            "({{kind: user, passed, said?}}).",
+        ),
+    ]
+    close: Annotated[
+        StrictBool,
+        Arg("The task is over: report the recall with the evidence's reward, when the evidence says one."),
+    ] = False
 
 
 @with_config(REQUEST)

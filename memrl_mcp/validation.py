@@ -266,9 +266,12 @@ def check_outcome(outcome: str) -> Outcome:
     return outcome
 
 
-def outcome_of(reward: float) -> Outcome:
-    """The outcome of an experience reported without one: success when the reward is above 0."""
-    return "success" if reward > 0 else "failure"
+def outcome_of(reward: float, neutral: float = 0.0) -> Outcome | None:
+    """The outcome of an experience reported without one: success above the scale's middle (``neutral``), failure
+    below; none at it (no clear outcome: no procedure to follow, no mistake to avoid)."""
+    if reward == neutral:
+        return None
+    return "success" if reward > neutral else "failure"
 
 
 MAX_EPISODE_ID_CHARS = 200
@@ -300,6 +303,10 @@ class Check(BaseModel):
         if (self.passed is None) != (self.kind == "edit"):
             raise ValueError("passed: required for a check or the user's verdict, none for an edit")
         return self
+
+
+CHECKS: Rule[list[Check]] = Rule(Annotated[list[Check], Field(min_length=1, max_length=MAX_CHECKS)])
+"""The checks one record_evidence hands in."""
 
 
 class TrajectoryStep(BaseModel):

@@ -383,6 +383,7 @@ async def test_a_server_with_tokens_serves_no_call_that_carries_none(service: Me
         "memory_stats": {},
         "list_memories": {},
         "update_memory": {"memory_id": memory, "experience": "overwritten"},
+        "record_evidence": {"recall_id": "0" * 36, "checks": [{"kind": "edit"}]},
     }
     grants = [TokenGrant(name="alice", token=ALICE, namespaces=["alice"])]
     async with Client(create_server(service, TokenTable(grants))) as client:

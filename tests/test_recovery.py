@@ -23,7 +23,7 @@ REPORT_WRITES = 5
 def test_an_interrupted_report_is_finished_once_on_reopen(
     embedder: Embedder, tmp_path: Path, engine: str, crash_at: int
 ) -> None:
-    settings = load_settings(data_dir=tmp_path, embedded_engine=engine, k1=2, k2=2)
+    settings = load_settings(data_dir=tmp_path, embedded_engine=engine, k1=2, k2=2, model_reward_weight=1.0)
     store = open_store(settings.storage, embedder.dim)
     service = MemoryService.open(settings, embedder, store)
     mug = service.store_experience(

@@ -33,7 +33,9 @@ TASKS = ("open the drawer and take the key", "unlock the door with the key", "pu
 
 @pytest.fixture
 def replicas(embedder: Embedder, tmp_path: Path, engine: str) -> Iterator[tuple[MemoryService, MemoryService]]:
-    settings = load_settings(data_dir=tmp_path, embedded_engine=engine, k1=3, k2=3, delta=-1.0, alpha=ALPHA)
+    settings = load_settings(
+        data_dir=tmp_path, embedded_engine=engine, k1=3, k2=3, delta=-1.0, alpha=ALPHA, model_reward_weight=1.0
+    )
     store: Store = open_store(settings.storage, embedder.dim)
     first, second = MemoryService(settings, embedder, store), MemoryService(settings, embedder, store)
     yield first, second

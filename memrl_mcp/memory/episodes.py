@@ -21,7 +21,7 @@ from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.admission import Quotas
 from memrl_mcp.memory.bounds import OldestBeyond
-from memrl_mcp.memory.ledger import Ledger
+from memrl_mcp.memory.ledger import WRITE_ATTEMPTS, Ledger, WriteContentionError
 from memrl_mcp.memory.records import READ, RecallRecord, memory_payload, memory_view
 from memrl_mcp.models import (
     ExperienceSource,
@@ -38,7 +38,7 @@ from memrl_mcp.settings import Settings
 from memrl_mcp.storage import Hit, Point, Store, new_id
 from memrl_mcp.storage.migrations import SCHEMA_POINT
 from memrl_mcp.storage.quota import record_bytes
-from memrl_mcp.validation import OUTCOMES, Outcome, is_point_id
+from memrl_mcp.validation import MAX_CHECKS, OUTCOMES, Check, Outcome, is_point_id
 
 
 @dataclass(frozen=True)
@@ -203,6 +203,30 @@ class EpisodeMemory:
                 f"max_pending_recalls={learning.max_pending_recalls} of its namespace, or its namespace was forgotten)"
             )
         return recall
+
+    def add_evidence(self, recall_id: str, access: Access, checks: Sequence[Check], window: float) -> RecallRecord:
+        """Append ``checks`` to the caller's recall, keeping its newest :data:`~memrl_mcp.validation.MAX_CHECKS`: a
+        pending one, or one reported within ``window`` seconds; the record as written. Each write is conditional on
+        the revision it read, so concurrent callers each add theirs."""
+        for _ in range(WRITE_ATTEMPTS):
+            record = self.record(recall_id, access)
+            now = self._clock()
+            if record.status == "pending" and record.expires_at < now:
+                raise MemoryRequestError(f"recall_id: recall {recall_id} expired; its evidence can no longer count")
+            if record.status == "applying":
+                raise MemoryRequestError(f"recall_id: recall {recall_id} is being reported; send its evidence again")
+            if record.status == "reported" and (record.report is None or now - record.report.reported_at > window):
+                raise MemoryRequestError(
+                    f"recall_id: recall {recall_id} was reported more than correction_window_seconds={window:g} ago; "
+                    "its reward is settled"
+                )
+            evidence = [*record.evidence, *checks][-MAX_CHECKS:]
+            update = {"evidence": [check.model_dump() for check in evidence], "revision": record.revision + 1}
+            payload = self._store.get("recalls", [recall_id]).get(recall_id) or {}
+            seen = payload.get("revision")  # None: a recall stored before its evidence was kept
+            if self._store.set_payload_if("recalls", recall_id, update, {"status": record.status, "revision": seen}):
+                return record.model_copy(update={"evidence": evidence, "revision": record.revision + 1})
+        raise WriteContentionError(f"recall {recall_id}: {WRITE_ATTEMPTS} concurrent writers in a row; retry the call")
 
     def reportable(self, recall_id: str, access: Access) -> RecallRecord:
         """The pending recall ``recall_id`` of the caller, or a refusal that says why it cannot be reported."""

@@ -176,25 +176,18 @@ class Ledger:
         """Claim the recall with ``report`` and apply it: ``report_outcome``, and a trajectory's report of its
         recall (whose claim id derives from the episode, so that its redo is recognised as its own)."""
         applied = self.redo(recall_id, self.claim(recall_id, report, pending))
-        return ReportResult(
-            recall_id=recall_id,
-            reward=report.reward,
-            reward_source=report.reward_source,
-            updated=applied.changes,
-            missing=applied.missing,
-            stored=applied.stored,
-        )
+        return reported(recall_id, report, applied)
 
     def redo(self, recall_id: str, recall: RecallRecord) -> Applied:
         """Everything a claimed report does (module docstring, 3.): run by the reporter, or again after a crash."""
         report = recall.report
         assert report is not None, "only a claimed recall is redone"
-        reward, now, learning = report.reward, report.reported_at, self._learning
+        reward, now, rate = report.reward, report.reported_at, self._learning.alpha * report.weight
 
         def fold(memory_id: str, m: Mapping[str, Any]) -> dict[str, Any]:
-            """Q <- Q + alpha (R - Q), with its event in the history: one write (after a copy of a full tail)."""
+            """Q <- Q + rate (R - Q), with its event in the history: one write (after a copy of a full tail)."""
             q_before = READ["q"](m.get("q"))  # as a read shows it, whoever wrote it
-            q_after = algorithm.update_q(q_before, reward, learning.alpha)
+            q_after = algorithm.update_q(q_before, reward, rate)
             event = QEvent(
                 at=now,
                 event="reward",
@@ -204,6 +197,7 @@ class Ledger:
                 recall_id=recall_id,
                 source=report.reward_source,
                 note=report.note,
+                claimed=report.claimed,
             )
             return {
                 "q": q_after,
@@ -213,26 +207,69 @@ class Ledger:
                 **self.history.append(memory_id, m, event),
             }
 
-        changes, missing = [], []
-        for memory_id in recall.memory_ids:
-            written = self.update_once(memory_id, f"q:{recall_id}", partial(fold, memory_id))
-            if written is None:
-                self.history.forget([memory_id])  # an attempt may have copied its tail before it was deleted
-                missing.append(memory_id)
-            elif written.update is not None:
-                changes.append(
-                    QChange(
-                        id=memory_id,
-                        q_before=READ["q"](written.before.get("q")),
-                        q_after=written.update["q"],
-                        visits=written.update["visits"],
-                    )
-                )
+        followed = recall.memory_ids if report.followed is None else report.followed
+        changes, missing = self._fold_each(followed, f"q:{recall_id}", fold)
         stored = None
         if report.experience is not None:
             stored = self._store_experience(recall_id, recall, report)
         self._store.set_payload_if("recalls", recall_id, {"status": "reported"}, {"status": "applying"})
         return Applied(changes, missing, stored)
+
+    def correct(self, recall_id: str, recall: RecallRecord, corrected: ClaimedReport) -> ReportResult:
+        """Decide a reported recall's reward again (later evidence, :mod:`memrl_mcp.memory.evidence`): each memory it
+        moved is moved as if ``corrected`` had been reported, whatever rewards came since: this recall's share of its
+        Q (what its events in the history moved it by) is replaced by ``rate (R' - Q0)``, Q0 its Q before the recall's
+        report. Once per correction (operation ``correct:<recall>:<n>``); a memory whose events of this recall left
+        its history is left as it is. The recall keeps the corrected report."""
+        report = recall.report
+        assert report is not None and recall.status == "reported", "only a reported recall is corrected"
+        operation = f"correct:{recall_id}:{corrected.corrections}"
+        rate = self._learning.alpha * corrected.weight
+
+        def fold(memory_id: str, m: Mapping[str, Any]) -> dict[str, Any]:
+            mine = [e for e in self.history.events(memory_id, m) if e.get("recall_id") == recall_id]
+            if not mine:
+                return {}
+            q_now, q_start = READ["q"](m.get("q")), float(mine[0]["q_before"])
+            share = sum(float(e["q_after"]) - float(e["q_before"]) for e in mine)
+            q_after = q_now - share + rate * (corrected.reward - q_start)
+            event = QEvent(
+                at=corrected.reported_at,
+                event="correction",
+                reward=corrected.reward,
+                q_before=q_now,
+                q_after=q_after,
+                recall_id=recall_id,
+                source=corrected.reward_source,
+                claimed=corrected.claimed,
+            )
+            return {"q": q_after, "last_reward": corrected.reward, **self.history.append(memory_id, m, event)}
+
+        followed = recall.memory_ids if report.followed is None else report.followed
+        changes, missing = self._fold_each(followed, operation, fold)
+        self._store.set_payload("recalls", recall_id, {"report": corrected.model_dump()})
+        return reported(recall_id, corrected, Applied(changes, missing, None))
+
+    def _fold_each(
+        self, memory_ids: list[str], operation: str, fold: Callable[[str, Mapping[str, Any]], dict[str, Any]]
+    ) -> tuple[list[QChange], list[str]]:
+        """``fold`` each memory once (operation ``operation``); the changes of Q, and the memories gone."""
+        changes, missing = [], []
+        for memory_id in memory_ids:
+            written = self.update_once(memory_id, operation, partial(fold, memory_id))
+            if written is None:
+                self.history.forget([memory_id])  # an attempt may have copied its tail before it was deleted
+                missing.append(memory_id)
+            elif written.update is not None and "q" in written.update:
+                changes.append(
+                    QChange(
+                        id=memory_id,
+                        q_before=READ["q"](written.before.get("q")),
+                        q_after=written.update["q"],
+                        visits=written.update.get("visits", READ["visits"](written.before.get("visits"))),
+                    )
+                )
+        return changes, missing
 
     def _store_experience(self, recall_id: str, recall: RecallRecord, report: ClaimedReport) -> StoreResult:
         """Merge into the twin the recall saw, or add a memory whose id derives from the recall."""
@@ -279,3 +316,16 @@ def experience_id(recall_id: str) -> str:
     """The id of the memory a report of ``recall_id`` adds: derived, so that a redo finds it instead of adding
     it twice."""
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-recall:{recall_id}"))
+
+
+def reported(recall_id: str, report: ClaimedReport, applied: Applied) -> ReportResult:
+    """What a report (or a correction) answers."""
+    return ReportResult(
+        recall_id=recall_id,
+        reward=report.reward,
+        reward_source=report.reward_source,
+        claimed=report.claimed,
+        updated=applied.changes,
+        missing=applied.missing,
+        stored=applied.stored,
+    )

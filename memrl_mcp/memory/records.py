@@ -39,6 +39,7 @@ from memrl_mcp.validation import (
     OUTCOMES,
     POINT_ID,
     TIMESTAMP,
+    Check,
     Limits,
     Outcome,
     check_outcome,
@@ -65,6 +66,10 @@ class ClaimedReport(BaseModel):
     reward_source: RewardSource = "agent"
     experience_source: ExperienceSource = "agent"
     note: str | None = Field(None, description="The user's note, when the user gave the reward.")
+    weight: float = Field(1.0, description="The share of alpha the update moves by (model_reward_weight).")
+    claimed: float | None = Field(None, description="The agent's reward, when the evidence or the user overruled it.")
+    followed: list[str] | None = Field(None, description="The memories the agent followed: the ones that move.")
+    corrections: int = Field(0, description="Rewards decided again by later evidence (correction_window_seconds).")
 
 
 class RecallRecord(BaseModel):
@@ -83,6 +88,8 @@ class RecallRecord(BaseModel):
     created_at: float
     expires_at: float
     report: ClaimedReport | None = None
+    evidence: list[Check] = Field(default_factory=list, description="What happened in the task (record_evidence).")
+    revision: int = Field(0, description="Counts the writes of the evidence: each is conditional on the one it read.")
 
     @model_validator(mode="before")
     @classmethod

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Self
@@ -30,6 +31,7 @@ from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.admission import Quotas, edit_bytes, report_bytes, trajectory_bytes
 from memrl_mcp.memory.bounds import OldestBeyond
 from memrl_mcp.memory.episodes import EpisodeMemory, PendingRecall
+from memrl_mcp.memory.evidence import Decision, decide, verdict
 from memrl_mcp.memory.ledger import Ledger
 from memrl_mcp.memory.listing import DEFAULT_PAGE, decode_cursor, encode_cursor, keyset_page
 from memrl_mcp.memory.records import (
@@ -43,6 +45,7 @@ from memrl_mcp.memory.steps import StepMemory
 from memrl_mcp.models import (
     AGENT,
     EffectiveSettings,
+    EvidenceResult,
     ExperienceSource,
     ForgetResult,
     MemoryDetail,
@@ -55,6 +58,7 @@ from memrl_mcp.models import (
     RecallResult,
     RecallState,
     ReportResult,
+    RewardSource,
     SearchResult,
     Stats,
     StepAdviceResult,
@@ -63,6 +67,7 @@ from memrl_mcp.models import (
     TrajectoryResult,
 )
 from memrl_mcp.requests import (
+    EvidenceReport,
     ForgetRequest,
     ListQuery,
     MemoryEdit,
@@ -78,6 +83,7 @@ from memrl_mcp.storage import DiskFullError, Range, Store, Words, new_id, open_s
 from memrl_mcp.storage.migrations import migrate
 from memrl_mcp.storage.quota import new_record_bytes
 from memrl_mcp.validation import (
+    CHECKS,
     DELTA,
     EPISODE_ID,
     FLAG,
@@ -85,6 +91,7 @@ from memrl_mcp.validation import (
     Q_WEIGHT,
     SORT,
     TEXT_QUERY,
+    Check,
     K,
     SortKey,
     check_outcome,
@@ -123,6 +130,9 @@ class MemoryService:
         self._ledger = Ledger(store, settings.learning, settings.limits.max_metadata_chars)
         self.clock = clock  # of every time the service keeps, and of the budgets of the server in front
         self._calls = threading.Condition()
+        self._tally_lock = threading.Lock()
+        self.rewards: Counter[RewardSource] = Counter()  # reports by what decided their reward (a metric)
+        self.contradicted = 0  # reports whose agent claimed what the evidence or the user contradicted (a metric)
         self._active_calls = 0
         self._closed = False
         self._housekept_at = -float("inf")
@@ -256,38 +266,146 @@ class MemoryService:
     # -- report ---------------------------------------------------------------------------------
 
     def report(self, report: OutcomeReport, *, access: Access, provenance: Provenance = AGENT) -> ReportResult:
-        """Q <- Q + alpha (R - Q) on the recalled memories, once; then store the new experience. ``provenance``: who
-        gave the reward and wrote the experience, kept in the Q history and the memory. The reward and the
-        experience are the report's own: asking the user or a model for them is the tools' part
-        (:mod:`memrl_mcp.surface.feedback`)."""
-        if report.reward is None:
-            raise MemoryRequestError("reward: required")
+        """The recall's reward decided (:mod:`~memrl_mcp.memory.evidence`: the user's, else its evidence's, else the
+        agent's own, which moves Q less), Q <- Q + rate (R - Q) on the memories the agent followed (default: all the
+        recall returned), once; then the new experience stored, with the outcome decided. ``provenance``: who gave
+        the reward (the user, when the tools asked) and wrote the experience, kept in the Q history and the memory.
+        Asking the user or a model is the tools' part (:mod:`memrl_mcp.surface.feedback`)."""
         if report.trajectory is not None:
             raise MemoryRequestError("trajectory: only a model can write an experience from it: pass experience")
-        recall_id, outcome = report.recall_id, report.outcome
-        reward = self.limits.reward.check("reward", report.reward)
-        experience = report.experience
-        if experience is not None:
-            experience = self.limits.experience.check("experience", experience)
-            outcome = outcome or outcome_of(reward)
-        if outcome is not None:
-            check_outcome(outcome)
+        recall_id = report.recall_id
+        claim = None if report.reward is None else self.limits.reward.check("reward", report.reward)
+        experience = (
+            None if report.experience is None else self.limits.experience.check("experience", report.experience)
+        )
+        if report.outcome is not None:
+            check_outcome(report.outcome)
         meta = self._metadata(report.metadata)
         with self._call():
             recall = self.episodes.reportable(recall_id, access)
+            decision = self._decision(recall.evidence, claim, provenance)
+            if decision is None:
+                raise MemoryRequestError(
+                    "reward: required: nothing recorded of this task decides it (record_evidence), so give it"
+                )
+            outcome = report.outcome if decision.source == "agent" else None
+            outcome = outcome or outcome_of(decision.reward, self.settings.learning.reward_scale.neutral)
+            kept = experience if outcome is not None else None  # no clear outcome: no procedure, no warning to keep
             claimed = ClaimedReport(
                 claim=new_id(),
-                reward=reward,
+                reward=decision.reward,
                 reported_at=self.clock(),
-                experience=experience,
+                experience=kept,
                 outcome=outcome,
                 metadata=meta,
-                reward_source=provenance.reward,
+                reward_source=decision.source,
                 experience_source=provenance.experience,
                 note=provenance.note,
+                weight=decision.weight,
+                claimed=decision.claimed,
+                followed=self._followed(recall, report.followed),
             )
-            with self.quotas.admit(recall.namespace, report_bytes(recall, experience, meta, self.embedder.dim)):
-                return self._ledger.report(recall_id, claimed, recall)
+            with self.quotas.admit(recall.namespace, report_bytes(recall, kept, meta, self.embedder.dim)):
+                result = self._ledger.report(recall_id, claimed, recall)
+        self._counted(decision)
+        if experience is not None and kept is None:
+            result.message = "no clear outcome (a neutral reward): the experience was not stored"
+        return result
+
+    def _decision(self, evidence: Sequence[Check], claim: float | None, provenance: Provenance) -> Decision | None:
+        """The reward of a recall whose evidence is ``evidence`` and whose report gave ``claim``: the user's when the
+        tools asked them (``provenance``), else :func:`~memrl_mcp.memory.evidence.decide`."""
+        if provenance.reward == "user" and claim is not None:
+            return Decision(claim, "user")
+        learning = self.settings.learning
+        return decide(evidence, claim, learning.reward_scale, learning.model_reward_weight)
+
+    def _followed(self, recall: RecallRecord, positions: Sequence[int] | None) -> list[str] | None:
+        """The recalled memories the report says the agent followed (1 is the first recalled), by id."""
+        if positions is None:
+            return None
+        count = len(recall.memory_ids)
+        for position in positions:
+            if not 1 <= position <= count:
+                raise MemoryRequestError(
+                    f"followed: {position} is not the number of a recalled memory (the recall returned {count})"
+                )
+        return [recall.memory_ids[position - 1] for position in dict.fromkeys(positions)]
+
+    def _counted(self, decision: Decision) -> None:
+        with self._tally_lock:
+            self.rewards[decision.source] += 1
+            self.contradicted += decision.contradicted
+
+    def record_evidence(self, report: EvidenceReport, *, access: Access) -> EvidenceResult:
+        """Add what happened in a recalled task to its recall (:mod:`~memrl_mcp.memory.evidence`). A pending recall
+        gathers it for its report (``close``: reported now with the evidence's reward, when it says one); a reported
+        one, within ``correction_window_seconds`` of its report, has its reward decided again, and corrected when
+        the decision changed."""
+        recall_id, learning = report.recall_id, self.settings.learning
+        checks = CHECKS.check("checks", report.checks)
+        with self._call():
+            record = self.episodes.add_evidence(recall_id, access, checks, learning.correction_window_seconds)
+            found = verdict(record.evidence)
+            says = None if found is None else ("success" if found.succeeded else "failure")
+            result = EvidenceResult(
+                recall_id=recall_id,
+                checks=len(record.evidence),
+                evidence_says=says,
+                evidence_source=None if found is None else found.source,
+                message=f"{len(record.evidence)} checks held; the evidence says {says or 'nothing clear'}",
+            )
+            if record.status == "reported" and found is not None:
+                result.report = self._corrected(recall_id, record)
+            elif record.status == "pending" and report.close and found is not None:
+                result.report = self._report_evidence(recall_id, record)
+        if result.report is not None:
+            result.message += f"; reported with reward {result.report.reward:g} ({result.report.reward_source})"
+        return result
+
+    def _report_evidence(self, recall_id: str, record: RecallRecord) -> ReportResult:
+        """Report a pending recall with its evidence's reward (its task is over; nothing written of it)."""
+        decision = self._decision(record.evidence, None, AGENT)
+        assert decision is not None, "only a recall whose evidence says something is reported by it"
+        claimed = ClaimedReport(
+            claim=new_id(),
+            reward=decision.reward,
+            reported_at=self.clock(),
+            experience=None,
+            outcome=None,
+            metadata={},
+            reward_source=decision.source,
+        )
+        with self.quotas.admit(record.namespace, report_bytes(record, None, {}, self.embedder.dim)):
+            result = self._ledger.report(recall_id, claimed, record)
+        self._counted(decision)
+        return result
+
+    def _corrected(self, recall_id: str, record: RecallRecord) -> ReportResult | None:
+        """A reported recall's reward decided again from all its evidence (the user the tools asked keeps the first
+        word, later words of theirs win); the correction, or None when the decision is the one applied."""
+        report = record.report
+        assert report is not None
+        asked = [Check(kind="user", passed=report.reward > self.settings.learning.reward_scale.neutral)]
+        earlier = asked if report.reward_source == "user" else []
+        claim = report.claimed if report.claimed is not None else report.reward
+        decision = self._decision([*earlier, *record.evidence], claim, AGENT)
+        if decision is None or (decision.reward, decision.source) == (report.reward, report.reward_source):
+            return None
+        corrected = report.model_copy(
+            update={
+                "reward": decision.reward,
+                "reward_source": decision.source,
+                "weight": decision.weight,
+                "claimed": decision.claimed,
+                "corrections": report.corrections + 1,
+                "reported_at": self.clock(),
+            }
+        )
+        with self.quotas.admit(record.namespace, report_bytes(record, None, {}, self.embedder.dim)):
+            result = self._ledger.correct(recall_id, record, corrected)
+        self._counted(decision)
+        return result
 
     def reportable(self, recall_id: str, *, access: Access) -> PendingRecall:
         """The caller's recall if it can be reported now, and its memories: checked before anyone is asked."""
@@ -299,6 +417,7 @@ class MemoryService:
         with self._call():
             record = self.episodes.record(recall_id, access)
         expired = record.status == "pending" and record.expires_at < self.clock()
+        found = verdict(record.evidence)
         return RecallState(
             recall_id=recall_id,
             namespace=record.namespace,
@@ -308,6 +427,10 @@ class MemoryService:
             created_at=record.created_at,
             expires_at=record.expires_at,
             reward=record.report.reward if record.report else None,
+            reward_source=record.report.reward_source if record.report else None,
+            evidence=record.evidence,
+            evidence_says=None if found is None else ("success" if found.succeeded else "failure"),
+            evidence_source=None if found is None else found.source,
         )
 
     # -- the step memory (Rememberer) ----------------------------------------------------------

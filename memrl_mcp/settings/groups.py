@@ -194,6 +194,22 @@ class LearningSettings(Group):
         "About 160 characters each as JSON.",
     )
 
+    model_reward_weight: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="How far a reward decided by the model's word alone moves utility, as a share of alpha (a reward "
+        "the evidence or the user decided moves it by alpha): models over-report success. 0: the model's word alone "
+        "teaches nothing.",
+    )
+    correction_window_seconds: float = Field(
+        900.0,
+        ge=0,
+        le=7 * 86_400,
+        description="How long after its report a recall may still take evidence (the user's next words, a later test "
+        "run) that corrects its reward: the recalled memories' utility is moved as if the corrected reward had been "
+        "reported.",
+    )
     user_success_reward: float | None = Field(
         None,
         description="The reward of a task the user says succeeded, when the agent reported none and the server asked "

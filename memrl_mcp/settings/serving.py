@@ -65,7 +65,7 @@ class TokenGrant(BaseModel):
         return self
 
 
-ToolProfile = Literal["core", "steps", "full", "read_only"]
+ToolProfile = Literal["core", "steps", "full", "read_only", "hooks"]
 CORE_TOOLS = ("recall_experience", "report_outcome", "store_experience")
 STEP_TOOLS = ("recall_step_advice", "report_trajectory")
 TOOL_PROFILES: dict[str, tuple[str, ...]] = {
@@ -73,11 +73,14 @@ TOOL_PROFILES: dict[str, tuple[str, ...]] = {
     "steps": CORE_TOOLS + STEP_TOOLS,
     "full": CORE_TOOLS
     + STEP_TOOLS
-    + ("search_experience", "list_memories", "update_memory", "forget_experience", "memory_stats"),
+    + ("search_experience", "list_memories", "update_memory", "forget_experience", "memory_stats", "record_evidence"),
     "read_only": ("search_experience", "recall_step_advice", "list_memories", "memory_stats"),
+    "hooks": ("recall_experience", "report_outcome", "record_evidence"),
 }
 """The tools each ``tool_profile`` offers (``full``: every tool the server has). ``core`` is the default: it is the
-loop an agent learns with, and each tool offered costs every turn its description and input schema."""
+loop an agent learns with, and each tool offered costs every turn its description and input schema. ``hooks``: what
+a client's hooks use (they recall, hand in the evidence of what happened, and close a recall with it); the model is
+never offered it."""
 
 
 class ServingSettings(Group):

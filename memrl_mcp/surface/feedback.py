@@ -39,6 +39,7 @@ from mcp_types import CreateMessageResult, ElicitRequest, ElicitRequestFormParam
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memrl_mcp.errors import MemoryRequestError
+from memrl_mcp.memory import evidence
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.episodes import PendingRecall
 from memrl_mcp.memory.service import MemoryService
@@ -169,17 +170,18 @@ class Feedback:
                 return self._service.report(report, access=access)
             return await self._run(self._service.report, report, access=access)
         trajectory = self._checked_trajectory(client, report.trajectory)
-        if report.reward is None:
-            self._can_ask_user(client)
         recall_id, reward, outcome = report.recall_id, report.reward, report.outcome
         recall = await self._run(self._service.reportable, recall_id, access=access)
+        happened = evidence.verdict(recall.record.evidence)  # when it says how the task went, nobody is asked
+        if reward is None and happened is None:
+            self._can_ask_user(client)
         provenance, verdict, experience = AGENT, None, report.experience
         subject = Subject("recall_id", recall_id)
         with (
             self._questions.held(client, access.client or "", [subject]),
             _unreported(f"recall {recall_id} stays reportable"),
         ):
-            if reward is None:
+            if reward is None and happened is None:
                 verdict = await self._ask_user(client, _recall_question(recall))
                 if verdict.reward is None:
                     return ReportResult(
@@ -194,8 +196,11 @@ class Feedback:
                         "you can tell how the task went.",
                     )
                 reward, provenance = verdict.reward, Provenance(reward="user", note=verdict.note)
-            if trajectory is not None:
-                outcome = outcome or outcome_of(reward)
+            if happened is not None:
+                outcome = "success" if happened.succeeded else "failure"
+            elif reward is not None:
+                outcome = outcome or outcome_of(reward, self._learning.reward_scale.neutral)
+            if trajectory is not None and outcome is not None:  # no clear outcome: nothing to write
                 task = recall.record.task
                 experience, source = await self._distill(client, access, task, trajectory, outcome, provenance)
                 provenance = dataclasses.replace(provenance, experience=source)

@@ -15,7 +15,7 @@ from pydantic_core import ErrorDetails
 
 from memrl_mcp.requests import Arg
 from memrl_mcp.settings import Settings
-from memrl_mcp.validation import Limits, plain_error
+from memrl_mcp.validation import MAX_CHECKS, Limits, plain_error
 
 STRICT = ConfigDict(strict=True, extra="forbid")
 SCHEMA_BRANCHES = ("properties", "$defs")
@@ -132,4 +132,5 @@ def argument_values(settings: Settings, delta: float) -> dict[str, object]:
         "q_weight": retrieval.q_weight,
         "delta": delta,
         "step_k": settings.steps.step_k,
+        "max_checks": MAX_CHECKS,
     }

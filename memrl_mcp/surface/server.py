@@ -50,6 +50,12 @@ def instructions(profile: str, learning: LearningSettings) -> str:
             "of the failures. recall_step_advice(task, observation) advises on a step of a task of many steps; "
             "list_memories and memory_stats browse the memory."
         )
+    if profile == "hooks":
+        return (
+            "The session of a client's hooks: recall_experience(task) for each prompt, record_evidence(recall_id, "
+            "checks) with what happened (test runs, builds, edits, the user's verdict), and report_outcome(recall_id, "
+            f"reward, experience) when the task is over. Reward: {learning.reward_scale}."
+        )
     text = (
         "An episodic memory that learns which past experiences help. For every task: call recall_experience(task) "
         "first; follow the successful memories and avoid the mistakes of the failed ones; when the task is over, "
@@ -66,7 +72,8 @@ def instructions(profile: str, learning: LearningSettings) -> str:
     if profile == "full":
         text += (
             "\nsearch_experience looks up without learning; list_memories, update_memory, forget_experience and "
-            "memory_stats curate the memory."
+            "memory_stats curate the memory; record_evidence hands in what happened in a task (test runs, builds, the "
+            "user's verdict), which then decides its reward."
         )
     return text
 

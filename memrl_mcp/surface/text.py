@@ -20,6 +20,7 @@ import pydantic_core
 from pydantic import BaseModel
 
 from memrl_mcp.models import (
+    EvidenceResult,
     ForgetResult,
     MemoryDetail,
     MemoryPage,
@@ -115,13 +116,29 @@ def _(result: ReportResult) -> str:
     if not result.reported:
         return result.message or "nothing was reported"
     moved = ", ".join(f"{number(c.q_before)}->{number(c.q_after)}" for c in result.updated)
-    said = f"reward {number(result.reward or 0.0)}" + (" (the user's)" if result.reward_source == "user" else "")
+    said = f"reward {number(result.reward or 0.0)}{_decided_by(result)}"
     parts = [f"reported {said}: q of the recalled memories {moved}" if moved else f"reported {said}"]
     if result.missing:
         parts.append(f"{len(result.missing)} recalled memories were forgotten since")
     if result.stored is not None:
         parts.append(text(result.stored))
     return "; ".join(parts) + "."
+
+
+def _decided_by(result: ReportResult) -> str:
+    """Who decided a reported reward, in words: nothing for the agent's own (at its weight), else its source."""
+    if result.reward_source in (None, "agent"):
+        return ""
+    who = "the user's" if result.reward_source == "user" else f"decided by {result.reward_source}"
+    claim = "" if result.claimed is None else f"; the reward {number(result.claimed)} given was not taken"
+    return f" ({who}{claim})"
+
+
+@text.register
+def _(result: EvidenceResult) -> str:
+    if result.report is None:
+        return result.message
+    return f"{result.message}. {text(result.report)}"
 
 
 @text.register

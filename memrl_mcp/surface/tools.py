@@ -13,6 +13,7 @@ from mcp.types import ToolAnnotations
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import (
+    EvidenceResult,
     ForgetResult,
     MemoryDetail,
     MemoryPage,
@@ -25,6 +26,7 @@ from memrl_mcp.models import (
     TrajectoryResult,
 )
 from memrl_mcp.requests import (
+    EvidenceReport,
     ForgetRequest,
     ListQuery,
     MemoryEdit,
@@ -67,6 +69,15 @@ async def report_outcome(report: OutcomeReport, call: ToolCall) -> ReportResult:
     The reward teaches the memory which of the recalled experiences help; the experience is kept as a new
     memory for the next similar task."""
     return await call.feedback.report(report, call.client, access=call.access)
+
+
+@tool(TOOLS, "Record what happened in a task", WRITES)
+def record_evidence(report: EvidenceReport, call: ToolCall) -> EvidenceResult:
+    """Hand in what happened in a recalled task as it happens: test runs, builds, type checks and lints (passed or
+    failed, with counts), edits of the files, the user's verdict. Then the evidence decides the recall's reward,
+    not the agent's word: the user's first, else the checks run after the last edit. close reports the recall with
+    it once the task is over; a recall reported a moment ago has its reward corrected by later evidence."""
+    return call.service.record_evidence(report, access=call.access)
 
 
 @tool(TOOLS, "Store an experience", RETRIED)

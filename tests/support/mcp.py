@@ -71,7 +71,9 @@ def hints(tool: Tool) -> ToolAnnotations:
 
 def make_service(embedder: Embedder, data_dir: Path, engine: str = "edge", **overrides: Any) -> MemoryService:
     """A service on a fresh store whose server offers every tool (``tool_profile: full``, unless overridden): the
-    tests exercise them all; tests/test_agent_surface.py checks what the default profile offers."""
-    overrides = {"tool_profile": "full"} | overrides
+    tests exercise them all; tests/test_agent_surface.py checks what the default profile offers. A reward reported
+    moves Q by alpha (``model_reward_weight: 1``): the tests of the update rule report as the harness reports a
+    checker's reward; tests/test_rewards.py holds the default weight of a model's word."""
+    overrides = {"tool_profile": "full", "model_reward_weight": 1.0, **overrides}
     settings: Settings = load_settings(data_dir=data_dir, embedded_engine=engine, **overrides)
     return MemoryService.open(settings, embedder)

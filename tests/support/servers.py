@@ -32,6 +32,7 @@ TOOLS = {
     "report_trajectory",
     "list_memories",
     "update_memory",
+    "record_evidence",
 }
 
 
