@@ -42,7 +42,8 @@ def seed(embedder: Embedder, data_dir: Path, engine: str = "edge") -> dict[str, 
             NewExperience(CSV_TASK, "1. csv.reader 2. sort by r[1] 3. csv.writer", metadata=metadata), access=EVERYTHING
         )
         merged = service.store_experience(
-            NewExperience(CSV_TASK, "1. pandas.read_csv 2. sort_values 3. to_csv", metadata={"v": 2}), access=EVERYTHING
+            NewExperience(CSV_TASK, "1. CSV.reader  2. sort by r[1]  3. csv.writer", metadata={"v": 2}),
+            access=EVERYTHING,
         )
         assert merged.merged
         service.store_experience(

@@ -127,32 +127,46 @@ async def test_report_stores_the_new_experience_under_the_recalled_task(client: 
     assert found["memories"][0]["similarity"] == pytest.approx(1.0, abs=1e-5)
 
 
-async def test_a_reported_experience_merges_into_its_twin(client: Client) -> None:
-    first = await call(client, "store_experience", task=MUG, experience="old procedure")
+async def test_a_reported_experience_merges_into_its_identical_twin_and_a_new_one_earns_its_own_utility(
+    client: Client,
+) -> None:
+    """The merge rule: the same procedure written again (case and spacing aside) merges into its twin, which keeps
+    the utility it learned; a different procedure for the same task is a memory of its own, starting from Q_init:
+    it must not inherit what another earned. Outcomes stay apart."""
+    first = await call(client, "store_experience", task=MUG, experience="Rinse the mug,  then brew.")
     recall = await call(client, "recall_experience", task=MUG + ".")
-    success = await call(
-        client, "report_outcome", recall_id=recall["recall_id"], reward=1.0, experience="newer procedure"
+    same = await call(
+        client, "report_outcome", recall_id=recall["recall_id"], reward=1.0, experience="rinse the mug, then brew."
     )
-    assert success["stored"]["merged"] and success["stored"]["id"] == first["id"]
-    assert success["stored"]["memory"]["q"] == pytest.approx(0.3)  # the learned Q stays, updated
-    assert success["stored"]["memory"]["experience"] == "newer procedure"
+    assert same["stored"]["merged"] and same["stored"]["id"] == first["id"]
+    assert same["stored"]["memory"]["q"] == pytest.approx(0.3)  # the learned Q stays, updated
+    recall = await call(client, "recall_experience", task=MUG)
+    other = await call(client, "report_outcome", recall_id=recall["recall_id"], reward=1.0, experience="use a pod")
+    assert not other["stored"]["merged"] and other["stored"]["memory"]["q"] == 0.0  # its own, untried
     recall = await call(client, "recall_experience", task=MUG)
     failure = await call(client, "report_outcome", recall_id=recall["recall_id"], reward=-1.0, experience="slipped")
     assert not failure["stored"]["merged"] and failure["stored"]["memory"]["outcome"] == "failure"
-    assert (await call(client, "memory_stats"))["memories"] == 2
+    assert (await call(client, "memory_stats"))["memories"] == 3
 
 
-async def test_near_duplicates_merge_and_outcomes_stay_apart(client: Client) -> None:
-    first = await call(client, "store_experience", task=MUG, experience="old procedure")
-    twin = await call(client, "store_experience", task=" " + MUG.capitalize(), experience="new procedure")
-    assert twin["merged"] and twin["id"] == first["id"]
-    assert twin["memory"]["experience"] == "new procedure" and twin["memory"]["merges"] == 1
-    third = await call(client, "store_experience", task="  Put a clean  mug in the coffee machine. ", experience="x")
-    assert third["merged"] and third["id"] == first["id"] and third["memory"]["merges"] == 2
+async def test_a_tasks_variants_are_bounded_the_weakest_giving_way(client: Client) -> None:
+    """Near-duplicate tasks with the same text merge, whatever their spelling; different texts are variants, at most
+    max_task_variants (3) per task and outcome: a fourth replaces the one of lowest utility."""
+    first = await call(client, "store_experience", task=MUG, experience="procedure A")
+    twin = await call(client, "store_experience", task=" " + MUG.capitalize(), experience="Procedure  a")
+    assert twin["merged"] and twin["id"] == first["id"] and twin["memory"]["merges"] == 1
+    weak = await call(
+        client, "store_experience", task="  Put a clean  mug in the coffee machine. ", experience="B", q=-0.4
+    )
+    strong = await call(client, "store_experience", task=MUG, experience="procedure C", q=0.6)
+    assert not weak["merged"] and not strong["merged"]
+    fourth = await call(client, "store_experience", task=MUG, experience="procedure D")
+    listed = {m["experience"] for m in (await call(client, "list_memories"))["memories"]}
+    assert listed == {"Procedure  a", "procedure C", "procedure D"} and not fourth["merged"]  # B (q -0.4) gave way
     failure = await call(client, "store_experience", task=MUG, experience="dropped it", outcome="failure", q=-0.5)
     assert not failure["merged"] and failure["memory"]["q"] == -0.5
     stats = await call(client, "memory_stats")
-    assert (stats["memories"], stats["successes"], stats["failures"]) == (2, 1, 1)
+    assert (stats["memories"], stats["successes"], stats["failures"]) == (4, 3, 1)
 
 
 async def test_namespaces_are_isolated(client: Client) -> None:

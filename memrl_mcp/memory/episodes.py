@@ -21,7 +21,7 @@ from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.admission import Quotas
 from memrl_mcp.memory.bounds import OldestBeyond
-from memrl_mcp.memory.ledger import WRITE_ATTEMPTS, Ledger, WriteContentionError
+from memrl_mcp.memory.ledger import WRITE_ATTEMPTS, Ledger, WriteContentionError, variant_id
 from memrl_mcp.memory.records import READ, RecallRecord, memory_payload, memory_view
 from memrl_mcp.models import (
     ExperienceSource,
@@ -38,7 +38,7 @@ from memrl_mcp.settings import Settings
 from memrl_mcp.storage import Hit, Point, Store, new_id
 from memrl_mcp.storage.migrations import SCHEMA_POINT
 from memrl_mcp.storage.quota import record_bytes
-from memrl_mcp.validation import MAX_CHECKS, OUTCOMES, Check, Outcome, is_point_id
+from memrl_mcp.validation import MAX_CHECKS, Check, Outcome, is_point_id
 
 
 @dataclass(frozen=True)
@@ -130,13 +130,14 @@ class EpisodeMemory:
         settings: Settings,
         clock: Callable[[], float],
         quotas: Quotas,
+        scale: Scale,
     ) -> None:
         self._store = store
         self._ledger = ledger
         self._embedder = embedder
         self._retrieval = settings.retrieval
         self._learning = settings.learning
-        self.scale = Scale.of(settings, embedder)
+        self.scale = scale
         self._clock = clock
         self._quotas = quotas
         self._rng = random.Random(settings.retrieval.seed)
@@ -167,11 +168,6 @@ class EpisodeMemory:
             namespace=found.namespace,
             task=query.task,
             memory_ids=[m.id for m in result.memories],
-            twins={
-                outcome: h.id
-                for h in reversed(found.hits)
-                if h.similarity >= self.scale.merge_threshold and (outcome := h.payload.get("outcome")) in OUTCOMES
-            },
             status="pending",
             created_at=now,
             expires_at=now + self._learning.recall_ttl_seconds,
@@ -258,20 +254,14 @@ class EpisodeMemory:
         metadata: Mapping[str, Any],
         source: ExperienceSource,
     ) -> StoreResult:
-        """Add a memory; a near-duplicate task of the same outcome (similarity >= merge_threshold) in the namespace
-        takes the new experience instead and keeps its learned Q (the merge rule)."""
+        """Add a memory under the merge rule (:meth:`~memrl_mcp.memory.ledger.Ledger.keep`): among the variants of this
+        task and outcome (similarity >= merge_threshold), an identical experience merges into its twin; a different
+        one is a memory of its own, replacing the variant of lowest utility beyond ``max_task_variants``."""
         vector = embed_tasks(self._embedder, [task], namespace)[0]
         with self._store_lock:
             now = self._clock()
-            twins = self._store.search(
-                vector, 1, self.scale.merge_threshold, {"namespace": namespace, "outcome": outcome}
-            )
-            if twins:
-                merged = self._ledger.merge(twins[0].id, f"merge:{new_id()}", experience, metadata, now, source)
-                if merged is not None:
-                    return merged
             memory = MemoryView(
-                id=new_id(),
+                id=variant_id(namespace, outcome, task, experience),
                 namespace=namespace,
                 task=task,
                 experience=experience,
@@ -285,4 +275,4 @@ class EpisodeMemory:
                 metadata=dict(metadata),
                 experience_source=source,
             )
-            return self._ledger.add(memory, vector)
+            return self._ledger.keep(memory, vector, f"merge:{new_id()}")

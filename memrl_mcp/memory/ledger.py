@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from memrl_mcp.embeddings import canonical_task
 from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.memory import algorithm
 from memrl_mcp.memory.history import QHistory
@@ -90,7 +91,10 @@ class Ledger:
     """The conditional writes of one service over its store, with the learning rule's constants (alpha, Q_init, the
     Q history's size) and the metadata limit of merges; ``conflicts`` counts lost races (a metric)."""
 
-    def __init__(self, store: Store, learning: LearningSettings, max_metadata_chars: int) -> None:
+    def __init__(
+        self, store: Store, learning: LearningSettings, max_metadata_chars: int, merge_threshold: float
+    ) -> None:
+        self._merge_threshold = merge_threshold
         self._store = store
         self._learning = learning
         self._max_metadata_chars = max_metadata_chars
@@ -168,7 +172,32 @@ class Ledger:
             id=memory_id, merged=True, memory=memory_view(memory_id, {**written.before, **(written.update or {})})
         )
 
-    def add(self, memory: MemoryView, vector: np.ndarray) -> StoreResult:
+    def keep(self, memory: MemoryView, vector: np.ndarray, operation: str) -> StoreResult:
+        """The merge rule, for a new experience ``memory`` (whose id :func:`variant_id` derives) of a task embedded as
+        ``vector``. Its task's variants are the memories of the same namespace and outcome whose task is at least
+        ``merge_threshold`` similar. The same experience (:func:`same_text`) merges into its twin, which keeps its
+        id, learned Q and visits (``operation``, once). A different procedure must not inherit what another earned:
+        it is added, with its own Q; when the task has ``max_task_variants`` already, it replaces the variant of
+        lowest utility (then fewest visits), so that one task's memory stays bounded. Searched at each store, so
+        that what was just stored counts; concurrent stores of one experience derive one id, and make one memory."""
+        where = {"namespace": memory.namespace, "outcome": memory.outcome}
+        limit = self._learning.max_task_variants + 1
+        twins = [hit.id for hit in self._store.search(vector, limit, self._merge_threshold, where)]
+        found = self._store.get("memories", [memory.id, *twins])
+        variants = [(twin, found[twin]) for twin in dict.fromkeys(twins) if twin in found and twin != memory.id]
+        same = memory.id if memory.id in found else None
+        same = same or next(
+            (t for t, m in variants if same_text(str(m.get("experience", "")), memory.experience)), None
+        )
+        if same is not None:
+            source = memory.experience_source or "agent"
+            merged = self.merge(same, operation, memory.experience, memory.metadata, memory.updated_at, source)
+            if merged is not None:
+                return merged
+        if len(variants) >= self._learning.max_task_variants:
+            weakest, _ = min(variants, key=lambda v: (READ["q"](v[1].get("q")), READ["visits"](v[1].get("visits"))))
+            self._store.delete("memories", [weakest])
+            self.history.forget([weakest])
         self._store.upsert("memories", [Point(memory.id, vector, memory_payload(memory))])
         return StoreResult(id=memory.id, merged=False, memory=memory)
 
@@ -272,31 +301,18 @@ class Ledger:
         return changes, missing
 
     def _store_experience(self, recall_id: str, recall: RecallRecord, report: ClaimedReport) -> StoreResult:
-        """Merge into the twin the recall saw, or add a memory whose id derives from the recall."""
+        """The report's experience, under the merge rule (:meth:`keep`), as the recall's task embedded."""
         assert report.experience is not None and report.outcome is not None
-        twin_id = recall.twins.get(report.outcome)
-        if twin_id is not None:
-            operation = f"merge:{recall_id}"
-            merged = self.merge(
-                twin_id, operation, report.experience, report.metadata, report.reported_at, report.experience_source
-            )
-            if merged is not None:
-                return merged
-        memory_id = experience_id(recall_id)
-        existing = self._store.get("memories", [memory_id]).get(memory_id)
-        if existing is not None:
-            return StoreResult(id=memory_id, merged=False, memory=memory_view(memory_id, existing))
         vector = self._store.get_vector("recalls", recall_id)
         if vector is None:  # the recall was deleted mid-report: its namespace is being forgotten
             raise RecallGoneError(recall_id)
-        q = self._learning.q_init(report.outcome)
         memory = MemoryView(
-            id=memory_id,
+            id=variant_id(recall.namespace, report.outcome, recall.task, report.experience),
             namespace=recall.namespace,
             task=recall.task,
             experience=report.experience,
             outcome=report.outcome,
-            q=q,
+            q=self._learning.q_init(report.outcome),
             visits=0,
             last_reward=None,
             merges=0,
@@ -305,17 +321,20 @@ class Ledger:
             metadata=dict(report.metadata),
             experience_source=report.experience_source,
         )
-        stored = self.add(memory, vector)
+        stored = self.keep(memory, vector, f"merge:{recall_id}")
         if recall_id not in self._store.get("recalls", [recall_id]):  # forgotten between the read and the add
-            self._store.delete("memories", [memory_id])
+            if not stored.merged:
+                self._store.delete("memories", [memory.id])
             raise RecallGoneError(recall_id)
         return stored
 
 
-def experience_id(recall_id: str) -> str:
-    """The id of the memory a report of ``recall_id`` adds: derived, so that a redo finds it instead of adding
-    it twice."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-recall:{recall_id}"))
+def variant_id(namespace: str, outcome: str, task: str, experience: str) -> str:
+    """The id of a memory of ``experience`` for ``task``: derived from what the merge rule holds the same (the
+    task's canonical form, the experience with spacing and case aside), so that a redo of a report, a retried store
+    and concurrent stores of one experience all find the one memory instead of adding twins."""
+    words = " ".join(experience.split()).casefold()
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"memrl-variant:{namespace}:{outcome}:{canonical_task(task)}:{words}"))
 
 
 def reported(recall_id: str, report: ClaimedReport, applied: Applied) -> ReportResult:
@@ -329,3 +348,8 @@ def reported(recall_id: str, report: ClaimedReport, applied: Applied) -> ReportR
         missing=applied.missing,
         stored=applied.stored,
     )
+
+
+def same_text(first: str, second: str) -> bool:
+    """Whether two experiences say the same, whitespace and case aside: the same procedure, written again."""
+    return " ".join(first.split()).casefold() == " ".join(second.split()).casefold()

@@ -80,10 +80,6 @@ class RecallRecord(BaseModel):
     namespace: str
     task: str
     memory_ids: list[str] = Field(description="The memories the recall returned: the ones its report updates.")
-    twins: dict[Outcome, str] = Field(
-        description="Per outcome, the memory this task's experience merges into (Phase A already searched around "
-        "this very vector, so the report need not search again)."
-    )
     status: RecallStatus
     created_at: float
     expires_at: float
@@ -94,7 +90,10 @@ class RecallRecord(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _from_flat(cls, payload: Any) -> Any:
-        """Stores written before the report had its own record kept the claim's fields beside the others."""
+        """Stores written before the report had its own record kept the claim's fields beside the others; before the
+        merge rule searched at each store, the twin a recall saw."""
+        if isinstance(payload, dict) and "twins" in payload:
+            payload = {key: value for key, value in payload.items() if key != "twins"}
         if isinstance(payload, dict) and "claim" in payload:
             payload = dict(payload)
             flat = {key: payload.pop(key, None) for key in ("claim", "reward", "reported_at", "experience", "outcome")}

@@ -30,7 +30,7 @@ from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.admission import Quotas, edit_bytes, report_bytes, trajectory_bytes
 from memrl_mcp.memory.bounds import OldestBeyond
-from memrl_mcp.memory.episodes import EpisodeMemory, PendingRecall
+from memrl_mcp.memory.episodes import EpisodeMemory, PendingRecall, Scale
 from memrl_mcp.memory.evidence import Decision, decide, verdict
 from memrl_mcp.memory.ledger import Ledger
 from memrl_mcp.memory.listing import DEFAULT_PAGE, decode_cursor, encode_cursor, keyset_page
@@ -127,7 +127,8 @@ class MemoryService:
         self.quotas = Quotas(
             store, settings.storage.namespace_quota_mb, settings.serving.tokens if grants is None else grants
         )
-        self._ledger = Ledger(store, settings.learning, settings.limits.max_metadata_chars)
+        self.scale = Scale.of(settings, embedder)
+        self._ledger = Ledger(store, settings.learning, settings.limits.max_metadata_chars, self.scale.merge_threshold)
         self.clock = clock  # of every time the service keeps, and of the budgets of the server in front
         self._calls = threading.Condition()
         self._tally_lock = threading.Lock()
@@ -136,8 +137,7 @@ class MemoryService:
         self._active_calls = 0
         self._closed = False
         self._housekept_at = -float("inf")
-        self.episodes = EpisodeMemory(store, self._ledger, embedder, settings, clock, self.quotas)
-        self.scale = self.episodes.scale
+        self.episodes = EpisodeMemory(store, self._ledger, embedder, settings, clock, self.quotas, self.scale)
         self.steps = StepMemory(store, self._ledger, settings.steps, embedder)
         self._reported = OldestBeyond(
             store, "episodes", {"status": "reported"}, "reported_at", settings.steps.max_reported_episodes

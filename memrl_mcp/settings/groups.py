@@ -194,6 +194,14 @@ class LearningSettings(Group):
         "About 160 characters each as JSON.",
     )
 
+    max_task_variants: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Experiences of one outcome a task keeps (its near-twin tasks, similarity >= merge_threshold): a "
+        "different procedure is a memory of its own with its own utility, and beyond this many the new one replaces "
+        "the variant of lowest utility. An identical experience merges into its twin instead.",
+    )
     model_reward_weight: float = Field(
         0.5,
         ge=0.0,
