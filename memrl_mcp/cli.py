@@ -109,11 +109,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "hook",
         help="A Claude Code hook (the plugin in integrations/claude-code): the event's JSON on stdin.",
         description="Run one of the Claude Code plugin's hooks: read the event's JSON on stdin, answer in Claude "
-        "Code's JSON on stdout, always exit 0. user-prompt-submit recalls for the prompt and adds the memories "
-        "found to the context; stop holds the session once while a recall of it waits for its report; session-end "
-        "forgets the session's record (docs/claude-code.md).",
+        "Code's JSON on stdout, always exit 0. user-prompt-submit reads the prompt as feedback on the task before "
+        "and recalls for a new task; post-tool-use and post-tool-use-failure record the tests, builds, type checks, "
+        "lints and edits the session ran; stop hands that evidence to the memory and holds the session once while "
+        "a recall of it waits for its report; stop-failure (an API error) records nothing; session-end closes the "
+        "session's recalls with their evidence (docs/claude-code.md).",
     )
-    hook.add_argument("event", choices=("user-prompt-submit", "stop", "session-end"))
+    hook.add_argument(
+        "event",
+        metavar="EVENT",
+        help="user-prompt-submit, post-tool-use, post-tool-use-failure, stop, stop-failure or session-end",
+    )
     _store_options(hook, default=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

@@ -156,14 +156,16 @@ def test_a_server_without_tokens_answers_loopback_names_only(without_tokens: See
 
 @pytest.mark.slow  # the module's server processes
 def test_a_memory_says_who_wrote_its_experience_and_who_gave_each_reward(with_tokens: Seeded) -> None:
-    """Issue 26: the experience the client's model wrote, the reward the user gave (with the note), and an operator's
-    correction, as the inspector's API shows them (the page draws them: tests/test_inspector_browser.py)."""
+    """Issue 26: the experience the client's model wrote, the reward the user gave (with the note), a reward the
+    tests decided against the agent's claim (issue 39), and an operator's correction, as the inspector's API shows
+    them (the page draws them: tests/test_inspector_browser.py)."""
     memory_id = with_tokens.ids[SAMPLED]
     with httpx.Client(base_url=with_tokens.base, timeout=10) as http:
         memory = http.get(f"/ui/api/memories/{memory_id}", headers=auth(ALICE)).json()
         assert (memory["experience"], memory["experience_source"]) == (SAMPLED_EXPERIENCE, "client_model")
-        (event,) = memory["history"]
-        assert (event["source"], event["note"], event["reward"]) == ("user", USER_NOTE, 1.0)
+        asked, contradicted = memory["history"]
+        assert (asked["source"], asked["note"], asked["reward"]) == ("user", USER_NOTE, 1.0)
+        assert (contradicted["source"], contradicted["reward"], contradicted["claimed"]) == ("tests", -1.0, 1.0)
         agent = http.get(f"/ui/api/memories/{with_tokens.ids['Sort the CSV export']}", headers=auth(ALICE)).json()
         assert agent["experience_source"] == "agent" and {e["source"] for e in agent["history"]} == {"agent"}
         edited = http.patch(

@@ -239,14 +239,16 @@ def test_a_memorys_page_says_who_wrote_it_and_who_gave_each_reward(
     p.select_option("#namespace", "sources")
     p.click(f"text={SAMPLED}")
     expect(p.locator("#memory-source")).to_have_text("the client's model")
-    expect(p.locator("#q-history tbody tr td.giver")).to_have_text([f"the user: \u201c{USER_NOTE}\u201d"])
+    givers = ["the tests (the agent claimed 1.00)", f"the user: \u201c{USER_NOTE}\u201d"]  # newest first
+    expect(p.locator("#q-history tbody tr td.giver")).to_have_text(givers)
+    expect(p.locator("#q-history .contradicted")).to_have_text("(the agent claimed 1.00)")
     shot(p, tmp_path, "provenance-user-and-model")
     p.click("#tabs a[data-view=memories]")
     p.select_option("#namespace", "alice")
     p.click("th[data-sort=visits]")
     p.locator("#memories tbody a.memory-link").first.click()
     expect(p.locator("#memory-source")).to_have_text("the agent")
-    expect(p.locator("#q-history tbody tr td.giver")).to_have_text(["the agent"] * 4)
+    expect(p.locator("#q-history tbody tr td.giver")).to_have_text(["the agent's word"] * 4)
     shot(p, tmp_path, "provenance-agent")
     page.clean()
 

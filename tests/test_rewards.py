@@ -13,6 +13,7 @@ from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.surface.observability import Metrics
 from memrl_mcp.surface.server import create_server
 from tests.support.mcp import call, make_service, read_json, refused, text_of
 
@@ -66,6 +67,9 @@ async def test_a_claim_of_success_cannot_raise_the_utility_of_what_failed_its_te
     assert result["stored"]["memory"]["outcome"] == "failure"
     assert "decided by tests; the reward 1 given was not taken" in text_of(report)
     assert service.contradicted == 1 and service.rewards["tests"] == 1
+    exposition = Metrics(service).exposition().decode()  # what /metrics serves
+    assert "memrl_reports_contradicted_total 1.0" in exposition
+    assert 'memrl_rewards_total{source="tests"} 1.0' in exposition
     (event,) = (await read_json(client, f"memrl://memories/{change['id']}"))["history"]
     assert (event["source"], event["claimed"], event["reward"]) == ("tests", 1.0, -1.0)
 

@@ -4,43 +4,60 @@
 ``memrl-mcp hook EVENT`` reads the event's JSON on stdin and answers in the client's JSON on stdout. Each hook is a
 step of the loop:
 
-- ``prompt``: recalls for the prompt and, when memories of similar tasks were found, adds the recall's own text (what
-  ``recall_experience`` answers a model) and one line on how to report it to the model's context.
-- ``stop``: when a recall this hook made in this session still waits for its report, holds the stop once, with a
-  reason that names ``report_outcome``, the recall id and the reward to give. Never while a stop it caused is under
-  way (``stop_hook_active``), never twice for one recall. A recall that found nothing is held too: its report is
-  the only way a new kind of task enters the memory (docs/claude-code.md says why).
-- ``end``: forgets the session's record.
+- ``prompt``: first reads the prompt as what it may say of the task before it (:mod:`~memrl_mcp.clients.followups`:
+  "works now, thanks", "still failing", a follow-up of the same work, or a new task): the user's verdict becomes
+  evidence of that task's recall, and a new task closes it with what its evidence says. Then, for a new task, recalls
+  and adds the recall's own text (what ``recall_experience`` answers a model) and how to report it to the model's
+  context. A prompt that goes on with the task before (a correction, feedback, a follow-up) recalls nothing: that
+  task's recall stays open.
+- ``tool``: records what a tool call showed, while a recall is open: a run of a test runner, a build, a type checker
+  or a linter, passed or failed, with its counts (:mod:`~memrl_mcp.clients.checks`), or an edit of the files. Kept in
+  the session's record until the next stop; never the output.
+- ``stop``: hands the open recalls' evidence to the server (``record_evidence``), then, when a recall this hook made
+  still waits for its report, holds the stop once, with a reason that names ``report_outcome``, the recall id, what
+  the evidence says and the reward to give. Never while a stop it caused is under way (``stop_hook_active``), never
+  twice for one recall. A recall that found nothing is held too: its report is the only way a new kind of task
+  enters the memory (docs/claude-code.md says why). The model may not report (the task goes on): the recall stays
+  open, gathering evidence, until a new task, the session's end, or its report closes it.
+- ``failed-stop``: a turn that died of an API error or a rate limit is no failure of the task: nothing is recorded.
+- ``end``: closes the open recalls with what their evidence says, and forgets the session's record.
+
+The evidence decides a recall's reward on the server (:mod:`memrl_mcp.memory.evidence`), whatever the model reports.
 
 The hooks reach the memory the session's MCP server uses: the same store through the user's local server
 (:mod:`memrl_mcp.local.attach`), and the same project namespace: they hand the server the project folder as the
 very root URI Claude Code sends (:func:`~memrl_mcp.projects.folder_uri`), from which it derives the namespace as
-for any session, and the plugin's MCP server names the same folder (its ``project_dir``). Each hook runs as a fresh
-process per event, so it imports the standard library and the attach path only.
+for any session, and the plugin's MCP server names the same folder (its ``project_dir``). Their session is offered
+the ``hooks`` profile (recall, record the evidence, report). Each hook runs as a fresh process per event, so it
+imports the standard library and the attach path only.
 
 A hook never fails or blocks a prompt: whatever goes wrong (no memory, a server that cannot start, bad input), it
 says why on stderr, answers nothing and exits 0.
 
-The recalls a session's hook made are kept in a record per session and project, in the store's private runtime
-folder (``hooks/<digest>.json``, 0600; the digest of the session id and the project, so no input names a path).
-Whether a recall still waits for its report is asked of the server (``memrl://recalls/{recall_id}``), never
-guessed.
+The recalls a session's hook made, with their evidence not yet handed in, are kept in a record per session and
+project, in the store's private runtime folder (``hooks/<digest>.json``, 0600; the digest of the session id and the
+project, so no input names a path), updated under a lock (an agent may run several tools at once). Whether a recall
+still waits for its report is asked of the server (``memrl://recalls/{recall_id}``), never guessed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fcntl
 import hashlib
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, TextIO
 
+from memrl_mcp.clients.checks import recognise
+from memrl_mcp.clients.followups import read_followup
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.local.attach import Target, attach, target_of
 from memrl_mcp.local.client import LocalClient, ToolCallError
@@ -53,9 +70,12 @@ START_SECONDS = 20.0  # the first prompt may wait for the server's cold start; h
 CALL_SECONDS = 5.0  # a recall of a running server takes milliseconds
 TASK_CHARS = 4000  # the server's default max_task_chars: a longer prompt is recalled by its head
 RECORD_RECALLS = 64  # the newest recalls a session's record keeps
+RECORD_CHECKS = 64  # the newest checks a recall keeps until they are handed in (the server keeps as many)
 RECORD_DAYS = 7.0  # a record untouched this long belongs to a session that ended without SessionEnd
-Step = Literal["prompt", "stop", "end"]
+SAID_CHARS = 200  # of the user's words kept with their verdict (the server's limit)
+Step = Literal["prompt", "tool", "stop", "failed-stop", "end"]
 RECALLED = "memrl-mcp, the memory's hook, recalled for this prompt (no need to call recall_experience)."
+PROFILE = {"MEMRL_TOOL_PROFILE": "hooks"}  # what the hooks' session is offered: recall, record_evidence, report
 
 
 class HookInputError(MemrlError, ValueError):
@@ -63,20 +83,38 @@ class HookInputError(MemrlError, ValueError):
 
 
 @dataclass(frozen=True)
+class ToolRun:
+    """What one tool call showed, whichever client ran it: a shell command with its output and exit code (None
+    where the client gives none), or an edit of the project's files."""
+
+    command: str | None = None
+    output: str = ""
+    exit_code: int | None = None
+    edited: bool = False
+
+
+@dataclass(frozen=True)
 class HookEvent:
     """What the loop needs of a hook event, whichever client sent it: the session, its project folder, the prompt
-    and whether it is a task (typed by the user, not injected by the client), and whether a stop the hook caused is
-    under way."""
+    and whether it is a task (typed by the user, not injected by the client), whether a stop the hook caused is
+    under way, and what a tool call showed."""
 
     session_id: str
     project: Path
     prompt: str = ""
     is_task: bool = True
     stop_hook_active: bool = False
+    tool: ToolRun | None = None
 
     @classmethod
     def checked(
-        cls, session_id: Any, folder: Any, prompt: Any = "", is_task: bool = True, stop_hook_active: bool = False
+        cls,
+        session_id: Any,
+        folder: Any,
+        prompt: Any = "",
+        is_task: bool = True,
+        stop_hook_active: bool = False,
+        tool: ToolRun | None = None,
     ) -> HookEvent:
         """The event of these fields as the client sent them; :class:`HookInputError` naming the first that is not
         what the loop needs (``folder`` is named ``cwd``: where every client's event carries it)."""
@@ -86,7 +124,7 @@ class HookEvent:
             raise HookInputError("cwd: an absolute folder is required (or the client's project variable)")
         if not isinstance(prompt, str):
             raise HookInputError("prompt: a string is required")
-        return cls(session_id, Path(folder), prompt, is_task, stop_hook_active)
+        return cls(session_id, Path(folder), prompt, is_task, stop_hook_active, tool)
 
 
 class Client(Protocol):
@@ -109,11 +147,14 @@ class Client(Protocol):
 
 @dataclass
 class SessionRecall:
-    """A recall the hook made in a session, and whether the stop hook has settled it (held the stop for it, or
-    found it reported): it is never held twice."""
+    """A recall the hook made in a session: whether the stop hook has settled it (held the stop for it, or found it
+    reported: it is never held twice), whether its task goes on (``open``: it gathers evidence), and the checks not
+    yet handed to the server."""
 
     recall_id: str
     settled: bool = False
+    open: bool = True
+    checks: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -124,38 +165,55 @@ class SessionRecord:
     recalls: list[SessionRecall] = field(default_factory=list)
 
     @classmethod
-    def of(cls, target: Target, event: HookEvent) -> SessionRecord:
+    @contextlib.contextmanager
+    def held(cls, target: Target, event: HookEvent) -> Iterator[SessionRecord]:
+        """The session's record, read and kept under its lock until the block ends, then saved."""
         folder = place_of(target.data_dir, target.runtime_dir).folder / "hooks"
         private_folder(folder)
         key = hashlib.sha256(f"{event.session_id}\0{folder_uri(event.project)}".encode()).hexdigest()[:32]
         record = cls(folder / f"{key}.json")
+        fd = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            saved = json.loads(record.path.read_text())
-            record.recalls = [SessionRecall(**recall) for recall in saved["recalls"]]
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            record._load()
+            yield record
+            record._save()
+        finally:
+            os.close(fd)  # closing the only descriptor of the file drops its lock
+
+    def _load(self) -> None:
+        try:
+            saved = json.loads(self.path.read_text())
+            self.recalls = [SessionRecall(**recall) for recall in saved["recalls"]]
         except FileNotFoundError:
             pass
         except (ValueError, TypeError, KeyError) as error:  # a damaged record: start a new one
-            print(f"memrl-mcp hook: {record.path} was unreadable ({error}), started anew", file=sys.stderr)
-        return record
+            print(f"memrl-mcp hook: {self.path} was unreadable ({error}), started anew", file=sys.stderr)
 
-    def add(self, recall_id: str) -> None:
-        self.recalls = [*self.recalls, SessionRecall(recall_id)][-RECORD_RECALLS:]
-        self.save()
-
-    def waiting(self) -> list[SessionRecall]:
-        return [recall for recall in self.recalls if not recall.settled]
-
-    def save(self) -> None:
+    def _save(self) -> None:
         """Replace the record in one step (a reader sees the old or the new one), 0600 like its folder."""
+        if not self.recalls:
+            self.path.unlink(missing_ok=True)
+            return
         text = json.dumps({"recalls": [asdict(recall) for recall in self.recalls]})
         fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".record.")  # 0600
         with os.fdopen(fd, "w") as stream:
             stream.write(text)
         os.replace(temporary, self.path)
 
+    def add(self, recall_id: str) -> None:
+        self.recalls = [*self.recalls, SessionRecall(recall_id)][-RECORD_RECALLS:]
+
+    def current(self) -> SessionRecall | None:
+        """The newest recall whose task goes on."""
+        return next((recall for recall in reversed(self.recalls) if recall.open), None)
+
+    def waiting(self) -> list[SessionRecall]:
+        return [recall for recall in self.recalls if not recall.settled]
+
     def forget(self) -> None:
-        """Remove this record, and the records of sessions that ended without saying so."""
-        self.path.unlink(missing_ok=True)
+        """Empty this record, and remove the records of sessions that ended without saying so."""
+        self.recalls = []
         oldest = time.time() - RECORD_DAYS * 86400
         for stale in self.path.parent.glob("*.json"):
             with contextlib.suppress(FileNotFoundError):
@@ -165,25 +223,53 @@ class SessionRecord:
 
 @contextlib.contextmanager
 def memory(target: Target, event: HookEvent, start: bool) -> Iterator[LocalClient]:
-    """An MCP session with the store's local server, in the event's project (its root); the server is started
-    first when none runs and ``start``."""
-    connection = attach(target, start=start, timeout=START_SECONDS).connection
+    """An MCP session with the store's local server, in the event's project (its root), offered the hooks'
+    profile; the server is started first when none runs and ``start``."""
+    hooks = dataclasses.replace(target, environ={**target.environ, **PROFILE})
+    connection = attach(hooks, start=start, timeout=START_SECONDS).connection
     connection.settimeout(CALL_SECONDS)
     with LocalClient(connection, roots=[folder_uri(event.project)], name="memrl-mcp-hook") as client:
         yield client
 
 
-def recall(target: Target, event: HookEvent) -> str | None:
-    """Recall for the prompt; the memories found and how to report them, as context for the model."""
+def prompt(target: Target, event: HookEvent) -> str | None:
+    """Read the prompt as what it says of the task before it, then recall for a new task (module docstring); the
+    memories found and how to report them, as context for the model."""
     if not event.is_task or not event.prompt.strip():
         return None
-    with memory(target, event, start=True) as client:
-        found = client.call("recall_experience", {"task": event.prompt[:TASK_CHARS]})
-    recall_id = str(found.structured["recall_id"])
-    SessionRecord.of(target, event).add(recall_id)
+    said = read_followup(event.prompt)
+    with SessionRecord.held(target, event) as record:
+        before = record.current()
+        if before is not None and said.verdict is not None:
+            user = {"kind": "user", "passed": said.verdict, "said": " ".join(event.prompt.split())[:SAID_CHARS]}
+            before.checks = [*before.checks, user][-RECORD_CHECKS:]
+        if said.continues and (before is not None or said.verdict is not None):
+            if before is not None:
+                with memory(target, event, start=True) as client:
+                    hand_in(client, before, close=False)
+            return None  # the same task goes on (or a word on one closed already): nothing to recall
+        with memory(target, event, start=True) as client:
+            if before is not None:
+                before.open = False  # a new task: the one before is over, and its evidence says how it went
+                hand_in(client, before, close=True)
+            found = client.call("recall_experience", {"task": event.prompt[:TASK_CHARS]})
+        recall_id = str(found.structured["recall_id"])
+        record.add(recall_id)
     if not found.structured.get("memories"):
         return None
     return f"{RECALLED}\n{found.text}\n{reporting(recall_id)}"
+
+
+def hand_in(client: LocalClient, recall: SessionRecall, close: bool) -> None:
+    """Give the server the checks of ``recall`` recorded since the last time (``close``: its task is over), and
+    forget them here; a recall the server no longer takes evidence for (reported long ago, expired) is let go."""
+    if not recall.checks and not close:
+        return
+    try:
+        client.call("record_evidence", {"recall_id": recall.recall_id, "checks": recall.checks, "close": close})
+    except ToolCallError as error:
+        print(f"memrl-mcp hook: the evidence of recall {recall.recall_id} was not taken ({error})", file=sys.stderr)
+    recall.checks = []
 
 
 def reporting(recall_id: str) -> str:
@@ -194,20 +280,38 @@ def reporting(recall_id: str) -> str:
     )
 
 
+def tool(target: Target, event: HookEvent) -> None:
+    """Record what a tool call showed for the open recall (module docstring): no server is asked."""
+    run = event.tool
+    if run is None:
+        return
+    check = {"kind": "edit"} if run.edited else None
+    if check is None and run.command is not None:
+        check = recognise(run.command, run.output, run.exit_code, target.check_commands)
+    if check is None:
+        return
+    with SessionRecord.held(target, event) as record:
+        current = record.current()
+        if current is not None:
+            current.checks = [*current.checks, check][-RECORD_CHECKS:]
+
+
 def hold(target: Target, event: HookEvent) -> str | None:
-    """The reason to hold the stop once, when a recall of this session still waits for its report."""
-    if event.stop_hook_active:
-        return None
-    record = SessionRecord.of(target, event)
-    waiting = record.waiting()
-    if not waiting:
-        return None
-    with memory(target, event, start=False) as client:
-        pending = [state for recall in waiting if (state := _state(client, recall.recall_id))["status"] == "pending"]
-        scale = json.loads(client.read_resource("memrl://settings")) if pending else {}
-    for recall in waiting:
-        recall.settled = True
-    record.save()
+    """Hand in the open recalls' evidence; the reason to hold the stop once, when a recall of this session still
+    waits for its report."""
+    with SessionRecord.held(target, event) as record:
+        opened = [recall for recall in record.recalls if recall.open and recall.checks]
+        waiting = [] if event.stop_hook_active else record.waiting()
+        if not opened and not waiting:
+            return None
+        with memory(target, event, start=False) as client:
+            for recall in opened:
+                hand_in(client, recall, close=False)
+            states = [_state(client, recall.recall_id) for recall in waiting]
+            pending = [state for state in states if state["status"] == "pending"]
+            scale = json.loads(client.read_resource("memrl://settings")) if pending else {}
+        for recall in waiting:
+            recall.settled = True
     if not pending:
         return None
     return hold_reason(pending, RewardScale(scale["reward_min"], scale["reward_max"]))
@@ -222,15 +326,29 @@ def _state(client: LocalClient, recall_id: str) -> dict[str, Any]:
     return state
 
 
-def hold_reason(pending: list[dict[str, Any]], scale: RewardScale) -> str:
-    """What the model reads when its stop is held: which recall to report, with what, and when not to."""
-    tasks = "; ".join(f'recall_id "{state["recall_id"]}" (task: {quoted(_head(state["task"]))})' for state in pending)
+def hold_reason(pending: Sequence[Mapping[str, Any]], scale: RewardScale) -> str:
+    """What the model reads when its stop is held: which recall to report, what its evidence says, with what, and
+    when not to."""
+    tasks = "; ".join(
+        f'recall_id "{state["recall_id"]}" (task: {quoted(_head(state["task"]))}{_evidence(state)})'
+        for state in pending
+    )
     return (
         f"The memory waits for a report: {tasks}. For each task that is over, call report_outcome once with its "
-        f"recall_id, a reward ({scale}; unsure: leave the reward out and the user is asked), and an experience: on "
-        "success the 3-5 steps that worked, on failure what went wrong and what to avoid. If this turn was not a "
-        "task (a question answered, a chat) or the task goes on, stop without reporting."
+        f"recall_id, followed (the numbers of the recalled memories you followed), a reward ({scale}; what the "
+        "evidence says decides it; unsure: leave it out), and an experience: on success the 3-5 steps that worked, "
+        "on failure what went wrong and what to avoid. If this turn was not a task or the task goes on, stop without "
+        "reporting."
     )
+
+
+def _evidence(state: Mapping[str, Any]) -> str:
+    """What the recall's evidence says of its task, in words (nothing when it says nothing clear)."""
+    says, source = state.get("evidence_says"), state.get("evidence_source")
+    if says is None:
+        return ""
+    who = "the user" if source == "user" else f"its {source} run"
+    return f"; {who} said it {'succeeded' if says == 'success' else 'failed'}"
 
 
 def _head(task: str, chars: int = 120) -> str:
@@ -239,7 +357,14 @@ def _head(task: str, chars: int = 120) -> str:
 
 
 def end(target: Target, event: HookEvent) -> None:
-    SessionRecord.of(target, event).forget()
+    """Close the open recalls with their evidence, and forget the session's record."""
+    with SessionRecord.held(target, event) as record:
+        opened = [recall for recall in record.recalls if recall.open]
+        if opened:
+            with memory(target, event, start=False) as client:
+                for recall in opened:
+                    hand_in(client, recall, close=True)
+        record.forget()
 
 
 def read_event(stream: TextIO) -> dict[str, Any]:
@@ -262,15 +387,19 @@ def run(client: Client, hook: str, data_dir: str | None = None, config: str | No
         if target is None:
             raise AttachError("these settings run memrl-mcp in a process of its own (attach: false, read_only, "
                               "qdrant_url): the hooks reach the memory through the local server only")  # fmt: skip
+        if hook not in client.steps:
+            raise HookInputError(f"no hook {hook!r} here: one of {', '.join(client.steps)}")
         step = client.steps[hook]
         answer = None
         if step == "prompt":
-            text = recall(target, event)
+            text = prompt(target, event)
             answer = None if text is None else client.context(text)
+        elif step == "tool":
+            tool(target, event)
         elif step == "stop":
             reason = hold(target, event)
             answer = None if reason is None else client.hold(reason)
-        else:
+        elif step == "end":
             end(target, event)
     except Exception as error:  # whatever fails, the prompt and the stop go on (module docstring)
         print(f"memrl-mcp hook {hook}: the memory is unavailable, nothing done ({error})", file=sys.stderr)

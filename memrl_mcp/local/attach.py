@@ -20,6 +20,7 @@ makes MCP calls. The standard library only: the attaching side starts in tens of
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -56,6 +57,7 @@ class Target:
     cwd: Path
     config: Path | None = None
     environ: Mapping[str, str] = field(default_factory=dict)
+    check_commands: tuple[str, ...] = ()  # a project's own checks, which the hooks recognise (check_commands)
 
     def hello(self, kind: Kind) -> Hello:
         return Hello(
@@ -81,12 +83,13 @@ def target_of(
     raises the settings' own error."""
     environ = dict(os.environ if environ is None else environ)
     cwd = Path(os.path.abspath(cwd or os.getcwd()))
-    if config is None and not any(name in environ for name in DECIDING_VARIABLES):
+    checks = _check_commands(environ.get("MEMRL_CHECK_COMMANDS", "[]"))
+    if config is None and checks is not None and not any(name in environ for name in DECIDING_VARIABLES):
         if environ.get("MEMRL_TOOL_PROFILE") == "read_only":
             return None
         store = data_dir or environ.get("MEMRL_DATA_DIR") or default_data_dir()
         runtime = environ.get("MEMRL_RUNTIME_DIR")
-        return Target(cwd / store, cwd / runtime if runtime else None, cwd, None, environ)
+        return Target(cwd / store, cwd / runtime if runtime else None, cwd, None, environ, checks)
     from memrl_mcp.settings import load_settings  # the slow path (module docstring)
 
     given = {} if data_dir is None else {"data_dir": data_dir}
@@ -95,7 +98,20 @@ def target_of(
     if not serving.attach or serving.read_only or settings.storage.qdrant_url is not None:
         return None
     file = config or environ.get("MEMRL_CONFIG")
-    return Target(settings.storage.data_dir, serving.runtime_dir, cwd, cwd / file if file else None, environ)
+    where = cwd / file if file else None
+    return Target(settings.storage.data_dir, serving.runtime_dir, cwd, where, environ, tuple(serving.check_commands))
+
+
+def _check_commands(text: str) -> tuple[str, ...] | None:
+    """``MEMRL_CHECK_COMMANDS`` as the settings read it (a JSON list of strings); None when it is not one, for the
+    settings to say why."""
+    try:
+        commands = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(commands, list) or not all(isinstance(command, str) for command in commands):
+        return None
+    return tuple(commands)
 
 
 @dataclass

@@ -69,6 +69,7 @@ JSON_EXAMPLES = {
     "tool_descriptions": '{"recall_experience": "Recall how this team solved similar tasks."}',
     "ui_runs": '["runs/demo"]',
     "other_namespaces": '["team"]',
+    "check_commands": '["./run-checks"]',
 }
 """The settings given as JSON in the environment (lists and objects), each with a value it accepts."""
 

@@ -124,6 +124,12 @@ class ServingSettings(Group):
         "(one that gives both asks nobody). Whatever this is, one recall or episode_id is asked about by one report at "
         "a time: only one report of it can apply.",
     )
+    check_commands: list[str] = Field(
+        default_factory=list,
+        description="A project's own check commands (the start of each, e.g. ./run-checks), which the clients' "
+        "hooks count as evidence of how a task went beside the test runners, builds, type checkers and linters they "
+        "know (env: a JSON list).",
+    )
     max_recall_chars: int = Field(
         6000,
         ge=100,

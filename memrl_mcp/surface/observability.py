@@ -131,3 +131,16 @@ class _StoreCollector:
             "Optimistic writes that lost a race to a concurrent writer and were retried.",
             value=self._service.write_conflicts,
         )
+        rewards = CounterMetricFamily(
+            "memrl_rewards",
+            "Reports, by what decided their reward (the agent, the user, a kind of check).",
+            labels=["source"],
+        )
+        for source, count in sorted(self._service.rewards.items()):
+            rewards.add_metric([source], count)
+        yield rewards
+        yield CounterMetricFamily(
+            "memrl_reports_contradicted",
+            "Reports whose agent claimed the outcome that the evidence or the user contradicted.",
+            value=self._service.contradicted,
+        )

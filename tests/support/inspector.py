@@ -129,6 +129,11 @@ async def seed(server: HttpServer, token: str | None) -> dict[str, str]:
         ids[SAMPLED] = stored["id"]
         recall = await call(helped, "recall_experience", task=SAMPLED, namespace="sources")
         await call(helped, "report_outcome", recall_id=recall["recall_id"])
+        # A report the evidence contradicts: the tests failed, the agent claims success.
+        recall = await call(helped, "recall_experience", task=SAMPLED, namespace="sources")
+        failed = {"kind": "tests", "command": "pytest -q", "passed": False, "failed_count": 1}
+        await call(helped, "record_evidence", recall_id=recall["recall_id"], checks=[failed])
+        await call(helped, "report_outcome", recall_id=recall["recall_id"], reward=1.0)
     if token is not None:
         async with mcp_client(server, BOB) as bob:
             stored = await call(bob, "store_experience", task=SECRET, experience="secret steps", namespace="bob")

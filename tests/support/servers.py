@@ -45,9 +45,10 @@ START_TIMEOUT_S = 30.0  # an HTTP server's start (it loads the embedder first)
 CLI = [sys.executable, "-m", "memrl_mcp.cli"]
 
 
-ONE_PROCESS = {"MEMRL_ATTACH": "false"}
-"""The suite's default: a stdio server the tests spawn opens its store itself, one process per test that dies with
-its client, as before the local server existed; tests/test_local*.py attach, each to a runtime folder of its own."""
+ONE_PROCESS = {"MEMRL_ATTACH": "false", "MEMRL_MODEL_REWARD_WEIGHT": "1"}
+"""The suite's defaults: a stdio server the tests spawn opens its store itself, one process per test that dies with
+its client, as before the local server existed (tests/test_local*.py attach, each to a runtime folder of its own);
+and a reported reward moves Q by alpha, as make_service's (tests/test_rewards.py holds the product's weight)."""
 
 
 def child_env(data_dir: Path | None = None, /, **variables: str) -> dict[str, str]:

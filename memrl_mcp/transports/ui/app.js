@@ -316,11 +316,17 @@ const WRITERS = {
   agent: "the agent", client_model: "the client's model", endpoint: "the server's endpoint (distill_base_url)",
   operator: "an operator (this page)", "": "not recorded",
 };
-const GIVERS = { agent: "the agent", user: "the user", "": "" };
+const GIVERS = {
+  agent: "the agent's word", user: "the user", tests: "the tests", build: "the build", typecheck: "the type check",
+  lint: "the linter", check: "the project's check", "": "",
+};
 
+// What decided a reward, and the agent's claim when the evidence or the user overruled it (a contradiction).
 function rewardGiver(h) {
-  const who = GIVERS[h.source ?? ""];
-  return h.note ? `${who}: “${h.note}”` : who;
+  const who = GIVERS[h.source ?? ""] ?? h.source;
+  const said = h.note ? `${who}: “${h.note}”` : who;
+  if (h.claimed === null || h.claimed === undefined) return said;
+  return el("span", {}, said, " ", el("span", { class: "contradicted" }, `(the agent claimed ${fmt(h.claimed, 2)})`));
 }
 
 function qHistory(history, memory) {
@@ -336,7 +342,7 @@ function qHistory(history, memory) {
     el("thead", {}, el("tr", {}, ["#", "when", "change", "Q before", "Q after", "from"].map((h) => el("th", {}, h)))),
     el("tbody", {}, history.map((h, i) => el("tr", {},
       el("td", {}, String(i + 1)), el("td", {}, when(h.at)),
-      el("td", {}, h.event === "reset" ? "reset" : "reward " + fmt(h.reward, 2)),
+      el("td", {}, h.event === "reset" ? "reset" : `${h.event === "correction" ? "corrected to" : "reward"} ${fmt(h.reward, 2)}`),
       el("td", { class: "num" }, fmt(h.q_before)), el("td", { class: "num" }, fmt(h.q_after)),
       el("td", { class: "giver" }, rewardGiver(h)))).reverse()));
   const note = el("p", { class: "note" }, `Newest first; the last ${state.session.q_history_size} ` +
