@@ -278,15 +278,18 @@ def test_a_memory_that_is_down_never_blocks_or_fails_the_prompt(alpha: ClaudeSes
 @pytest.mark.slow
 def test_the_session_records_are_private_and_named_by_no_input(alpha: ClaudeSession) -> None:
     """A session id crafted as a path (``../../..``) writes nothing outside the store's private runtime folder: the
-    record's name is a digest. The records are 0600 in a 0700 folder, and hold recall ids only (no prompt)."""
+    record's name is a digest. The records (and their locks) are 0600 in a 0700 folder, and hold recall ids only (no
+    prompt)."""
     crafted = alpha.elsewhere(session_id="../../../../../../tmp/memrl-hook-escape")
     target = Path("/tmp/memrl-hook-escape.json")
     target.unlink(missing_ok=True)
     let_go(crafted.prompt("a prompt with a secret: hunter2"))
     assert not target.exists()
     folder = alpha.store.place.folder / "hooks"
-    (record,) = folder.iterdir()
-    assert (folder.stat().st_mode & 0o777, record.stat().st_mode & 0o777) == (0o700, 0o600)
+    (record,) = folder.glob("*.json")
+    assert {path.suffix for path in folder.iterdir()} == {".json", ".lock"}  # the record and its lock, no other
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert {path.stat().st_mode & 0o777 for path in folder.iterdir()} == {0o600}
     assert "hunter2" not in record.read_text() and len(json.loads(record.read_text())["recalls"]) == 1
 
 
@@ -540,12 +543,13 @@ def holds(model: FakeModel) -> list[str]:
     return [text for text in final if text.startswith("Stop hook feedback:")]
 
 
-def claude_session(home: Path, store: LocalStore, project: Path, model: FakeModel) -> dict[str, Any]:
-    """``claude -p TASK`` in ``project``: one session of Claude Code with the plugin, the memory's two tools allowed."""
+def claude_session(home: Path, store: LocalStore, project: Path, model: FakeModel, allowed: str = "") -> dict[str, Any]:
+    """``claude -p TASK`` in ``project``: one session of Claude Code with the plugin, the memory's two tools allowed
+    (and ``allowed``, more of Claude Code's tools)."""
     env = {key: value for key, value in store.env().items() if key.startswith(("MEMRL_", "PYTHON"))}
     env |= {"ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": "sk-ant-fake"}
     env |= {"ENABLE_TOOL_SEARCH": "false", "MCP_CONNECTION_NONBLOCKING": "0"}  # the tools listed from the first turn
-    allowed = f"{TOOLS}report_outcome,{TOOLS}recall_experience"
+    allowed = ",".join(filter(None, [f"{TOOLS}report_outcome,{TOOLS}recall_experience", allowed]))
     done = claude(home, "-p", TASK, "--output-format", "json", "--allowedTools", allowed, cwd=project,
                   PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", **env)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -687,3 +691,61 @@ async def test_one_projects_session_cannot_reach_another_projects_memories_or_re
             own = await call(attacker, "memory_stats")
             assert own["memories"] == 0 and own["recalls_pending"] == 0, own
             assert (await recall_state(victim, recall_id))["status"] == "pending"
+
+
+# -- rewards from what happened: Claude Code itself runs the tests ---------------------------------------------------
+
+STALE_FIX = "strip the timezone in parse_date: the date tests pass"
+FAILING_TEST = """def test_the_offset_is_kept():
+    assert "2026-12-01T10:00:00+02:00".endswith("+02:00") and False, "the offset was stripped"
+"""
+
+
+def sycophant(command: str) -> Script:
+    """A model that runs the tests once with Claude Code's Bash tool, says they pass whatever they showed, and
+    reports the held recall as a success, following memory 1."""
+
+    def reply(request: dict[str, Any]) -> Reply:
+        messages = request["messages"]
+        held = [text for message in messages for text in parts(message) if text.startswith("Stop hook feedback:")]
+        if held and not called(messages, f"{TOOLS}report_outcome"):
+            arguments = {"recall_id": recall_id_in(held[-1]), "reward": 1.0, "experience": STALE_FIX, "followed": [1]}
+            return Reply(tool=f"{TOOLS}report_outcome", arguments=arguments)
+        if not called(messages, "Bash"):
+            return Reply(tool="Bash", arguments={"command": command, "description": "run the date tests"})
+        return Reply("All the tests pass now. Done.")
+
+    return reply
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_model_claiming_success_over_failing_tests_cannot_raise_the_memory_it_followed(
+    alpha: ClaudeSession, tmp_path: Path
+) -> None:
+    """Claude Code with the plugin, its model faked: the prompt's recall brings a stale memory; the model runs the
+    project's tests through Claude Code's Bash tool, they fail (PostToolUseFailure, which the hook records), it says
+    they pass and reports success. The stop's hold tells it what the tests said, and the report's reward is the
+    tests': the memory it followed loses utility, the claim kept beside the reward and counted as contradicted."""
+    (alpha.project / "test_dates.py").write_text(FAILING_TEST)
+    home = tmp_path / "home"
+    install_plugin(home)
+    command = f"{sys.executable} -m pytest -q -p no:cacheprovider test_dates.py"
+    with anyio.fail_after(DEADLINE_S):
+        async with mcp_session(alpha) as client:
+            stale = await call(client, "store_experience", task=TASK, experience=STALE_FIX)
+            with fake_model(sycophant(command)) as model:
+                session = await anyio.to_thread.run_sync(
+                    lambda: claude_session(home, alpha.store, alpha.project, model, allowed="Bash")
+                )
+            assert session["result"] == "All the tests pass now. Done.", session
+            (reason,) = holds(model)
+            assert "its tests run said it failed" in reason, reason
+            recall_id = recall_id_in(reason)
+            state = await recall_state(client, recall_id)
+            assert (state["status"], state["reward"], state["reward_source"]) == ("reported", -1.0, "tests")
+            (check,) = state["evidence"]
+            assert (check["kind"], check["passed"], check["failed_count"]) == ("tests", False, 1)
+            assert "pytest" in check["command"]
+            memory = await read_json(client, f"memrl://memories/{stale['id']}")
+            assert memory["q"] < 0 and memory["history"][-1]["claimed"] == 1.0

@@ -10,17 +10,15 @@ nothing of the task."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-from memrl_mcp.clients.checks import is_edit
+from memrl_mcp.clients.checks import is_edit, stated_exit
 from memrl_mcp.clients.core import HookEvent, Step, ToolRun
 
 PROMPTED = (None, "user", "sdk")
 """The sources of a prompt that is a task: typed by the user, or given to ``claude -p``; not one the client
 injected (a task notification, a loop's wake-up)."""
-EXIT = re.compile(r"Exit code (\d+)")
 
 
 class ClaudeCode:
@@ -64,9 +62,8 @@ def _tool_run(data: Mapping[str, Any]) -> ToolRun | None:
     if tool != "Bash" or not isinstance(command, str) or data.get("is_interrupt") is True:
         return None
     if name == "PostToolUseFailure":
-        head, _, output = str(data.get("error", "")).partition("\n")
-        code = EXIT.match(head)
-        return ToolRun(command, output, int(code.group(1)) if code else None)
+        output, code = stated_exit("claude-code", str(data.get("error", "")))
+        return ToolRun(command, output, code)
     response = data.get("tool_response")
     if isinstance(response, dict) and response.get("interrupted") is True:
         return None
