@@ -30,7 +30,7 @@ from memrl_mcp.projects import folder_uri, project_namespace
 from memrl_mcp.rewards import RewardScale
 from memrl_mcp.settings import load_settings
 from memrl_mcp.surface.server import create_server
-from memrl_mcp.surface.text import UNTRUSTED
+from memrl_mcp.surface.text import NO_MEMORY, UNTRUSTED
 from tests.support.anthropic import FakeModel, Reply, Script, fake_model
 from tests.support.local import LocalStore, local_store
 from tests.support.mcp import call, make_service, read_json, refused, text_of
@@ -114,11 +114,20 @@ def context_of(run: HookRun) -> str:
 
 
 def held_for(run: HookRun) -> str:
-    """The reason of a held stop."""
+    """The reason of a held stop: context for the model's next turn (a "block" decision would read as an error)."""
     assert run.status == 0, run.stderr
-    assert run.answer is not None and run.answer["decision"] == "block", (run.answer, run.stderr)
-    reason: str = run.answer["reason"]
+    assert run.answer is not None and "decision" not in run.answer, (run.answer, run.stderr)
+    output = run.answer["hookSpecificOutput"]
+    assert output["hookEventName"] == "Stop", run.answer
+    reason: str = output["additionalContext"]
     return reason
+
+
+def found_nothing(run: HookRun) -> str:
+    """A prompt's context that says the hook recalled and found nothing; its recall id."""
+    context = context_of(run)
+    assert NO_MEMORY in context and "1. " not in context, context
+    return recall_id_in(context)
 
 
 def let_go(run: HookRun) -> None:
@@ -178,20 +187,36 @@ async def test_a_prompt_gets_the_memories_of_its_project_and_the_recall_id(alpha
             assert (state["status"], state["memories"]) == ("pending", 1)
         beta = alpha.elsewhere(alpha.project.parent / "beta")
         beta.project.mkdir()
-        let_go(await anyio.to_thread.run_sync(beta.prompt, "deploy the web app to staging"))
+        found_nothing(await anyio.to_thread.run_sync(beta.prompt, "deploy the web app to staging"))
 
 
 @pytest.mark.slow
-def test_nothing_is_added_when_nothing_relevant_is_found(alpha: ClaudeSession) -> None:
-    """A prompt like no memory of its project: no context at all; and prompts the client injected, or empty ones,
-    are not recalled for."""
+def test_a_prompt_like_no_memory_is_told_it_was_recalled_for_and_injected_prompts_are_not(
+    alpha: ClaudeSession,
+) -> None:
+    """A prompt like no memory of its project: the context says the hook recalled (so the model does not recall a
+    second time and report twice), found nothing, and names the recall to report; prompts the client injected, or
+    empty ones, are not recalled for."""
     first = alpha.prompt("translate the release notes into German")
-    let_go(first)
-    assert first.stderr == ""
+    context = context_of(first)
+    assert context.startswith(RECALLED) and NO_MEMORY in context and context.endswith(reporting(recall_id_in(context)))
+    assert len(context) < 800 and first.stderr == ""
     let_go(alpha.hook("UserPromptSubmit", prompt="wake up and check the queue", source="system"))
     let_go(alpha.hook("UserPromptSubmit", prompt="   "))
     held = held_for(alpha.stop())  # the recall that found nothing still waits for its report (docs/claude-code.md)
     assert held.count('recall_id "') == 1 and "translate the release notes" in held
+
+
+@pytest.mark.slow
+def test_the_plugin_lets_the_model_report_without_a_permission_prompt(alpha: ClaudeSession) -> None:
+    """``claude -p`` denies a tool no rule allows, silently: the plugin's PreToolUse hook allows the memory's report
+    (its matcher names that one tool), so a report is never lost to a prompt nobody answers."""
+    (entry,) = json.loads((PLUGIN / "hooks" / "hooks.json").read_text())["hooks"]["PreToolUse"]
+    assert entry["matcher"] == f"{TOOLS}report_outcome"
+    run = alpha.hook("PreToolUse", tool_name=f"{TOOLS}report_outcome", tool_input={"recall_id": "r", "reward": 1})
+    assert run.status == 0 and run.answer is not None, run.stderr
+    decision = run.answer["hookSpecificOutput"]
+    assert (decision["hookEventName"], decision["permissionDecision"]) == ("PreToolUse", "allow")
 
 
 @pytest.mark.slow
@@ -228,7 +253,7 @@ async def test_the_stop_is_held_until_the_recall_is_reported_and_never_otherwise
 
             # The same session id in another project: its recall is held there only.
             in_beta = alpha.elsewhere(beta_project)
-            let_go(await anyio.to_thread.run_sync(in_beta.prompt, "write the changelog of the release"))
+            found_nothing(await anyio.to_thread.run_sync(in_beta.prompt, "write the changelog of the release"))
             let_go(await anyio.to_thread.run_sync(alpha.stop))
             assert "write the changelog" in held_for(await anyio.to_thread.run_sync(in_beta.stop))
 
@@ -252,14 +277,14 @@ def test_a_memory_that_is_down_never_blocks_or_fails_the_prompt(alpha: ClaudeSes
     assert down.seconds < hook_command("UserPromptSubmit")[1] / 2, down.seconds
     assert "memory is unavailable" in down.stderr and "could not start" in down.stderr
 
-    let_go(alpha.prompt("translate the release notes into German"))  # recalled, nothing found: recorded
+    found_nothing(alpha.prompt("translate the release notes into German"))  # recalled, nothing found: recorded
     stopped = alpha.store.local("stop")
     assert stopped.returncode == 0, stopped.stderr
     alpha.store.wait_gone()
     gone = alpha.stop()
     let_go(gone)
     assert gone.seconds < hook_command("Stop")[1] / 2 and "memory is unavailable" in gone.stderr
-    let_go(alpha.prompt("rename the staging cluster"))  # starts the server again
+    found_nothing(alpha.prompt("rename the staging cluster"))  # starts the server again
     held = held_for(alpha.stop())
     assert "translate the release notes" in held and "rename the staging cluster" in held
 
@@ -283,7 +308,7 @@ def test_the_session_records_are_private_and_named_by_no_input(alpha: ClaudeSess
     crafted = alpha.elsewhere(session_id="../../../../../../tmp/memrl-hook-escape")
     target = Path("/tmp/memrl-hook-escape.json")
     target.unlink(missing_ok=True)
-    let_go(crafted.prompt("a prompt with a secret: hunter2"))
+    found_nothing(crafted.prompt("a prompt with a secret: hunter2"))
     assert not target.exists()
     folder = alpha.store.place.folder / "hooks"
     (record,) = folder.glob("*.json")
@@ -524,7 +549,7 @@ def the_model(recall_first: bool) -> Script:
 
     def reply(request: dict[str, Any]) -> Reply:
         messages = request["messages"]
-        held = [said(message) for message in messages if "Stop hook" in said(message)]
+        held = held_in(messages)
         reported = {call["recall_id"] for call in called(messages, f"{TOOLS}report_outcome")}
         if held and recall_id_in(held[-1]) not in reported:
             arguments = {"recall_id": recall_id_in(held[-1]), "reward": 1.0, "experience": LEARNED}
@@ -536,20 +561,28 @@ def the_model(recall_first: bool) -> Script:
     return reply
 
 
+HELD = "Stop hook additional context:"  # how Claude Code 2.1.197 hands the model a held stop's context
+
+
+def held_in(messages: list[dict[str, Any]]) -> list[str]:
+    """The reasons of the stops held in a conversation so far."""
+    return [text for message in messages for text in parts(message) if HELD in text]
+
+
 def holds(model: FakeModel) -> list[str]:
-    """The reasons of the stops held in the model's conversation (Claude Code 2.1.197 hands each to the model as a
-    user message "Stop hook feedback:" and the reason)."""
-    final = [text for message in model.requests[-1]["messages"] for text in parts(message)]
-    return [text for text in final if text.startswith("Stop hook feedback:")]
+    """The reasons of the stops held in the model's whole conversation."""
+    return held_in(model.requests[-1]["messages"])
 
 
-def claude_session(home: Path, store: LocalStore, project: Path, model: FakeModel, allowed: str = "") -> dict[str, Any]:
-    """``claude -p TASK`` in ``project``: one session of Claude Code with the plugin, the memory's two tools allowed
-    (and ``allowed``, more of Claude Code's tools)."""
+def claude_session(
+    home: Path, store: LocalStore, project: Path, model: FakeModel, allowed: str = f"{TOOLS}report_outcome"
+) -> dict[str, Any]:
+    """``claude -p TASK`` in ``project``: one session of Claude Code with the plugin, its recall tool allowed, and
+    ``allowed``: more tools (the report by default; the plugin's PreToolUse hook permits it anyway)."""
     env = {key: value for key, value in store.env().items() if key.startswith(("MEMRL_", "PYTHON"))}
     env |= {"ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": "sk-ant-fake"}
     env |= {"ENABLE_TOOL_SEARCH": "false", "MCP_CONNECTION_NONBLOCKING": "0"}  # the tools listed from the first turn
-    allowed = ",".join(filter(None, [f"{TOOLS}report_outcome,{TOOLS}recall_experience", allowed]))
+    allowed = ",".join(filter(None, [f"{TOOLS}recall_experience", allowed]))
     done = claude(home, "-p", TASK, "--output-format", "json", "--allowedTools", allowed, cwd=project,
                   PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", **env)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -677,7 +710,7 @@ async def test_one_projects_session_cannot_reach_another_projects_memories_or_re
             message = await refused(attacker, "store_experience", task=TASK, experience=planted, namespace=gamma_ns)
             assert f"namespace: {gamma_ns!r} is not one of the namespaces a session of this project" in message
             assert "other_namespaces" in message
-            let_go(await anyio.to_thread.run_sync(gamma.prompt, TASK))  # nothing of alpha's reaches gamma's prompt
+            found_nothing(await anyio.to_thread.run_sync(gamma.prompt, TASK))  # nothing of alpha's reaches gamma
 
             stored = await call(victim, "store_experience", task=TASK, experience=LESSON)
             secret_prompt = f"{TASK} with the password hunter2 of the staging database"
@@ -707,7 +740,7 @@ def sycophant(command: str) -> Script:
 
     def reply(request: dict[str, Any]) -> Reply:
         messages = request["messages"]
-        held = [text for message in messages for text in parts(message) if text.startswith("Stop hook feedback:")]
+        held = held_in(messages)
         if held and not called(messages, f"{TOOLS}report_outcome"):
             arguments = {"recall_id": recall_id_in(held[-1]), "reward": 1.0, "experience": STALE_FIX, "followed": [1]}
             return Reply(tool=f"{TOOLS}report_outcome", arguments=arguments)
@@ -736,7 +769,7 @@ async def test_a_model_claiming_success_over_failing_tests_cannot_raise_the_memo
             stale = await call(client, "store_experience", task=TASK, experience=STALE_FIX)
             with fake_model(sycophant(command)) as model:
                 session = await anyio.to_thread.run_sync(
-                    lambda: claude_session(home, alpha.store, alpha.project, model, allowed="Bash")
+                    lambda: claude_session(home, alpha.store, alpha.project, model, allowed="Bash")  # no report
                 )
             assert session["result"] == "All the tests pass now. Done.", session
             (reason,) = holds(model)

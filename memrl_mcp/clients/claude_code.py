@@ -1,5 +1,6 @@
-"""Claude Code's hook format (the plugin in ``integrations/claude-code/``): ``UserPromptSubmit``, ``PostToolUse`` and
-``PostToolUseFailure``, ``Stop``, ``StopFailure`` and ``SessionEnd`` as the loop's steps
+"""Claude Code's hook format (the plugin in ``integrations/claude-code/``): ``UserPromptSubmit``, ``PreToolUse`` (of
+the memory's report only), ``PostToolUse`` and ``PostToolUseFailure``, ``Stop``, ``StopFailure`` and ``SessionEnd``
+as the loop's steps
 (:mod:`memrl_mcp.clients.core`), their answers in the JSON Claude Code reads.
 
 The project is ``CLAUDE_PROJECT_DIR`` (the folder Claude Code was opened in, as its roots say), else the event's
@@ -26,6 +27,7 @@ class ClaudeCode:
 
     steps: Mapping[str, Step] = {
         "user-prompt-submit": "prompt",
+        "pre-tool-use": "permit",
         "post-tool-use": "tool",
         "post-tool-use-failure": "tool",
         "stop": "stop",
@@ -48,7 +50,18 @@ class ClaudeCode:
         return {"hookSpecificOutput": {"hookEventName": "UserPromptSubmit", "additionalContext": text}}
 
     def hold(self, reason: str) -> dict[str, Any]:
-        return {"decision": "block", "reason": reason}
+        # As context, not a "block" decision: Claude Code shows a block as "Stop hook error"; context makes the model
+        # take another turn as well, quietly (its next Stop says stop_hook_active).
+        return {"hookSpecificOutput": {"hookEventName": "Stop", "additionalContext": reason}}
+
+    def permit(self) -> dict[str, Any]:
+        return {
+            "hookSpecificOutput": {
+                "hookEventName": "PreToolUse",
+                "permissionDecision": "allow",
+                "permissionDecisionReason": "memrl-mcp: a report writes to the memory only",
+            }
+        }
 
 
 def _tool_run(data: Mapping[str, Any]) -> ToolRun | None:

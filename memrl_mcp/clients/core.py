@@ -73,7 +73,7 @@ RECORD_RECALLS = 64  # the newest recalls a session's record keeps
 RECORD_CHECKS = 64  # the newest checks a recall keeps until they are handed in (the server keeps as many)
 RECORD_DAYS = 7.0  # a record untouched this long belongs to a session that ended without SessionEnd
 SAID_CHARS = 200  # of the user's words kept with their verdict (the server's limit)
-Step = Literal["prompt", "tool", "stop", "failed-stop", "end"]
+Step = Literal["prompt", "permit", "tool", "stop", "failed-stop", "end"]
 RECALLED = "memrl-mcp, the memory's hook, recalled for this prompt (no need to call recall_experience)."
 PROFILE = {"MEMRL_TOOL_PROFILE": "hooks"}  # what the hooks' session is offered: recall, record_evidence, report
 
@@ -143,6 +143,10 @@ class Client(Protocol):
 
     def hold(self, reason: str) -> dict[str, Any]:
         """The answer that holds the stop, with the ``reason`` the model reads."""
+
+    def permit(self) -> dict[str, Any]:
+        """The answer that lets the model report without a permission prompt (its report writes to the memory
+        only; without it, a headless session denies it silently and nothing learns)."""
 
 
 @dataclass
@@ -255,9 +259,7 @@ def prompt(target: Target, event: HookEvent) -> str | None:
             found = client.call("recall_experience", {"task": event.prompt[:TASK_CHARS]})
         recall_id = str(found.structured["recall_id"])
         record.add(recall_id)
-    if not found.structured.get("memories"):
-        return None
-    return f"{RECALLED}\n{found.text}\n{reporting(recall_id)}"
+    return f"{RECALLED}\n{found.text}\n{reporting(recall_id)}"  # found or not: the model need not recall again
 
 
 def hand_in(client: LocalClient, recall: SessionRecall, close: bool) -> None:
@@ -285,7 +287,7 @@ def tool(target: Target, event: HookEvent) -> None:
     run = event.tool
     if run is None:
         return
-    check = {"kind": "edit"} if run.edited else None
+    check: Mapping[str, Any] | None = {"kind": "edit"} if run.edited else None
     if check is None and run.command is not None:
         check = recognise(run.command, run.output, run.exit_code, target.check_commands)
     if check is None:
@@ -293,7 +295,7 @@ def tool(target: Target, event: HookEvent) -> None:
     with SessionRecord.held(target, event) as record:
         current = record.current()
         if current is not None:
-            current.checks = [*current.checks, check][-RECORD_CHECKS:]
+            current.checks = [*current.checks, dict(check)][-RECORD_CHECKS:]
 
 
 def hold(target: Target, event: HookEvent) -> str | None:
@@ -394,6 +396,8 @@ def run(client: Client, hook: str, data_dir: str | None = None, config: str | No
         if step == "prompt":
             text = prompt(target, event)
             answer = None if text is None else client.context(text)
+        elif step == "permit":
+            answer = client.permit()
         elif step == "tool":
             tool(target, event)
         elif step == "stop":

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
+from memrl_mcp.models import SearchResult
 from memrl_mcp.surface.asking import Asking, InputRequiredError
 from memrl_mcp.surface.feedback import Feedback
 from memrl_mcp.surface.observability import Metrics
@@ -142,8 +143,10 @@ def served(
             except MemrlError as error:
                 call.status = "refused"
                 raise ToolError(str(error)) from None
-        content = [TextContent(type="text", text=text(result))]
-        return CallToolResult(content=content, structured_content=structured(result))
+        said = text(result)
+        if isinstance(result, SearchResult):
+            metrics.shown(len(said))
+        return CallToolResult(content=[TextContent(type="text", text=said)], structured_content=structured(result))
 
     parameters = arguments.parameters(tool.request)
     context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context[Any, Any])

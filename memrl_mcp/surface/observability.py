@@ -24,6 +24,7 @@ from memrl_mcp.models import iso_time
 
 CALLS_LOGGER = "memrl_mcp.calls"
 log = logging.getLogger(CALLS_LOGGER)
+SHOWN_BUCKETS = (100, 250, 500, 1000, 2000, 3000, 4000, 5000, 6000, 8000, 10_000, 20_000, 50_000)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 Status = Literal["ok", "refused", "error", "asking"]  # asking: a 2026-07-28 call that answered InputRequiredResult
 _RECORD_FIELDS = set(vars(logging.makeLogRecord({})))
@@ -92,7 +93,18 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._shown = Histogram(
+            "memrl_recall_text_chars",
+            "Characters of text one recall or search gives the model (what the plugin's hook adds to a prompt, but "
+            "for its two lines).",
+            buckets=SHOWN_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_StoreCollector(service))
+
+    def shown(self, chars: int) -> None:
+        """Count what one recall or search put into a model's context."""
+        self._shown.observe(chars)
 
     @contextmanager
     def call(self, tool: str) -> Iterator[Call]:
