@@ -782,3 +782,15 @@ async def test_a_model_claiming_success_over_failing_tests_cannot_raise_the_memo
             assert "pytest" in check["command"]
             memory = await read_json(client, f"memrl://memories/{stale['id']}")
             assert memory["q"] < 0 and memory["history"][-1]["claimed"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_held_stops_reason_handed_back_as_a_prompt_is_no_task_and_holds_nothing(alpha: ClaudeSession) -> None:
+    """Gemini CLI, Copilot CLI and Codex hand a held stop's reason to the model as the user's next prompt, and may
+    say stop_hook_active false after it: that prompt recalls nothing, and the next stop holds nothing (one hold per
+    recall, whatever the agent says)."""
+    found_nothing(alpha.prompt("write the changelog of the release"))
+    reason = held_for(alpha.stop())
+    let_go(alpha.prompt(reason))  # the agent's retry: our own words, no task
+    let_go(alpha.prompt(f"<hook_prompt hook_run_id=\"stop:1\">{reason}</hook_prompt>"))  # Codex wraps it
+    let_go(alpha.stop(active=False))

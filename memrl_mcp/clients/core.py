@@ -75,6 +75,7 @@ RECORD_DAYS = 7.0  # a record untouched this long belongs to a session that ende
 SAID_CHARS = 200  # of the user's words kept with their verdict (the server's limit)
 Step = Literal["prompt", "permit", "tool", "stop", "failed-stop", "end"]
 RECALLED = "memrl-mcp, the memory's hook, recalled for this prompt (no need to call recall_experience)."
+HOLD_OPENING = "The memory waits for a report:"  # how a held stop's reason begins (SessionRecord.echoes)
 PROFILE = {"MEMRL_TOOL_PROFILE": "hooks"}  # what the hooks' session is offered: recall, record_evidence, report
 
 
@@ -215,6 +216,11 @@ class SessionRecord:
     def waiting(self) -> list[SessionRecall]:
         return [recall for recall in self.recalls if not recall.settled]
 
+    def echoes(self, text: str) -> bool:
+        """Whether ``text`` is a hold of this session's hook handed back as a prompt (Gemini CLI, Copilot CLI and
+        Codex send a held stop's reason to the model as the user's next prompt): no task, no feedback."""
+        return HOLD_OPENING in text and any(f'recall_id "{recall.recall_id}"' in text for recall in self.recalls)
+
     def forget(self) -> None:
         """Empty this record, and remove the records of sessions that ended without saying so."""
         self.recalls = []
@@ -243,6 +249,8 @@ def prompt(target: Target, event: HookEvent) -> str | None:
         return None
     said = read_followup(event.prompt)
     with SessionRecord.held(target, event) as record:
+        if record.echoes(event.prompt):
+            return None
         before = record.current()
         if before is not None and said.verdict is not None:
             user = {"kind": "user", "passed": said.verdict, "said": " ".join(event.prompt.split())[:SAID_CHARS]}
@@ -336,7 +344,7 @@ def hold_reason(pending: Sequence[Mapping[str, Any]], scale: RewardScale) -> str
         for state in pending
     )
     return (
-        f"The memory waits for a report: {tasks}. For each task that is over, call report_outcome once with its "
+        f"{HOLD_OPENING} {tasks}. For each task that is over, call report_outcome once with its "
         f"recall_id, followed (the numbers of the recalled memories you followed), a reward ({scale}; what the "
         "evidence says decides it; unsure: leave it out), and an experience: on success the 3-5 steps that worked, "
         "on failure what went wrong and what to avoid. If this turn was not a task or the task goes on, stop without "
