@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -116,6 +117,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "session's recalls with their evidence (docs/claude-code.md).",
     )
     hook.add_argument(
+        "--client",
+        metavar="NAME",
+        help="The agent whose hook this is (claude-code, ...); default: the one the environment names, else Claude "
+        "Code (agents that run Claude Code's plugins run its hook commands as they are).",
+    )
+    hook.add_argument(
         "event",
         metavar="EVENT",
         help="user-prompt-submit, post-tool-use, post-tool-use-failure, stop, stop-failure or session-end",
@@ -166,9 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "local":
         return run_local(args)
     if args.command == "hook":
-        from memrl_mcp.clients import claude_code, core
+        from memrl_mcp.clients import client_named, core
 
-        return core.run(claude_code.CLIENT, args.event, args.data_dir, args.config)
+        try:
+            client = client_named(args.client, os.environ)
+        except ValueError as error:  # a hook never fails: it says why, and the agent goes on
+            print(f"memrl-mcp hook: {error}", file=sys.stderr)
+            return 0
+        return core.run(client, args.event, args.data_dir, args.config)
     return serve(args) if args.command is None else run_backup(args)
 
 
