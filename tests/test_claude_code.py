@@ -792,5 +792,21 @@ def test_a_held_stops_reason_handed_back_as_a_prompt_is_no_task_and_holds_nothin
     found_nothing(alpha.prompt("write the changelog of the release"))
     reason = held_for(alpha.stop())
     let_go(alpha.prompt(reason))  # the agent's retry: our own words, no task
-    let_go(alpha.prompt(f"<hook_prompt hook_run_id=\"stop:1\">{reason}</hook_prompt>"))  # Codex wraps it
+    let_go(alpha.prompt(f'<hook_prompt hook_run_id="stop:1">{reason}</hook_prompt>'))  # Codex wraps it
     let_go(alpha.stop(active=False))
+
+
+@pytest.mark.slow
+def test_thanks_a_greeting_or_feedback_is_no_task_and_the_users_word_is_evidence(alpha: ClaudeSession) -> None:
+    """A prompt that asks nothing (thanks, a greeting) is neither recalled for nor held; feedback on the task before
+    ("still failing") recalls nothing either, and is handed to that task's recall as the user's word, which the
+    stop's hold then names; a new task closes nothing that goes on."""
+    found_nothing(alpha.prompt("write the changelog of the release"))
+    for chat in ("thanks!", "good morning", "ok"):
+        let_go(alpha.prompt(chat))
+    let_go(alpha.prompt("it is still failing on the release branch"))
+    reason = held_for(alpha.stop())
+    assert "the user said it failed" in reason, reason
+    let_go(alpha.stop())
+    let_go(alpha.prompt("thanks, that's all"))
+    let_go(alpha.stop())  # nothing new to hold

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from memrl_mcp.clients.followups import FollowUp, read_followup
+from memrl_mcp.clients.followups import FollowUp, is_chat, read_followup
 
 _spec = importlib.util.spec_from_file_location("perf_followups", Path(__file__).parents[1] / "perf" / "followups.py")
 assert _spec is not None and _spec.loader is not None
@@ -74,3 +74,12 @@ def test_the_floors_measured_on_the_set_hold() -> None:
 )
 def test_what_a_follow_up_says(prompt: str, verdict: bool | None, continues: bool) -> None:
     assert read_followup(prompt) == FollowUp(verdict, continues)
+
+
+def test_a_prompt_that_asks_nothing_is_chat_and_a_request_is_not() -> None:
+    """The hooks neither recall for nor hold a prompt that asks nothing (issue 40.7)."""
+    chats = ("thanks!", "Thanks a lot.", "ok", "hi", "good morning!", "got it, thanks", "thanks, that's all", "lol")
+    for chat in chats:
+        assert is_chat(chat), chat
+    for task in ("fix the login bug", "thanks, now fix the login bug", "ok do it", "why?", "hi, can you add a test"):
+        assert not is_chat(task), task

@@ -6,10 +6,10 @@ step of the loop:
 
 - ``prompt``: first reads the prompt as what it may say of the task before it (:mod:`~memrl_mcp.clients.followups`:
   "works now, thanks", "still failing", a follow-up of the same work, or a new task): the user's verdict becomes
-  evidence of that task's recall, and a new task closes it with what its evidence says. Then, for a new task, recalls
-  and adds the recall's own text (what ``recall_experience`` answers a model) and how to report it to the model's
-  context. A prompt that goes on with the task before (a correction, feedback, a follow-up) recalls nothing: that
-  task's recall stays open.
+  evidence of that task's recall. Feedback, and a prompt that asks nothing (thanks, a greeting, a remark), recall
+  nothing and are held for nothing. Otherwise it recalls, and adds the recall's own text (what ``recall_experience``
+  answers a model, found or not) and how to report it to the model's context; the recall before stays open when the
+  prompt goes on with its work, and is closed with what its evidence says when the prompt is a new task.
 - ``tool``: records what a tool call showed, while a recall is open: a run of a test runner, a build, a type checker
   or a linter, passed or failed, with its counts (:mod:`~memrl_mcp.clients.checks`), or an edit of the files. Kept in
   the session's record until the next stop; never the output.
@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, TextIO
 
 from memrl_mcp.clients.checks import recognise
-from memrl_mcp.clients.followups import read_followup
+from memrl_mcp.clients.followups import is_chat, read_followup
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.local.attach import Target, attach, target_of
 from memrl_mcp.local.client import LocalClient, ToolCallError
@@ -247,7 +247,7 @@ def prompt(target: Target, event: HookEvent) -> str | None:
     memories found and how to report them, as context for the model."""
     if not event.is_task or not event.prompt.strip():
         return None
-    said = read_followup(event.prompt)
+    said, chat = read_followup(event.prompt), is_chat(event.prompt)
     with SessionRecord.held(target, event) as record:
         if record.echoes(event.prompt):
             return None
@@ -255,13 +255,13 @@ def prompt(target: Target, event: HookEvent) -> str | None:
         if before is not None and said.verdict is not None:
             user = {"kind": "user", "passed": said.verdict, "said": " ".join(event.prompt.split())[:SAID_CHARS]}
             before.checks = [*before.checks, user][-RECORD_CHECKS:]
-        if said.continues and (before is not None or said.verdict is not None):
+        if said.verdict is not None or chat:  # feedback on the task before, or no task: nothing to recall
             if before is not None:
                 with memory(target, event, start=True) as client:
                     hand_in(client, before, close=False)
-            return None  # the same task goes on (or a word on one closed already): nothing to recall
+            return None
         with memory(target, event, start=True) as client:
-            if before is not None:
+            if before is not None and not said.continues:
                 before.open = False  # a new task: the one before is over, and its evidence says how it went
                 hand_in(client, before, close=True)
             found = client.call("recall_experience", {"task": event.prompt[:TASK_CHARS]})

@@ -45,7 +45,8 @@ NEGATOR = r"(?:not|never|no longer|n't|stopped|hardly|used to)"
 WORKED = re.compile(
     r"(?<!let's )(?<!start )\b(?:works|worked)\b|\b(?:it's|is|are|now|still|finally|everything's|all|seems to be|'s"
     r"|confirmed) working\b|\bworking (?:now|fine|again|perfectly|great)\b"
-    r"|\bsorted (?:it|that)\b|\b(?:fixed|solved|resolved|perfect(?:ly)?|lgtm|awesome|excellent|brilliant|great|nice|amazing"
+    r"|\bsorted (?:it|that)\b|\b(?:fixed|solved|resolved|perfect(?:ly)?|lgtm|awesome|excellent|brilliant|great|nice"
+    r"|amazing"
     r"|fantastic|wonderful|correct|exactly|confirmed|nailed it|ship it|well done|did the trick|all good)\b"
     r"|\b(?:tests?|it|they|all|suite|build|ci|checks?|everything)(?: \w+)? (?:pass|passes|passing|passed)\b"
     r"|^(?:pass|passes|passing|passed)\b|\b(?:looks?|all) (?:good|great|fine|correct|right)\b"
@@ -67,7 +68,8 @@ FAILED = re.compile(
     r"|\bbroke (?:the|my|it|everything)|\bbroken again\b|\bbreaks everything\b"
     r"|^(?:please |can you |could you )?(?:revert|undo|roll ?back)\b|\broll (?:it|that|this|them) back\b"
     r"|\bput (?:it|that|them|this) back\b"
-    r"|^(?:(?:hmm+|oh|ah|well|um+)\W+)?(?:no|nope|nah)(?:\s*[,.!]|\s*$|\s+(?:i meant|that|this|it|use|keep|no|luck|good)\b)"
+    r"|^(?:(?:hmm+|oh|ah|well|um+)\W+)?(?:no|nope|nah)"
+    r"(?:\s*[,.!]|\s*$|\s+(?:i meant|that|this|it|use|keep|no|luck|good)\b)"
     r"|\b(?:wrong|incorrect)\b|\bnot what i (?:asked|wanted|meant)|\bi meant\b"
     r"|\b(?:made it|is|it's) worse\b|\bworse than\b|\bsame (?:error|problem|issue|result|traceback|thing)\b"
     r"|(?<!\bthe )(?<!\ba )\b(?:fails?|failing|failed)\b|(?<!\bthe )\b(?:crash(?:es|ed|ing)?|hangs|hanging)\b"
@@ -190,6 +192,22 @@ def read_followup(prompt: str) -> FollowUp:
     pointing = bool(POINTING.search(" ".join(words[:4])) or re.match(r"(?:\w+ )?that\b", rest) or THAT.search(rest))
     pointing = pointing or (len(words) <= 8 and POINTING.search(" ".join(words[-2:])) is not None)
     return FollowUp(verdict, bool(SAME_WORK.search(rest) or pointing or (said and verdict is None)))
+
+
+CHAT = re.compile(
+    r"(?:(?:thanks?|thank you|thx|ty|cheers|ok|okay|cool|sure|yes|yep|yeah|no|nope|alright|great|nice|got it"
+    r"|sounds good|makes sense|hi|hello|hey|good (?:morning|afternoon|evening|night)|bye|see you|interesting|wow"
+    r"|lol|haha|hmm|ah|oh|i see|fair enough|noted|understood|you're welcome|np|no problem|that's all|that's it"
+    r"|that is all|nothing else|all done|that will do)(?:\s+(?:a lot|so much"
+    r"|very much|again|there|all|everyone|then))?[\s\W]*)+"
+)
+"""A prompt made only of thanks, greetings and remarks on the conversation: no task (:func:`is_chat`)."""
+
+
+def is_chat(prompt: str) -> bool:
+    """Whether ``prompt`` asks nothing: an acknowledgement, a greeting, a remark on the conversation. The hooks
+    recall nothing for it and hold no stop for it."""
+    return CHAT.fullmatch(_normal(prompt)) is not None
 
 
 def _says(clause: str) -> bool:
