@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -142,8 +143,21 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+PRIVATE_UMASK = 0o077
+"""Every file and folder a command makes (a store's, as its engine makes them, in this process or a rebuild's child;
+a backup; a log) is its user's alone: memories hold secrets (memrl_mcp/storage/private.py)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    previous = os.umask(PRIVATE_UMASK)
+    try:
+        return _command(args)
+    finally:
+        os.umask(previous)  # a command run inside another program (a test) gives it its umask back
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command is None and args.transport == "stdio" and not args.no_attach:
         from memrl_mcp.local import attach, relay
 
