@@ -139,7 +139,25 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, **{name: value for name, value in given.items() if value is not None})
 
 
+STOPS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM (service managers, uvicorn raising it again after its own shutdown) and SIGINT stop a server as Ctrl-C
+    does: the KeyboardInterrupt its serving code ends on, then the close of its store, which must run to its end."""
+    for signum in STOPS:
+        signal.signal(signum, _interrupt)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """The first stop: from now on the stop signals are ignored. A stop repeated while the store closes (a service
+    manager's second SIGTERM, Ctrl-C pressed twice) would raise in the middle of the close and cut its flush short;
+    nothing acknowledged would be lost (the write-ahead log has it), but the next start would find a store to replay
+    and count again. Ignored rather than handled in Python: an ignored signal stays ignored through the interpreter's
+    own shutdown, where a Python handler is dropped and the signal would kill the process that has just closed
+    cleanly."""
+    for stop in STOPS:
+        signal.signal(stop, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -206,9 +224,7 @@ def serve(args: argparse.Namespace) -> int:
         if args.transport == "stdio"
         else f" on {serving.host}:{serving.port}, {'bearer tokens' if tokens else 'no token'}",
     )
-    # SIGTERM (service managers, uvicorn re-raising it after its own shutdown) must still close the
-    # store cleanly: turn it into the KeyboardInterrupt that the finally clause below handles.
-    signal.signal(signal.SIGTERM, _interrupt)
+    _stop_on_signals()  # a KeyboardInterrupt, which the finally clause below turns into a close
     try:
         http.serve(service, args.transport, serving.host, serving.port, tokens)
     except KeyboardInterrupt:
@@ -344,7 +360,7 @@ def _run_local_server(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings.serving.log_format, bool(settings.serving.log_calls))
-    signal.signal(signal.SIGTERM, _interrupt)  # a stop by signal ends the sessions as the stop command does
+    _stop_on_signals()  # a stop by signal ends the sessions as the stop command does, then closes the store
     return local.run(settings)
 
 
