@@ -20,6 +20,8 @@ from memrl_mcp import __version__
 from memrl_mcp.errors import MemrlError
 
 if TYPE_CHECKING:
+    from memrl_mcp.local.place import Place
+    from memrl_mcp.memory.service import MemoryService
     from memrl_mcp.settings import Settings
 
 log = logging.getLogger("memrl_mcp")
@@ -199,7 +201,6 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from memrl_mcp.memory.service import MemoryService
     from memrl_mcp.settings import SettingsError
     from memrl_mcp.surface.observability import configure_logging
     from memrl_mcp.transports import http  # the MCP and HTTP stack: not loaded by export / import
@@ -210,9 +211,14 @@ def serve(args: argparse.Namespace) -> int:
         log_calls = serving.log_calls if serving.log_calls is not None else args.transport != "stdio"
         configure_logging(serving.log_format, log_calls)
         tokens = http.tokens_for(serving, args.transport, serving.host)
-        service = MemoryService.open(settings)
+        service = _open(settings)
     except (SettingsError, MemrlError) as error:  # a locked store, a full disk, a tampered or uncalibrated model
-        print(f"memrl-mcp: {error}{_held_by_local_server(args)}", file=sys.stderr)
+        reason = f"{error}{_held_by_local_server(args)}"
+        if args.transport == "stdio":  # the client gets the reason as its answer, not a closed pipe
+            from memrl_mcp.local.relay import refuse
+
+            return refuse(reason)
+        print(f"memrl-mcp: {reason}", file=sys.stderr)
         return 2
     where = settings.storage.qdrant_url or settings.storage.data_dir
     log.info(
@@ -232,6 +238,54 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         service.close()
     return 0
+
+
+def _open(settings: Settings) -> MemoryService:
+    """The service of a server. A read-only server reads a copy of the store, which it cannot take while a server
+    writes the store: the user's local server of the store lingers ``local_idle_seconds`` after its last session,
+    so one that serves no session is stopped first (a session that comes later starts it again); one that serves
+    sessions keeps the store, and the refusal says so."""
+    from memrl_mcp.memory.service import MemoryService
+    from memrl_mcp.storage import StoreLockedError
+
+    try:
+        return MemoryService.open(settings)
+    except StoreLockedError:
+        if not settings.serving.read_only or not _stop_idle_local_server(settings):
+            raise
+    return MemoryService.open(settings)
+
+
+def _stop_idle_local_server(settings: Settings) -> bool:
+    """Stop the user's local server of the store if it serves no session; whether it is gone."""
+    from memrl_mcp.local import attach
+    from memrl_mcp.local.place import place_of
+
+    target = attach.Target(settings.storage.data_dir, settings.serving.runtime_dir, Path.cwd())
+    try:
+        place = place_of(target.data_dir, target.runtime_dir)
+        status = attach.attach(target, "status", start=False)
+        status.connection.close()
+        if status.answer.sessions:
+            return False
+        attach.attach(target, "stop", start=False).connection.close()
+    except (MemrlError, OSError):
+        return False
+    log.info("stopping the idle local memory server of %s (pid %d) to copy its store", target.data_dir,
+             status.answer.pid)  # fmt: skip
+    return _gone(place)
+
+
+def _gone(place: Place) -> bool:
+    """Wait for the local server of ``place`` to end (a stop asked of it) for as long as a start may take; whether it
+    has."""
+    from memrl_mcp.local.attach import POLL_SECONDS, START_SECONDS
+    from memrl_mcp.local.place import owner_running
+
+    deadline = time.monotonic() + START_SECONDS
+    while owner_running(place) and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+    return not owner_running(place)
 
 
 def run_backup(args: argparse.Namespace) -> int:
@@ -320,7 +374,7 @@ def run_config(args: argparse.Namespace) -> int:
 def run_local(args: argparse.Namespace) -> int:
     """``local``: the store's local server (``run``, ``status``, ``ui``, ``stop``); a refusal is a message, status 2."""
     from memrl_mcp.local import attach
-    from memrl_mcp.local.place import AttachError, owner_running, place_of
+    from memrl_mcp.local.place import AttachError, place_of
 
     try:
         if args.action == "run":
@@ -347,9 +401,7 @@ def run_local(args: argparse.Namespace) -> int:
               f"{answer.sessions} session(s), since {since}")  # fmt: skip
         print(f"inspector: {answer.ui}\nsocket: {place.socket}")
         return 0
-    deadline = time.monotonic() + attach.START_SECONDS
-    while owner_running(place) and time.monotonic() < deadline:
-        time.sleep(attach.POLL_SECONDS)
+    _gone(place)
     print(f"local memory server of {target.data_dir}: stopped (pid {answer.pid})")
     return 0
 
@@ -373,7 +425,16 @@ def _held_by_local_server(args: argparse.Namespace) -> str:
         running = owner_running(place_of(settings.storage.data_dir, settings.serving.runtime_dir))
     except (MemrlError, OSError):
         return ""
-    return " The local memory server of this store holds it: `memrl-mcp local stop` stops it." if running else ""
+    if not running:
+        return ""
+    if settings.serving.read_only:
+        return (
+            " The local memory server of this store holds it for the sessions attached to it: a read-only server "
+            "reads a copy of the store, which it cannot take while another server writes it. Offer a profile that "
+            "writes (core), whose sessions share that server's memory, or stop the sessions first (`memrl-mcp local "
+            "stop` stops the server; they start it again at their next call)."
+        )
+    return " The local memory server of this store holds it: `memrl-mcp local stop` stops it."
 
 
 if __name__ == "__main__":
