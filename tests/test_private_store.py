@@ -6,6 +6,8 @@ the local server made its stores 0755 / 0644: the secret was read out of the wri
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -17,6 +19,7 @@ from mcp import Client
 from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
 
+from memrl_harness.results import RunDir
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.archive import write_records
@@ -33,6 +36,7 @@ SECRET = "the-vault-password-is-tangerine-4711"
 TASK = "Rotate the credentials of the staging database"
 NOTHING: dict[str, list[str]] = {"listed": [], "read": [], "found": []}
 START_S = 240  # a server's cold start on a loaded machine
+HARNESS = [sys.executable, "-m", "memrl_harness.cli"]
 
 
 @pytest.fixture
@@ -263,3 +267,29 @@ async def test_readers_make_the_store_and_what_they_write_private(base: Path, em
     assert what_nobody_gets("delta", output, data_dir) == NOTHING
     assert not_private(output, data_dir) == []
     assert list(scratch.glob("memrl-read-only-*")) == []  # each copy removed at its close (onnxruntime leaves a .ses)
+
+
+def test_a_benchmark_runs_folder_is_its_users_alone(base: Path) -> None:
+    """The harness's run folder holds its memory store, its episodes and trajectories (the memories recalled into
+    each prompt among them) and its memory server's log: none of it can another user list or read."""
+    run_dir = base / "runs" / "controlled-memrl"
+    run = [
+        *HARNESS,
+        "run",
+        "controlled",
+        "--mode",
+        "memrl",
+        "--run-dir",
+        str(run_dir),
+        "--tasks",
+        "16",
+        "--epochs",
+        "1",
+    ]
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MEMRL_")}
+    done = subprocess.run(run, cwd=base, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    stored = next(record.stored_id for record in RunDir(run_dir).episodes() if record.stored_id)
+    assert len(holding(stored, run_dir)) >= 2  # the episodes and the store's write-ahead log name the memory
+    assert {path.name for path in run_dir.iterdir()} >= {"episodes.jsonl", "trajectories.jsonl.gz", "memory"}
+    assert what_nobody_gets(stored, run_dir) == NOTHING
