@@ -398,7 +398,7 @@ def write_curve(run_dir: RunDir, config: RunConfig) -> None:
 def write_summary(run_dir: RunDir | Path, summary: RunSummary) -> None:
     """``summary.json`` (the whole summary) and ``summary.csv`` (one row per epoch) in the run folder."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    run.path.mkdir(parents=True, exist_ok=True)
+    run.make()
     run.summary_json.write_text(summary.model_dump_json(indent=2) + "\n")
     columns, rows = csv_rows(summary)
     with run.summary_csv.open("w", newline="") as out:

@@ -213,7 +213,8 @@ def bound(text: str, limit: int | None = None) -> str:
 
 
 class RunDir:
-    """The files of one run under ``path``."""
+    """The files of one run under ``path``, a folder only its user may enter (made 0700): its episodes and
+    trajectories hold what the agent was asked and did, the memories recalled into its prompts among it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -234,8 +235,13 @@ class RunDir:
         return RunDir(self.path / TRANSFER_DIR)
 
     def write_config(self, config: RunConfig) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.make()
         self.config_file.write_text(config.model_dump_json(indent=2) + "\n")
+
+    def make(self) -> None:
+        """The run's folder, made private if missing (its parents as the umask has them)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(mode=0o700, exist_ok=True)
 
     def read_config(self) -> RunConfig:
         return RunConfig.model_validate_json(self.config_file.read_text())
@@ -248,7 +254,7 @@ class RunDir:
 
     def append_trajectory(self, record: TrajectoryRecord) -> None:
         """One gzip member per episode, appended and synced: a kill tears at most the last one."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.make()
         with self.trajectories_file.open("ab") as out:
             out.write(gzip.compress(record.model_dump_json().encode() + b"\n"))
             out.flush()

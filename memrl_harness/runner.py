@@ -140,7 +140,7 @@ async def _stdio_memory_client(
         env[ENV_SAMPLINGS] = str(MAX_SAMPLINGS)
     # The server's log lines (one per call) are for whoever debugs this run, not for the terminal: they go to the
     # run folder.
-    log_dir.path.mkdir(parents=True, exist_ok=True)
+    log_dir.make()
     with log_dir.server_log.open("a") as log:
         server = StdioServerParameters(command=sys.executable, args=args, env=env)
         async with Client(stdio_client(server, errlog=log), **callbacks) as client:
@@ -265,6 +265,7 @@ class Runner:
     def prepare(self) -> set[tuple[int, str]]:
         """Write or check the run's config, and the memory server's settings file; the (epoch, task id) pairs
         already done."""
+        self.run_dir.make()
         if self.config.memory_config:
             self._write_memory_settings(Path(self.config.memory_config))
         if self.run_dir.config_file.exists():
@@ -332,7 +333,7 @@ class Runner:
                     write_curve(phase.run_dir, self.config)
                 counter.step()
 
-        phase.run_dir.path.mkdir(parents=True, exist_ok=True)
+        phase.run_dir.make()
         for epoch in range(1, phase.epochs + 1):
             async with anyio.create_task_group() as group:
                 for position, task in enumerate(epoch_order(phase.tasks, self.config.seed, epoch)):

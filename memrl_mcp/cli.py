@@ -20,6 +20,8 @@ from memrl_mcp import __version__
 from memrl_mcp.errors import MemrlError
 
 if TYPE_CHECKING:
+    from memrl_mcp.local.place import Place
+    from memrl_mcp.memory.service import MemoryService
     from memrl_mcp.settings import Settings
 
 log = logging.getLogger("memrl_mcp")
@@ -151,8 +153,31 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, **{name: value for name, value in given.items() if value is not None})
 
 
+STOPS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM (service managers, uvicorn raising it again after its own shutdown) and SIGINT stop a server as Ctrl-C
+    does: the KeyboardInterrupt its serving code ends on, then the close of its store, which must run to its end."""
+    for signum in STOPS:
+        signal.signal(signum, _interrupt)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """The first stop: from now on the stop signals are ignored. A stop repeated while the store closes (a service
+    manager's second SIGTERM, Ctrl-C pressed twice) would raise in the middle of the close and cut its flush short;
+    nothing acknowledged would be lost (the write-ahead log has it), but the next start would find a store to replay
+    and count again. Ignored rather than handled in Python: an ignored signal stays ignored through the interpreter's
+    own shutdown, where a Python handler is dropped and the signal would kill the process that has just closed
+    cleanly."""
+    for stop in STOPS:
+        signal.signal(stop, signal.SIG_IGN)
     raise KeyboardInterrupt
+
+
+PRIVATE_UMASK = 0o077
+"""Every file and folder a command makes (a store's, as its engine makes them, in this process or a rebuild's child;
+a backup; a log) is its user's alone: memories hold secrets (memrl_mcp/storage/private.py)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,6 +191,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    previous = os.umask(PRIVATE_UMASK)
+    try:
+        return _command(args)
+    finally:
+        os.umask(previous)  # a command run inside another program (a test) gives it its umask back
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command is None and args.transport == "stdio" and not args.no_attach:
         from memrl_mcp.local import attach, relay
 
@@ -194,7 +227,6 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from memrl_mcp.memory.service import MemoryService
     from memrl_mcp.settings import SettingsError
     from memrl_mcp.surface.observability import configure_logging
     from memrl_mcp.transports import http  # the MCP and HTTP stack: not loaded by export / import
@@ -205,9 +237,14 @@ def serve(args: argparse.Namespace) -> int:
         log_calls = serving.log_calls if serving.log_calls is not None else args.transport != "stdio"
         configure_logging(serving.log_format, log_calls)
         tokens = http.tokens_for(serving, args.transport, serving.host)
-        service = MemoryService.open(settings)
+        service = _open(settings)
     except (SettingsError, MemrlError) as error:  # a locked store, a full disk, a tampered or uncalibrated model
-        print(f"memrl-mcp: {error}{_held_by_local_server(args)}", file=sys.stderr)
+        reason = f"{error}{_held_by_local_server(args)}"
+        if args.transport == "stdio":  # the client gets the reason as its answer, not a closed pipe
+            from memrl_mcp.local.relay import refuse
+
+            return refuse(reason)
+        print(f"memrl-mcp: {reason}", file=sys.stderr)
         return 2
     where = settings.storage.qdrant_url or settings.storage.data_dir
     log.info(
@@ -219,9 +256,7 @@ def serve(args: argparse.Namespace) -> int:
         if args.transport == "stdio"
         else f" on {serving.host}:{serving.port}, {'bearer tokens' if tokens else 'no token'}",
     )
-    # SIGTERM (service managers, uvicorn re-raising it after its own shutdown) must still close the
-    # store cleanly: turn it into the KeyboardInterrupt that the finally clause below handles.
-    signal.signal(signal.SIGTERM, _interrupt)
+    _stop_on_signals()  # a KeyboardInterrupt, which the finally clause below turns into a close
     try:
         http.serve(service, args.transport, serving.host, serving.port, tokens)
     except KeyboardInterrupt:
@@ -229,6 +264,54 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         service.close()
     return 0
+
+
+def _open(settings: Settings) -> MemoryService:
+    """The service of a server. A read-only server reads a copy of the store, which it cannot take while a server
+    writes the store: the user's local server of the store lingers ``local_idle_seconds`` after its last session,
+    so one that serves no session is stopped first (a session that comes later starts it again); one that serves
+    sessions keeps the store, and the refusal says so."""
+    from memrl_mcp.memory.service import MemoryService
+    from memrl_mcp.storage import StoreLockedError
+
+    try:
+        return MemoryService.open(settings)
+    except StoreLockedError:
+        if not settings.serving.read_only or not _stop_idle_local_server(settings):
+            raise
+    return MemoryService.open(settings)
+
+
+def _stop_idle_local_server(settings: Settings) -> bool:
+    """Stop the user's local server of the store if it serves no session; whether it is gone."""
+    from memrl_mcp.local import attach
+    from memrl_mcp.local.place import place_of
+
+    target = attach.Target(settings.storage.data_dir, settings.serving.runtime_dir, Path.cwd())
+    try:
+        place = place_of(target.data_dir, target.runtime_dir)
+        status = attach.attach(target, "status", start=False)
+        status.connection.close()
+        if status.answer.sessions:
+            return False
+        attach.attach(target, "stop", start=False).connection.close()
+    except (MemrlError, OSError):
+        return False
+    log.info("stopping the idle local memory server of %s (pid %d) to copy its store", target.data_dir,
+             status.answer.pid)  # fmt: skip
+    return _gone(place)
+
+
+def _gone(place: Place) -> bool:
+    """Wait for the local server of ``place`` to end (a stop asked of it) for as long as a start may take; whether it
+    has."""
+    from memrl_mcp.local.attach import POLL_SECONDS, START_SECONDS
+    from memrl_mcp.local.place import owner_running
+
+    deadline = time.monotonic() + START_SECONDS
+    while owner_running(place) and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+    return not owner_running(place)
 
 
 def run_backup(args: argparse.Namespace) -> int:
@@ -317,7 +400,7 @@ def run_config(args: argparse.Namespace) -> int:
 def run_local(args: argparse.Namespace) -> int:
     """``local``: the store's local server (``run``, ``status``, ``ui``, ``stop``); a refusal is a message, status 2."""
     from memrl_mcp.local import attach
-    from memrl_mcp.local.place import AttachError, owner_running, place_of
+    from memrl_mcp.local.place import AttachError, place_of
 
     try:
         if args.action == "run":
@@ -346,9 +429,7 @@ def run_local(args: argparse.Namespace) -> int:
               f"{answer.sessions} session(s), since {since}")  # fmt: skip
         print(f"inspector: {answer.ui}\nsocket: {place.socket}")
         return 0
-    deadline = time.monotonic() + attach.START_SECONDS
-    while owner_running(place) and time.monotonic() < deadline:
-        time.sleep(attach.POLL_SECONDS)
+    _gone(place)
     print(f"local memory server of {target.data_dir}: stopped (pid {answer.pid})")
     return 0
 
@@ -359,7 +440,7 @@ def _run_local_server(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings.serving.log_format, bool(settings.serving.log_calls))
-    signal.signal(signal.SIGTERM, _interrupt)  # a stop by signal ends the sessions as the stop command does
+    _stop_on_signals()  # a stop by signal ends the sessions as the stop command does, then closes the store
     return local.run(settings)
 
 
@@ -372,7 +453,16 @@ def _held_by_local_server(args: argparse.Namespace) -> str:
         running = owner_running(place_of(settings.storage.data_dir, settings.serving.runtime_dir))
     except (MemrlError, OSError):
         return ""
-    return " The local memory server of this store holds it: `memrl-mcp local stop` stops it." if running else ""
+    if not running:
+        return ""
+    if settings.serving.read_only:
+        return (
+            " The local memory server of this store holds it for the sessions attached to it: a read-only server "
+            "reads a copy of the store, which it cannot take while another server writes it. Offer a profile that "
+            "writes (core), whose sessions share that server's memory, or stop the sessions first (`memrl-mcp local "
+            "stop` stops the server; they start it again at their next call)."
+        )
+    return " The local memory server of this store holds it: `memrl-mcp local stop` stops it."
 
 
 if __name__ == "__main__":

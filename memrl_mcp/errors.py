@@ -25,6 +25,7 @@ The tree, each class with the module that defines it (``tests/test_errors.py`` h
         SettingsError                   settings.groups: a bad setting, named
         StoreLockedError                storage.store: another process holds the embedded store
         StoreMissingError               storage.store: no store where a read-only server looks
+        StoreNotPrivateError            storage.private: another user's store is open to others
         StoreNotWritableError           storage.store: the store's folder cannot be written
         UncalibratedModelError          embeddings.base: a model without the similarity constants it needs
         WriteContentionError            memory.ledger: a conditional write lost too many races in a row

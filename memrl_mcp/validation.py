@@ -227,7 +227,17 @@ def _uuid(text: str) -> str:
 CandidateCount = Annotated[int, Field(ge=1, le=MAX_K, strict=True)]
 QWeight = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False, strict=True)]
 Similarity = Annotated[float, Field(ge=-1.0, le=1.0, allow_inf_nan=False, strict=True)]
-NamespaceName = Annotated[str, Field(pattern=NAMESPACE_PATTERN, strict=True)]
+
+
+def _named(namespace: str) -> str:
+    """``.`` and ``..`` match the pattern but name nothing: they are path segments, which a client that normalises
+    its URIs drops (``memrl://stats/..`` is read as ``memrl://stats``, as a browser's or Electron's URL parser does)."""
+    if namespace in (".", ".."):
+        raise ValueError(f"{namespace!r} is a path segment, not a name (memrl://stats/{namespace} would lose it)")
+    return namespace
+
+
+NamespaceName = Annotated[str, Field(pattern=NAMESPACE_PATTERN, strict=True), AfterValidator(_named)]
 TextQuery = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_QUERY_CHARS, strict=True), AfterValidator(has_word)]
 
 K = Rule[int](CandidateCount)

@@ -16,9 +16,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 import zipfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from io import BytesIO
 from pathlib import Path
@@ -28,9 +29,11 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
 
 import memrl_mcp
 from memrl_mcp.settings import GROUP_OF, TOOL_PROFILES, load_settings
+from tests.support.local import servers_of, stop_all
 from tests.support.mcp import call
 
 pytestmark = pytest.mark.slow  # node, a wheel build, uv and server processes
@@ -190,3 +193,89 @@ async def test_the_bundle_runs_as_claude_desktop_starts_it_and_then_offline(
     with zipfile.ZipFile(bundle) as archive:
         unpacked = {name.split("/")[0] for name in archive.namelist()}
     assert {path.name for path in extension.iterdir()} == {".venv", *unpacked}
+
+
+@pytest.fixture(scope="module")
+def extension(bundle: Path, mcpb: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundle unpacked as Claude Desktop unpacks it, for the tests of its settings (the first start installs)."""
+    folder = tmp_path_factory.mktemp("extensions") / "local.mcpb.memrl-mcp"
+    subprocess.run([str(mcpb), "unpack", str(bundle), str(folder)], check=True, capture_output=True, timeout=120)
+    return folder
+
+
+@pytest.fixture
+def runtime() -> Iterator[Path]:
+    """A runtime folder of the test's own for the local servers the bundle's sessions start, stopped at the end."""
+    folder = Path(tempfile.mkdtemp(prefix="mrl", dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        stop_all(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def desktop_refusal(extension: Path, env: dict[str, str], user_values: dict[str, str], log: Path) -> str:
+    """The error Claude Desktop gets at the handshake of a server that refuses its settings."""
+    try:
+        async with serve_as_desktop(extension, env, user_values, log):
+            pass
+    except Exception as error:
+        cause: BaseException = error
+        while isinstance(cause, BaseExceptionGroup):
+            cause = cause.exceptions[0]
+        assert isinstance(cause, MCPError), repr(cause)
+        return str(cause)
+    pytest.fail(f"the settings {user_values} were served")
+
+
+@pytest.mark.anyio
+async def test_the_data_folder_and_namespace_are_taken_as_the_user_means_them(
+    extension: Path, bundle: Path, runtime: Path, tmp_path: Path
+) -> None:
+    """``~/mem`` is in the user's home; a relative folder, which would live inside the extension's own folder (replaced
+    at each update), and the namespace ``..``, which the server's own rule refuses, are answered with the reason."""
+    home, log = tmp_path / "home", tmp_path / "servers.log"
+    home.mkdir()
+    env = app_env(tmp_path, HOME=str(home), MEMRL_RUNTIME_DIR=str(runtime))
+    task = "Renew the TLS certificate of the intranet"
+    with anyio.fail_after(TIMEOUT_S):  # the first start of this extension installs its dependencies
+        async with serve_as_desktop(extension, env, {"data_dir": "~/mem"}, log) as client:
+            stored = await call(client, "store_experience", task=task, experience="certbot renew, then reload nginx")
+            assert [m["id"] for m in (await call(client, "recall_experience", task=task))["memories"]] == [stored["id"]]
+        assert (home / "mem" / "memrl" / "edge").is_dir()
+
+        relative = await desktop_refusal(extension, env, {"data_dir": "mem"}, log)
+        assert "data folder (MEMRL_DATA_DIR): 'mem' is a relative path" in relative, relative
+        dots = await desktop_refusal(extension, env, {"namespace": ".."}, log)
+        assert "namespace" in dots and "'..' is a path segment, not a name" in dots, dots
+    with zipfile.ZipFile(bundle) as archive:
+        unpacked = {name.split("/")[0] for name in archive.namelist()}
+    assert {path.name for path in extension.iterdir()} == {".venv", *unpacked}  # no "~", no "mem"
+
+
+@pytest.mark.anyio
+async def test_the_read_only_profile_answers_beside_the_local_server(
+    extension: Path, runtime: Path, tmp_path: Path
+) -> None:
+    """``read_only`` runs in a process of its own, which reads a copy of the store. The local server that the other
+    profiles' sessions attach to lingers after them, idle: it is stopped for the copy, and read_only serves. While
+    it serves a session, read_only is answered with the reason, and that session goes on."""
+    log, chosen = tmp_path / "servers.log", {"data_dir": str(tmp_path / "memories")}
+    env = app_env(tmp_path, MEMRL_RUNTIME_DIR=str(runtime))
+    task = "Rebuild the search index after the schema change"
+    with anyio.fail_after(TIMEOUT_S):
+        async with serve_as_desktop(extension, env, chosen, log) as client:
+            stored = await call(client, "store_experience", task=task, experience="reindex with zero downtime")
+        assert servers_of(runtime), "no local server lingers after the session"
+
+        async with serve_as_desktop(extension, env, chosen | {"tool_profile": "read_only"}, log) as reader:
+            assert {tool.name for tool in (await reader.list_tools()).tools} == set(TOOL_PROFILES["read_only"])
+            found = await call(reader, "search_experience", task=task)
+            assert [memory["id"] for memory in found["memories"]] == [stored["id"]]
+        assert servers_of(runtime) == []
+
+        async with serve_as_desktop(extension, env, chosen, log) as writer:
+            refused = await desktop_refusal(extension, env, chosen | {"tool_profile": "read_only"}, log)
+            assert "a read-only server reads a copy of the store" in refused and "(core)" in refused, refused
+            recalled = await call(writer, "recall_experience", task=task)
+            assert [memory["id"] for memory in recalled["memories"]] == [stored["id"]]

@@ -183,11 +183,14 @@ class MemoryService:
         return self._ledger.conflicts
 
     def close(self) -> None:
-        """Refuse new calls, wait for the ones in flight, then close the store."""
+        """Refuse new calls, wait for the ones in flight, then close the store, which flushes what it holds; logged
+        when it begins and when it has finished (what an operator stopping a server looks for)."""
+        log.info("closing the memory store")
         with self._calls:
             self._closed = True
             self._calls.wait_for(lambda: self._active_calls == 0)
         self._store.close()
+        log.info("memory store closed")
 
     @contextmanager
     def _call(self) -> Iterator[None]:

@@ -34,6 +34,7 @@ from memrl_mcp.storage.edge_index import (
 )
 from memrl_mcp.storage.files import sync_folder, write_atomically
 from memrl_mcp.storage.numbers import kept
+from memrl_mcp.storage.private import seal
 from memrl_mcp.storage.store import (
     EXPIRY,
     INDEXES,
@@ -571,7 +572,7 @@ class EdgeStore:
 
     def close(self) -> None:
         """Stop a build in flight (its child is killed, its folder removed), then flush, close and save the
-        counts."""
+        counts; what the engine made under an open umask is then made private (:func:`seal`)."""
         with self._writing:
             self._closing = True
             builder, child = self._builder, self._child
@@ -589,6 +590,7 @@ class EdgeStore:
                 write_atomically(self._path / TALLY, lambda stream: stream.write(saved))
             except OSError as error:  # a full disk: the next open counts the memories again
                 log.warning("could not save the memories' counts (%s); the next open recounts them", error)
+        seal(self._path)
 
 
 @dataclass

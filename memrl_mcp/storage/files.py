@@ -50,8 +50,9 @@ def sync_folder(folder: Path) -> None:
 def copy_sparse(source: Path, target: Path) -> None:
     """Copy the folder tree ``source`` to ``target`` (which must not exist), keeping the holes of sparse files:
     qdrant-edge preallocates its write-ahead log and page files as 32 MB files that are mostly holes (an empty store
-    is almost all holes), which a plain copy would write out in full."""
-    target.mkdir()
+    is almost all holes), which a plain copy would write out in full. The copy is private (folders 0700, files
+    0600), whatever the umask: it holds every memory of the store."""
+    target.mkdir(mode=0o700)
     for entry in os.scandir(source):
         destination = target / entry.name
         if entry.is_dir(follow_symlinks=False):
@@ -61,7 +62,8 @@ def copy_sparse(source: Path, target: Path) -> None:
 
 
 def _copy_file_sparse(source: Path, target: Path) -> None:
-    with source.open("rb") as src, target.open("wb") as dst:
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    with source.open("rb") as src, os.fdopen(fd, "wb") as dst:
         size = os.fstat(src.fileno()).st_size
         for start, end in _extents(src.fileno(), 0, size):
             src.seek(start)

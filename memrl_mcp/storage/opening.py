@@ -1,5 +1,6 @@
-"""Opening the store the settings name: a Qdrant server, or an embedded engine under ``data_dir`` with its usage
-metered for quotas, or, read-only, a private copy of it that nothing writes back."""
+"""Opening the store the settings name: a Qdrant server, or an embedded engine under ``data_dir`` made private to
+its user (:mod:`~memrl_mcp.storage.private`) with its usage metered for quotas, or, read-only, a private copy of it
+that nothing writes back."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from memrl_mcp.storage.disk import MB, DiskFullError, DiskRoom
 from memrl_mcp.storage.edge import EdgeStore
 from memrl_mcp.storage.files import allocated_bytes, copy_sparse, flocked, free_bytes
 from memrl_mcp.storage.layers import ReadOnlyStore
+from memrl_mcp.storage.private import make_private
 from memrl_mcp.storage.qdrant import QdrantClientStore
 from memrl_mcp.storage.store import Store, StoreLockedError, StoreNotWritableError
 
@@ -25,7 +27,9 @@ ENGINE_FOLDERS = {"edge": "edge", "qdrant-local": "qdrant-local"}
 def open_store(settings: StorageSettings, dim: int, read_only: bool = False) -> Store:
     """The store the settings ask for: a Qdrant server if a URL is set, else an embedded engine, whose usage per
     namespace is measured (:class:`~memrl_mcp.storage.quota.MeteredStore`); ``read_only``: a store that refuses
-    every write (:class:`~memrl_mcp.storage.layers.ReadOnlyStore`), an embedded one opened from a private copy."""
+    every write (:class:`~memrl_mcp.storage.layers.ReadOnlyStore`), an embedded one opened from a private copy.
+    An embedded store is made private to this user before its engine opens it, or refused if it cannot be
+    (:func:`~memrl_mcp.storage.private.make_private`)."""
     if settings.qdrant_url:
         api_key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
         server = QdrantClientStore(
@@ -40,6 +44,7 @@ def open_store(settings: StorageSettings, dim: int, read_only: bool = False) -> 
                 f"the memory store at {folder} cannot be written ({existing} is read-only to this process): serve "
                 "it read-only (MEMRL_TOOL_PROFILE=read_only), which reads a copy, or move it to a writable folder"
             )
+        make_private(settings.data_dir, folder)
         from memrl_mcp.storage.quota import MeteredStore  # a layer over the stores of this package
 
         store = _embedded(settings, folder, dim)
@@ -48,6 +53,7 @@ def open_store(settings: StorageSettings, dim: int, read_only: bool = False) -> 
         except BaseException:
             store.close()
             raise
+    make_private(settings.data_dir, folder, read_only=True)
     scratch = private_copy(folder, settings.min_free_disk_mb)
     try:
         return ReadOnlyStore(_embedded(settings, scratch / folder.name, dim, index_min=0), scratch)

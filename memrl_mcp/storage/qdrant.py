@@ -13,6 +13,7 @@ import numpy as np
 
 from memrl_mcp.storage.disk import RECALL_SHARE, DiskRoom
 from memrl_mcp.storage.numbers import kept
+from memrl_mcp.storage.private import seal
 from memrl_mcp.storage.store import (
     EXPIRY,
     INDEXES,
@@ -58,6 +59,7 @@ class QdrantClientStore:
         self._room = room
         self._names = {table: f"{collection}_{table}" for table in TABLES}
         self._client_is_local = url is None
+        self._path = path if url is None else None
         # On a cluster a conditional write is trusted only once read back, so writes are acknowledged after every
         # replica of the shard applied them in the leader's order, and reads consult a majority of replicas: a
         # read-back then sees the write it follows (README, "Replicas on one Qdrant server").
@@ -323,5 +325,9 @@ class QdrantClientStore:
         return 0  # nothing held: see flush
 
     def close(self) -> None:
+        """Close the client; local mode's folder is then made private (:func:`seal`: what it made under an open
+        umask)."""
         with self._atomic:
             self._client.close()
+        if self._path is not None:
+            seal(self._path)

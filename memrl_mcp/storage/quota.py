@@ -158,7 +158,16 @@ class MeteredStore(StoreLayer):
         self._dims = {table: vector_size(table, dim) for table in TABLES}
         self._keeps_replaced = keeps_replaced
         self._lock = threading.Lock()  # one write at a time: each is counted from what it changed
-        self._usage = self._saved() or self._recount()
+        saved = self._saved()
+        if saved is None:
+            saved = self._recount()
+            if saved.live:  # what a clean close leaves is missing: the operator's sign of a stop cut short
+                log.warning(
+                    "no counts were saved at the last close of the memory store at %s (it was not closed cleanly, "
+                    "or by an older version): its records were counted again",
+                    folder,
+                )
+        self._usage = saved
         self._written: Counter[str] = Counter()  # bytes of records written to each table since its last flush
         self._checked_at = -RECLAIM_EVERY
         self._given_back_at = -GIVE_BACK_EVERY
