@@ -20,7 +20,7 @@ from mcp import Client, types
 from mcp.shared.exceptions import MCPError
 
 import memrl_mcp
-from memrl_mcp.local.place import flocked
+from memrl_mcp.local.place import OWNER_LOCK, START_LOCK, flocked
 from memrl_mcp.projects import project_namespace
 from tests.support.local import LocalStore, RawSession, local_store, servers_of
 from tests.support.mcp import call, resource_text
@@ -153,8 +153,8 @@ async def test_leftovers_of_crashes_never_block_a_start(store: LocalStore) -> No
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     dead.bind(os.fspath(place.socket))  # bound and never listened on: a connection is refused, as to a dead server
     dead.close()
-    for lock in (place.owner_lock, place.start_lock):
-        with flocked(lock) as held:
+    for lock in (OWNER_LOCK, START_LOCK):
+        with flocked(place, lock) as held:
             assert held
     (place.folder / "socket.999999").write_text("")
     place.log.write_text("an old server's last words\n")

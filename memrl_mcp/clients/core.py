@@ -19,10 +19,16 @@ for any session, and the plugin's MCP server names the same folder (its ``projec
 process per event, so it imports the standard library and the attach path only.
 
 A hook never fails or blocks a prompt: whatever goes wrong (no memory, a server that cannot start, bad input), it
-says why on stderr, answers nothing and exits 0.
+says why on stderr, answers nothing and exits 0. Nor does it outlive the timeout the client gives it, whatever the
+server does (stopped, overloaded, answering a byte at a time): each step that reaches the server keeps to one
+deadline from its budget (:data:`BUDGET_SECONDS`, below the client's timeouts), which bounds every connection,
+greeting, server start and call. A prompt that is not valid Unicode (a lone surrogate, which JSON can escape) is
+cleaned before it is sent.
 
 The recalls a session's hook made are kept in a record per session and project, in the store's private runtime
-folder (``hooks/<digest>.json``, 0600; the digest of the session id and the project, so no input names a path).
+folder (``hooks/<digest>.json``, 0600; the digest of the session id and the project, so no input names a path),
+each read and written through the folder's checked descriptor as the server's socket is
+(:meth:`~memrl_mcp.local.place.Place.opened`).
 Whether a recall still waits for its report is asked of the server (``memrl://recalls/{recall_id}``), never
 guessed.
 """
@@ -33,8 +39,9 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import secrets
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -44,16 +51,20 @@ from typing import Any, Literal, Protocol, TextIO
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.local.attach import Target, attach, target_of
 from memrl_mcp.local.client import LocalClient, ToolCallError
-from memrl_mcp.local.place import AttachError, place_of, private_folder
+from memrl_mcp.local.place import HOOKS, AttachError, Place, place_of
 from memrl_mcp.projects import folder_uri
 from memrl_mcp.rewards import RewardScale
 
-START_SECONDS = 20.0  # the first prompt may wait for the server's cold start; hooks.json allows the hook 30 s
-CALL_SECONDS = 5.0  # a recall of a running server takes milliseconds
 TASK_CHARS = 4000  # the server's default max_task_chars: a longer prompt is recalled by its head
 RECORD_RECALLS = 64  # the newest recalls a session's record keeps
 RECORD_DAYS = 7.0  # a record untouched this long belongs to a session that ended without SessionEnd
 Step = Literal["prompt", "stop", "end"]
+BUDGET_SECONDS: Mapping[Step, float] = {"prompt": 25.0, "stop": 12.0}
+"""How long each step that reaches the server may take in all (the first prompt may wait for the server's cold
+start; a running server answers in milliseconds): each at least 2 s below its hook's timeout in Claude Code's
+hooks.json (30 and 15 s; tests/test_claude_code.py reads it), for the interpreter's start and the answer. ``end``
+reaches no server: it forgets the session's record only."""
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str from JSON: half of a UTF-16 pair, no character at all
 
 
 class HookInputError(MemrlError, ValueError):
@@ -84,6 +95,7 @@ class HookEvent:
             raise HookInputError("cwd: an absolute folder is required (or the client's project variable)")
         if not isinstance(prompt, str):
             raise HookInputError("prompt: a string is required")
+        prompt = LONE_SURROGATE.sub("\ufffd", prompt)  # no text to send as UTF-8: the server would refuse it
         return cls(session_id, Path(folder), prompt, is_task, stop_hook_active)
 
 
@@ -118,17 +130,21 @@ class SessionRecall:
 class SessionRecord:
     """The recalls the hooks made in one session of one project (module docstring)."""
 
-    path: Path
+    place: Place
+    name: str
     recalls: list[SessionRecall] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.place.folder / HOOKS / self.name
 
     @classmethod
     def of(cls, target: Target, event: HookEvent) -> SessionRecord:
-        folder = place_of(target.data_dir, target.runtime_dir).folder / "hooks"
-        private_folder(folder)
         key = hashlib.sha256(f"{event.session_id}\0{folder_uri(event.project)}".encode()).hexdigest()[:32]
-        record = cls(folder / f"{key}.json")
+        record = cls(place_of(target.data_dir, target.runtime_dir), f"{key}.json")
         try:
-            saved = json.loads(record.path.read_text())
+            with record.place.opened(HOOKS) as folder, open(folder.open(record.name, os.O_RDONLY)) as stream:
+                saved = json.load(stream)
             record.recalls = [SessionRecall(**recall) for recall in saved["recalls"]]
         except FileNotFoundError:
             pass
@@ -146,36 +162,38 @@ class SessionRecord:
     def save(self) -> None:
         """Replace the record in one step (a reader sees the old or the new one), 0600 like its folder."""
         text = json.dumps({"recalls": [asdict(recall) for recall in self.recalls]})
-        fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".record.")  # 0600
-        with os.fdopen(fd, "w") as stream:
-            stream.write(text)
-        os.replace(temporary, self.path)
+        with self.place.opened(HOOKS) as folder:
+            temporary = f".record.{secrets.token_hex(8)}"
+            with os.fdopen(folder.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as stream:
+                stream.write(text)
+            os.replace(temporary, self.name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
 
     def forget(self) -> None:
         """Remove this record, and the records of sessions that ended without saying so."""
-        self.path.unlink(missing_ok=True)
         oldest = time.time() - RECORD_DAYS * 86400
-        for stale in self.path.parent.glob("*.json"):
+        with self.place.opened(HOOKS) as folder:
             with contextlib.suppress(FileNotFoundError):
-                if stale.stat().st_mtime < oldest:
-                    stale.unlink()
+                os.unlink(self.name, dir_fd=folder.fd)
+            for entry in os.scandir(folder.fd):
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.name.endswith(".json") and entry.stat(follow_symlinks=False).st_mtime < oldest:
+                        os.unlink(entry.name, dir_fd=folder.fd)
 
 
 @contextlib.contextmanager
-def memory(target: Target, event: HookEvent, start: bool) -> Iterator[LocalClient]:
-    """An MCP session with the store's local server, in the event's project (its root); the server is started
-    first when none runs and ``start``."""
-    connection = attach(target, start=start, timeout=START_SECONDS).connection
-    connection.settimeout(CALL_SECONDS)
-    with LocalClient(connection, roots=[folder_uri(event.project)], name="memrl-mcp-hook") as client:
+def memory(target: Target, event: HookEvent, start: bool, deadline: float) -> Iterator[LocalClient]:
+    """An MCP session with the store's local server, in the event's project (its root), every part of it by
+    ``deadline`` (``time.monotonic()``); the server is started first when none runs and ``start``."""
+    connection = attach(target, start=start, timeout=max(0.0, deadline - time.monotonic())).connection
+    with LocalClient(connection, roots=[folder_uri(event.project)], name="memrl-mcp-hook", deadline=deadline) as client:
         yield client
 
 
-def recall(target: Target, event: HookEvent) -> str | None:
+def recall(target: Target, event: HookEvent, deadline: float) -> str | None:
     """Recall for the prompt; the memories found and how to report them, as context for the model."""
     if not event.is_task or not event.prompt.strip():
         return None
-    with memory(target, event, start=True) as client:
+    with memory(target, event, True, deadline) as client:
         found = client.call("recall_experience", {"task": event.prompt[:TASK_CHARS]})
     recall_id = str(found.structured["recall_id"])
     SessionRecord.of(target, event).add(recall_id)
@@ -188,7 +206,7 @@ def recall(target: Target, event: HookEvent) -> str | None:
     return f"{found.text}\n{how}"
 
 
-def hold(target: Target, event: HookEvent) -> str | None:
+def hold(target: Target, event: HookEvent, deadline: float) -> str | None:
     """The reason to hold the stop once, when a recall of this session still waits for its report."""
     if event.stop_hook_active:
         return None
@@ -196,7 +214,7 @@ def hold(target: Target, event: HookEvent) -> str | None:
     waiting = record.waiting()
     if not waiting:
         return None
-    with memory(target, event, start=False) as client:
+    with memory(target, event, False, deadline) as client:
         pending = [state for recall in waiting if (state := _state(client, recall.recall_id))["status"] == "pending"]
         scale = json.loads(client.read_resource("memrl://settings")) if pending else {}
     for recall in waiting:
@@ -250,19 +268,20 @@ def read_event(stream: TextIO) -> dict[str, Any]:
 def run(client: Client, hook: str, data_dir: str | None = None, config: str | None = None) -> int:
     """``memrl-mcp hook HOOK`` for ``client``: the event on stdin, the answer (if any) on stdout; always 0 (module
     docstring)."""
+    step = client.steps[hook]
+    deadline = time.monotonic() + BUDGET_SECONDS.get(step, 0.0)
     try:
         event = client.event(read_event(sys.stdin), os.environ)
         target = target_of(data_dir, config)
         if target is None:
             raise AttachError("these settings run memrl-mcp in a process of its own (attach: false, read_only, "
                               "qdrant_url): the hooks reach the memory through the local server only")  # fmt: skip
-        step = client.steps[hook]
         answer = None
         if step == "prompt":
-            text = recall(target, event)
+            text = recall(target, event, deadline)
             answer = None if text is None else client.context(text)
         elif step == "stop":
-            reason = hold(target, event)
+            reason = hold(target, event, deadline)
             answer = None if reason is None else client.hold(reason)
         else:
             end(target, event)
