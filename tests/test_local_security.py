@@ -1,6 +1,7 @@
 """Who can reach the local memory server, performed: another OS user (created for the test), a process that guesses
-the inspector's port or talks nonsense to the socket, a page that rebinds its name or posts across sites, and a
-runtime folder that another user made or left open."""
+the inspector's port or talks nonsense to the socket, a page that rebinds its name or posts across sites, a runtime
+folder that another user made or left open, another user swapping folders under a runtime folder it can rename, and
+a socket another user listens on (tests/support/rendezvous.py)."""
 
 from __future__ import annotations
 

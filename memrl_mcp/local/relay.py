@@ -36,6 +36,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 from memrl_mcp.local.attach import GREETING_SECONDS, Attached, Target, attach
@@ -238,10 +239,12 @@ class Relay:
         self._joined(attached)
 
     def _await_handshake(self, connection: socket.socket) -> None:
-        """Read up to the answer of the replayed handshake; what follows it stays for the session."""
-        connection.settimeout(GREETING_SECONDS)
+        """Read up to the answer of the replayed handshake, all of it within ``GREETING_SECONDS`` (TimeoutError else,
+        however slowly it comes); what follows it stays for the session."""
+        deadline = time.monotonic() + GREETING_SECONDS
         lines = Lines()
         while True:
+            connection.settimeout(max(deadline - time.monotonic(), 0.001))
             data = connection.recv(CHUNK)
             if not data:
                 raise AttachError("the new memory server closed the connection during the handshake")
