@@ -19,7 +19,8 @@ from memrl_mcp.local.attach import target_of
 from memrl_mcp.local.greeting import Answer, Hello, decode, encode
 from memrl_mcp.local.place import build_identity
 from memrl_mcp.local.relay import ANSWER, Lines
-from memrl_mcp.settings import load_settings
+from memrl_mcp.settings import ECOSYSTEM_VARIABLES, GROUP_OF, SettingsError, load_settings
+from memrl_mcp.variables import read_by_settings
 from tests.support.servers import child_env
 
 
@@ -154,3 +155,34 @@ def test_a_reader_that_stops_early_gets_no_traceback_and_no_error(tmp_path: Path
             timeout=60,
         )
         assert done.stderr == "", (command, done.stderr)
+
+
+SECRET = "sk-live-0123456789abcdef"
+
+
+def test_a_session_sends_the_variables_the_settings_read_and_they_load_the_same_settings(tmp_path: Path) -> None:
+    """What a session's greeting carries of its environment (:func:`~memrl_mcp.variables.read_by_settings`): the
+    server loads from it the settings the whole environment gives, each from the same source; every variable a
+    setting is read from passes, and a misspelt ``MEMRL_*`` too (the server refuses it by name); nothing else, so
+    no secret of the session's environment leaves it."""
+    environ = dict(os.environ) | {
+        "MEMRL_K1": "3",
+        "MEMRL_NAMESPACE": "desktop",
+        "MEMRL_TOOL_PROFILE": "full",
+        "MEMRL_DATA_DIR": "store",
+        "QDRANT_API_KEY": "qdrant-key",
+        "COLLECTION_NAME": "team",
+        "CLAUDE_PROJECT_DIR": "/home/ann/alpha",
+        "MEMRL_LLM_API_KEY": SECRET,  # memrl-harness's, not a setting
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "GITHUB_TOKEN": SECRET,
+    }
+    sent = read_by_settings(environ)
+    assert SECRET not in json.dumps(sent)
+    whole, greeted = load_settings(None, environ, relative_to=tmp_path), load_settings(None, sent, relative_to=tmp_path)
+    assert whole == greeted
+    assert [whole.origin(name) for name in GROUP_OF] == [greeted.origin(name) for name in GROUP_OF]
+    every = {f"MEMRL_{name.upper()}" for name in GROUP_OF} | set(ECOSYSTEM_VARIABLES.values()) | {"MEMRL_CONFIG"}
+    assert set(read_by_settings(dict.fromkeys([*every, "MEMRL_K_1", "PATH", "HOME"], "x"))) == every | {"MEMRL_K_1"}
+    with pytest.raises(SettingsError, match="MEMRL_K_1"):
+        load_settings(None, read_by_settings({"MEMRL_K_1": "3"}))

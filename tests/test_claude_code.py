@@ -9,9 +9,12 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -24,7 +27,15 @@ import pytest
 from mcp import Client, types
 
 from memrl_mcp.clients.claude_code import CLIENT
-from memrl_mcp.clients.core import RECALLED, HookEvent, HookInputError, hold_reason, read_event, reporting
+from memrl_mcp.clients.core import (
+    BUDGET_SECONDS,
+    RECALLED,
+    HookEvent,
+    HookInputError,
+    hold_reason,
+    read_event,
+    reporting,
+)
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.projects import folder_uri, project_namespace
 from memrl_mcp.rewards import RewardScale
@@ -298,6 +309,108 @@ def test_a_memory_that_is_down_never_blocks_or_fails_the_prompt(alpha: ClaudeSes
             timeout=30,
         )
         assert (done.returncode, done.stdout) == (0, ""), done.stderr
+
+
+def test_each_hooks_budget_is_below_its_timeout() -> None:
+    """Every hook of hooks.json that waits for anything (the session's record, the server) keeps to a budget of its
+    step (clients/core.py) at least ``STARTUP_S`` below the timeout Claude Code gives it: the interpreter's start
+    and the answer's writing fit in what is left. The permission and a turn that died wait for nothing."""
+    hooks = json.loads((PLUGIN / "hooks" / "hooks.json").read_text())["hooks"]
+    steps = {event: CLIENT.steps[hook_command(event)[0].split()[-1]] for event in hooks}
+    assert steps == {
+        "UserPromptSubmit": "prompt",
+        "PreToolUse": "permit",
+        "PostToolUse": "tool",
+        "PostToolUseFailure": "tool",
+        "Stop": "stop",
+        "StopFailure": "failed-stop",
+        "SessionEnd": "end",
+    }
+    assert set(BUDGET_SECONDS) == {"prompt", "tool", "stop", "end"}
+    for event, step in steps.items():
+        if step in BUDGET_SECONDS:
+            assert BUDGET_SECONDS[step] <= hook_command(event)[1] - STARTUP_S, (event, BUDGET_SECONDS[step])
+
+
+STARTUP_S = 2.0
+
+
+class Trickler:
+    """A server of this user's that admits every session and then answers nothing but a byte every half second,
+    never a whole line: each read is short, the answer never comes."""
+
+    def __init__(self, path: Path) -> None:
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._socket.bind(os.fspath(path))
+        self._socket.listen(8)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(connection,), daemon=True).start()
+
+    def _trickle(self, connection: socket.socket) -> None:
+        with connection:
+            try:
+                connection.recv(65536)  # the greeting
+                answer = {"ok": True, "version": "0.1.0", "build": "x", "pid": 1, "protocol": 1}
+                connection.sendall(json.dumps(answer).encode() + b"\n{")
+                while True:
+                    time.sleep(0.5)
+                    connection.sendall(b" ")
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["stopped", "trickling"])
+def test_a_server_that_never_answers_holds_no_hook_past_its_timeout(alpha: ClaudeSession, fault: str) -> None:
+    """The local server stopped (SIGSTOP: it accepts connections, never answers), or a server that admits the hook
+    and then sends a byte every half second: each hook, run as Claude Code runs it, exits 0 within the timeout of
+    hooks.json (ClaudeSession fails a run past it), lets the prompt and the stop go on, and says why on stderr."""
+    let_go(alpha.prompt("translate the release notes into German"))  # the server starts; the recall waits
+    pid = alpha.store.server_pid()
+    trickler = None
+    if fault == "stopped":
+        os.kill(pid, signal.SIGSTOP)
+    else:
+        assert alpha.store.local("stop").returncode == 0
+        alpha.store.wait_gone()
+        alpha.store.place.socket.unlink(missing_ok=True)
+        trickler = Trickler(alpha.store.place.socket)
+    try:
+        runs = {"UserPromptSubmit": alpha.prompt(TASK), "Stop": alpha.stop()}
+        runs["SessionEnd"] = alpha.hook("SessionEnd", reason="other")
+    finally:
+        if trickler is None:
+            os.kill(pid, signal.SIGCONT)
+        else:
+            trickler.close()
+    print(fault, {event: round(run.seconds, 1) for event, run in runs.items()})
+    for event, run in runs.items():
+        let_go(run)
+        assert run.seconds < hook_command(event)[1], (event, run.seconds)
+    for event in ("UserPromptSubmit", "Stop"):
+        assert "memory is unavailable" in runs[event].stderr and "in time" in runs[event].stderr, runs[event].stderr
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_prompt_that_is_not_unicode_is_cleaned_and_recalled(alpha: ClaudeSession) -> None:
+    """A prompt with a lone surrogate (Claude Code's JSON may escape one): the hook sends it cleaned, and the lesson
+    is recalled; with it as it was, the server's reader refused the request and the hook waited for nothing."""
+    with anyio.fail_after(DEADLINE_S):
+        async with mcp_session(alpha) as client:
+            await call(client, "store_experience", task=TASK, experience=LESSON)
+            run = await anyio.to_thread.run_sync(alpha.prompt, f"{TASK} \ud800")
+            assert LESSON in context_of(run) and run.stderr == ""
 
 
 @pytest.mark.slow

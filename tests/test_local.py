@@ -16,7 +16,7 @@ import pytest
 from mcp import Client, types
 
 from memrl_mcp.local.attach import attach
-from memrl_mcp.local.client import LocalClient
+from memrl_mcp.local.client import LocalClient, ToolCallError
 from memrl_mcp.projects import project_namespace
 from tests.support.local import LocalStore, local_store, python_with, servers_of
 from tests.support.mcp import call
@@ -330,7 +330,7 @@ def test_a_cancelled_request_is_never_answered_through_the_relay(store: LocalSto
 
 HOOK = """
 import json, sys
-from memrl_mcp.local.client import LocalClient
+from memrl_mcp.local.client import LocalClient, ToolCallError
 with LocalClient.open(roots=[sys.argv[1]]) as memory:
     found = memory.call_tool("recall_experience", {"task": "run the unit tests"})
 heavy = sorted(name for name in ("mcp", "pydantic", "numpy", "anyio") if name in sys.modules)
@@ -351,3 +351,25 @@ def test_a_hook_reaches_the_shared_memory_from_a_fresh_process(store: LocalStore
     assert json.loads(again.stdout) == {"found": ["pytest -q"], "heavy": []}
     elsewhere = python_with(HOOK, env, BETA)  # another project's namespace
     assert json.loads(elsewhere.stdout)["found"] == []
+
+
+def test_a_message_the_server_cannot_parse_is_answered_with_an_error(store: LocalStore) -> None:
+    """A request whose text is not Unicode (a lone surrogate, which JSON can escape and the SDK's reader refuses) and
+    a line that is not JSON at all: each is answered with a JSON-RPC parse error (with the request's id when it has
+    one), where the SDK answered nothing and the client waited; the session goes on. A script's LocalClient gets the
+    error at once, and a prompt hook cleans its prompt before sending it (tests/test_claude_code.py)."""
+    lines = [json.dumps(message) for message in opening()]
+    lines.append(json.dumps(tool_call(1, "recall_experience", task="deploy the \ud800 app")))
+    lines += ["this is not JSON", json.dumps(tool_call(2, "memory_stats"))]
+    done = subprocess.run(
+        CLI, input="\n".join(lines).encode() + b"\n", capture_output=True, env=store.env(), cwd=store.data_dir.parent,
+        timeout=300,
+    )  # fmt: skip
+    answers = {answer.get("id"): answer for answer in map(json.loads, done.stdout.decode().splitlines())}
+    assert answers[1]["error"]["code"] == -32700 and "not valid Unicode" in answers[1]["error"]["message"], answers
+    assert answers[None]["error"]["code"] == -32700 and "not JSON" in answers[None]["error"]["message"], answers
+    assert answers[2]["result"]["structuredContent"]["memories"] == 0
+    with LocalClient(attach(store.target).connection) as memory:
+        with pytest.raises(ToolCallError, match="not valid Unicode"):
+            memory.call_tool("recall_experience", {"task": "deploy the \udfff app"})
+        assert memory.call_tool("memory_stats", {})["memories"] == 0

@@ -4,6 +4,7 @@ process per session. Real stdio sessions of the Python SDK's client, real proces
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -19,9 +20,9 @@ from mcp import Client, types
 from mcp.shared.exceptions import MCPError
 
 import memrl_mcp
-from memrl_mcp.local.place import flocked
+from memrl_mcp.local.place import OWNER_LOCK, START_LOCK, flocked
 from memrl_mcp.projects import project_namespace
-from tests.support.local import LocalStore, local_store, servers_of
+from tests.support.local import LocalStore, RawSession, local_store, servers_of
 from tests.support.mcp import call, resource_text
 from tests.support.servers import run_cli
 
@@ -157,8 +158,8 @@ async def test_leftovers_of_crashes_never_block_a_start(store: LocalStore) -> No
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     dead.bind(os.fspath(place.socket))  # bound and never listened on: a connection is refused, as to a dead server
     dead.close()
-    for lock in (place.owner_lock, place.start_lock):
-        with flocked(lock) as held:
+    for lock in (OWNER_LOCK, START_LOCK):
+        with flocked(place, lock) as held:
             assert held
     (place.folder / "socket.999999").write_text("")
     place.log.write_text("an old server's last words\n")
@@ -243,3 +244,53 @@ async def test_one_process_per_session_stays_available(store: LocalStore) -> Non
             refused = await anyio.to_thread.run_sync(lambda: run_cli("--no-attach", env=store.env()))
     assert refused.returncode == 2
     assert "already open in another process" in refused.stderr and "memrl-mcp local stop" in refused.stderr
+
+
+def is_question(message: dict[str, Any]) -> bool:
+    return message.get("method") == "elicitation/create"
+
+
+async def test_a_late_answer_to_a_dead_servers_question_reaches_no_other_question(store: LocalStore) -> None:
+    """A report asks the user (elicitation) and the owner is SIGKILLed while the question is open; the next report
+    asks a new server, whose own question counts its ids from the start again. The user's late answer to the first
+    question (a failure) must not settle the second: it is the second's own answer (a success) that applies, and
+    the first question is withdrawn in the client (``notifications/cancelled``) when its server dies."""
+
+    def scenario() -> None:
+        session = RawSession(store)
+        try:
+            session.initialize(elicitation={})
+            first = asked_by_a_report(session, "sweep the chimney", 1)
+            os.kill(store.server_pid(), signal.SIGKILL)
+            lost = session.wait(lambda message: message.get("id") == first["report"] and "method" not in message)
+            assert "may or may not have been applied" in lost["error"]["message"], lost
+            second = asked_by_a_report(session, "oil the bicycle chain", 2)
+            assert "oil the bicycle chain" in second["question"]["params"]["message"]
+            late = {"action": "accept", "content": {"succeeded": False}}  # the user's answer to the first question
+            session.send({"jsonrpc": "2.0", "id": first["question"]["id"], "result": late})
+            own = {"action": "accept", "content": {"succeeded": True}}
+            session.send({"jsonrpc": "2.0", "id": second["question"]["id"], "result": own})
+            answer = session.wait(lambda message: message.get("id") == second["report"] and "method" not in message)
+            report = answer["result"]["structuredContent"]
+            assert (report["reward"], report["reward_source"]) == (1.0, "user"), report
+            read = session.request("resources/read", {"uri": f"memrl://recalls/{first['recall']}"})
+            assert json.loads(read["result"]["contents"][0]["text"])["status"] == "pending"  # nor to its own recall
+            withdrawn = [m["params"]["requestId"] for m in session.seen if m.get("method") == "notifications/cancelled"]
+            assert withdrawn == [first["question"]["id"]]
+        finally:
+            session.close()
+
+    with anyio.fail_after(START_S):
+        await anyio.to_thread.run_sync(scenario)
+
+
+def asked_by_a_report(session: RawSession, task: str, round_: int) -> dict[str, Any]:
+    """Store ``task``, recall it and report without a reward: the server asks the user. The recall id, the report's
+    request id and the question."""
+    session.call("store_experience", task=task, experience=f"how to {task}")
+    recall = session.call("recall_experience", task=task)["result"]["structuredContent"]["recall_id"]
+    report = 100 + round_
+    arguments = {"recall_id": recall, "experience": "it worked"}
+    session.ask(report, "tools/call", {"name": "report_outcome", "arguments": arguments})
+    question = session.wait(lambda message: is_question(message) and task in message["params"]["message"])
+    return {"recall": recall, "report": report, "question": question}

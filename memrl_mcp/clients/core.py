@@ -32,12 +32,18 @@ the ``hooks`` profile (recall, record the evidence, report). Each hook runs as a
 imports the standard library and the attach path only.
 
 A hook never fails or blocks a prompt: whatever goes wrong (no memory, a server that cannot start, bad input), it
-says why on stderr, answers nothing and exits 0.
+says why on stderr, answers nothing and exits 0. Nor does it outlive the timeout the client gives it, whatever the
+server does (stopped, overloaded, answering a byte at a time) or another hook of the session holding its record:
+each step keeps to one deadline from its budget (:data:`BUDGET_SECONDS`, below the client's timeouts), which bounds
+the wait for the record's lock and every connection, greeting, server start and call. A prompt that is not valid
+Unicode (a lone surrogate, which JSON can escape) is cleaned before it is sent.
 
 The recalls a session's hook made, with their evidence not yet handed in, are kept in a record per session and
 project, in the store's private runtime folder (``hooks/<digest>.json``, 0600; the digest of the session id and the
-project, so no input names a path), updated under a lock (an agent may run several tools at once). Whether a recall
-still waits for its report is asked of the server (``memrl://recalls/{recall_id}``), never guessed.
+project, so no input names a path), updated under a lock (an agent may run several tools at once), each read and
+written through the folder's checked descriptor as the server's socket is
+(:meth:`~memrl_mcp.local.place.Place.opened`). Whether a recall still waits for its report is asked of the server
+(``memrl://recalls/{recall_id}``), never guessed.
 """
 
 from __future__ import annotations
@@ -48,8 +54,9 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import secrets
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -61,13 +68,11 @@ from memrl_mcp.clients.followups import is_chat, read_followup
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.local.attach import Target, attach, target_of
 from memrl_mcp.local.client import LocalClient, ToolCallError
-from memrl_mcp.local.place import AttachError, place_of, private_folder
+from memrl_mcp.local.place import HOOKS, AttachError, Place, place_of
 from memrl_mcp.projects import folder_uri
 from memrl_mcp.rewards import RewardScale
 from memrl_mcp.surface.quoting import quoted
 
-START_SECONDS = 20.0  # the first prompt may wait for the server's cold start; hooks.json allows the hook 30 s
-CALL_SECONDS = 5.0  # a recall of a running server takes milliseconds
 TASK_CHARS = 4000  # the server's default max_task_chars: a longer prompt is recalled by its head
 RECORD_RECALLS = 64  # the newest recalls a session's record keeps
 RECORD_CHECKS = 64  # the newest checks a recall keeps until they are handed in (the server keeps as many)
@@ -77,6 +82,13 @@ Step = Literal["prompt", "permit", "tool", "stop", "failed-stop", "end"]
 RECALLED = "memrl-mcp, the memory's hook, recalled for this prompt (no need to call recall_experience)."
 HOLD_OPENING = "The memory waits for a report:"  # how a held stop's reason begins (SessionRecord.echoes)
 PROFILE = {"MEMRL_TOOL_PROFILE": "hooks"}  # what the hooks' session is offered: recall, record_evidence, report
+BUDGET_SECONDS: Mapping[Step, float] = {"prompt": 25.0, "tool": 7.0, "stop": 12.0, "end": 7.0}
+"""How long each step may take in all (the first prompt may wait for the server's cold start; a running server
+answers in milliseconds): each at least 2 s below its hook's timeout in the plugin's hooks.json (30 s for the prompt,
+15 s for the stop, 10 s for the others; tests/test_claude_code.py reads it), for the interpreter's start and the
+answer. ``permit`` and ``failed-stop`` read nothing and ask no one."""
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str from JSON: half of a UTF-16 pair, no character at all
+LOCK_POLL_SECONDS = 0.01
 
 
 class HookInputError(MemrlError, ValueError):
@@ -125,6 +137,7 @@ class HookEvent:
             raise HookInputError("cwd: an absolute folder is required (or the client's project variable)")
         if not isinstance(prompt, str):
             raise HookInputError("prompt: a string is required")
+        prompt = LONE_SURROGATE.sub("\ufffd", prompt)  # no text to send as UTF-8: the server would refuse it
         return cls(session_id, Path(folder), prompt, is_task, stop_hook_active, tool)
 
 
@@ -166,20 +179,25 @@ class SessionRecall:
 class SessionRecord:
     """The recalls the hooks made in one session of one project (module docstring)."""
 
-    path: Path
+    place: Place
+    name: str
     recalls: list[SessionRecall] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.place.folder / HOOKS / self.name
 
     @classmethod
     @contextlib.contextmanager
-    def held(cls, target: Target, event: HookEvent) -> Iterator[SessionRecord]:
-        """The session's record, read and kept under its lock until the block ends, then saved."""
-        folder = place_of(target.data_dir, target.runtime_dir).folder / "hooks"
-        private_folder(folder)
+    def held(cls, target: Target, event: HookEvent, deadline: float) -> Iterator[SessionRecord]:
+        """The session's record, read and kept under its lock until the block ends, then saved; the lock is waited
+        for until ``deadline`` (``time.monotonic()``), then :class:`AttachError`."""
         key = hashlib.sha256(f"{event.session_id}\0{folder_uri(event.project)}".encode()).hexdigest()[:32]
-        record = cls(folder / f"{key}.json")
-        fd = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        record = cls(place_of(target.data_dir, target.runtime_dir), f"{key}.json")
+        with record.place.opened(HOOKS) as folder:
+            fd = folder.open(f"{key}.lock", os.O_RDWR | os.O_CREAT)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _lock(fd, deadline)
             record._load()
             yield record
             record._save()
@@ -188,7 +206,8 @@ class SessionRecord:
 
     def _load(self) -> None:
         try:
-            saved = json.loads(self.path.read_text())
+            with self.place.opened(HOOKS) as folder, open(folder.open(self.name, os.O_RDONLY)) as stream:
+                saved = json.load(stream)
             self.recalls = [SessionRecall(**recall) for recall in saved["recalls"]]
         except FileNotFoundError:
             pass
@@ -197,14 +216,16 @@ class SessionRecord:
 
     def _save(self) -> None:
         """Replace the record in one step (a reader sees the old or the new one), 0600 like its folder."""
-        if not self.recalls:
-            self.path.unlink(missing_ok=True)
-            return
-        text = json.dumps({"recalls": [asdict(recall) for recall in self.recalls]})
-        fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".record.")  # 0600
-        with os.fdopen(fd, "w") as stream:
-            stream.write(text)
-        os.replace(temporary, self.path)
+        with self.place.opened(HOOKS) as folder:
+            if not self.recalls:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.name, dir_fd=folder.fd)
+                return
+            text = json.dumps({"recalls": [asdict(recall) for recall in self.recalls]})
+            temporary = f".record.{secrets.token_hex(8)}"
+            with os.fdopen(folder.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as stream:
+                stream.write(text)
+            os.replace(temporary, self.name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
 
     def add(self, recall_id: str) -> None:
         self.recalls = [*self.recalls, SessionRecall(recall_id)][-RECORD_RECALLS:]
@@ -225,30 +246,44 @@ class SessionRecord:
         """Empty this record, and remove the records of sessions that ended without saying so."""
         self.recalls = []
         oldest = time.time() - RECORD_DAYS * 86400
-        for stale in self.path.parent.glob("*.json"):
-            with contextlib.suppress(FileNotFoundError):
-                if stale.stat().st_mtime < oldest:
-                    stale.unlink()
+        with self.place.opened(HOOKS) as folder:
+            for entry in os.scandir(folder.fd):
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.name.endswith(".json") and entry.stat(follow_symlinks=False).st_mtime < oldest:
+                        os.unlink(entry.name, dir_fd=folder.fd)
+
+
+def _lock(fd: int, deadline: float) -> None:
+    """Take the record's lock, waiting for another hook of the session until ``deadline``."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise AttachError("another hook of this session held its record past this hook's deadline") from None
+            time.sleep(LOCK_POLL_SECONDS)
 
 
 @contextlib.contextmanager
-def memory(target: Target, event: HookEvent, start: bool) -> Iterator[LocalClient]:
+def memory(target: Target, event: HookEvent, start: bool, deadline: float) -> Iterator[LocalClient]:
     """An MCP session with the store's local server, in the event's project (its root), offered the hooks'
-    profile; the server is started first when none runs and ``start``."""
+    profile, every part of it by ``deadline`` (``time.monotonic()``); the server is started first when none runs
+    and ``start``."""
     hooks = dataclasses.replace(target, environ={**target.environ, **PROFILE})
-    connection = attach(hooks, start=start, timeout=START_SECONDS).connection
-    connection.settimeout(CALL_SECONDS)
-    with LocalClient(connection, roots=[folder_uri(event.project)], name="memrl-mcp-hook") as client:
+    connection = attach(hooks, start=start, timeout=max(0.0, deadline - time.monotonic())).connection
+    roots = [folder_uri(event.project)]
+    with LocalClient(connection, roots=roots, name="memrl-mcp-hook", deadline=deadline) as client:
         yield client
 
 
-def prompt(target: Target, event: HookEvent) -> str | None:
+def prompt(target: Target, event: HookEvent, deadline: float) -> str | None:
     """Read the prompt as what it says of the task before it, then recall for a new task (module docstring); the
     memories found and how to report them, as context for the model."""
     if not event.is_task or not event.prompt.strip():
         return None
     said, chat = read_followup(event.prompt), is_chat(event.prompt)
-    with SessionRecord.held(target, event) as record:
+    with SessionRecord.held(target, event, deadline) as record:
         if record.echoes(event.prompt):
             return None
         before = record.current()
@@ -257,10 +292,10 @@ def prompt(target: Target, event: HookEvent) -> str | None:
             before.checks = [*before.checks, user][-RECORD_CHECKS:]
         if said.verdict is not None or chat:  # feedback on the task before, or no task: nothing to recall
             if before is not None:
-                with memory(target, event, start=True) as client:
+                with memory(target, event, True, deadline) as client:
                     hand_in(client, before, close=False)
             return None
-        with memory(target, event, start=True) as client:
+        with memory(target, event, True, deadline) as client:
             if before is not None and not said.continues:
                 before.open = False  # a new task: the one before is over, and its evidence says how it went
                 hand_in(client, before, close=True)
@@ -290,7 +325,7 @@ def reporting(recall_id: str) -> str:
     )
 
 
-def tool(target: Target, event: HookEvent) -> None:
+def tool(target: Target, event: HookEvent, deadline: float) -> None:
     """Record what a tool call showed for the open recall (module docstring): no server is asked."""
     run = event.tool
     if run is None:
@@ -300,21 +335,21 @@ def tool(target: Target, event: HookEvent) -> None:
         check = recognise(run.command, run.output, run.exit_code, target.check_commands)
     if check is None:
         return
-    with SessionRecord.held(target, event) as record:
+    with SessionRecord.held(target, event, deadline) as record:
         current = record.current()
         if current is not None:
             current.checks = [*current.checks, dict(check)][-RECORD_CHECKS:]
 
 
-def hold(target: Target, event: HookEvent) -> str | None:
+def hold(target: Target, event: HookEvent, deadline: float) -> str | None:
     """Hand in the open recalls' evidence; the reason to hold the stop once, when a recall of this session still
     waits for its report."""
-    with SessionRecord.held(target, event) as record:
+    with SessionRecord.held(target, event, deadline) as record:
         opened = [recall for recall in record.recalls if recall.open and recall.checks]
         waiting = [] if event.stop_hook_active else record.waiting()
         if not opened and not waiting:
             return None
-        with memory(target, event, start=False) as client:
+        with memory(target, event, False, deadline) as client:
             for recall in opened:
                 hand_in(client, recall, close=False)
             states = [_state(client, recall.recall_id) for recall in waiting]
@@ -366,12 +401,12 @@ def _head(task: str, chars: int = 120) -> str:
     return line if len(line) <= chars else line[: chars - 3] + "..."
 
 
-def end(target: Target, event: HookEvent) -> None:
+def end(target: Target, event: HookEvent, deadline: float) -> None:
     """Close the open recalls with their evidence, and forget the session's record."""
-    with SessionRecord.held(target, event) as record:
+    with SessionRecord.held(target, event, deadline) as record:
         opened = [recall for recall in record.recalls if recall.open]
         if opened:
-            with memory(target, event, start=False) as client:
+            with memory(target, event, False, deadline) as client:
                 for recall in opened:
                     hand_in(client, recall, close=True)
         record.forget()
@@ -391,6 +426,7 @@ def read_event(stream: TextIO) -> dict[str, Any]:
 def run(client: Client, hook: str, data_dir: str | None = None, config: str | None = None) -> int:
     """``memrl-mcp hook HOOK`` for ``client``: the event on stdin, the answer (if any) on stdout; always 0 (module
     docstring)."""
+    deadline = time.monotonic() + BUDGET_SECONDS.get(client.steps.get(hook, "permit"), 0.0)
     try:
         event = client.event(read_event(sys.stdin), os.environ)
         target = target_of(data_dir, config)
@@ -402,17 +438,17 @@ def run(client: Client, hook: str, data_dir: str | None = None, config: str | No
         step = client.steps[hook]
         answer = None
         if step == "prompt":
-            text = prompt(target, event)
+            text = prompt(target, event, deadline)
             answer = None if text is None else client.context(text)
         elif step == "permit":
             answer = client.permit()
         elif step == "tool":
-            tool(target, event)
+            tool(target, event, deadline)
         elif step == "stop":
-            reason = hold(target, event)
+            reason = hold(target, event, deadline)
             answer = None if reason is None else client.hold(reason)
         elif step == "end":
-            end(target, event)
+            end(target, event, deadline)
     except Exception as error:  # whatever fails, the prompt and the stop go on (module docstring)
         print(f"memrl-mcp hook {hook}: the memory is unavailable, nothing done ({error})", file=sys.stderr)
         return 0

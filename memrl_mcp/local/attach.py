@@ -7,11 +7,16 @@ environment's store and runtime folder can matter (no config file, no variable t
 loading them costs half a second, most of an attach. The server then loads the session's settings itself and
 refuses a session whose store is not its own, so this shortcut can never attach a session to another store.
 
-:func:`attach` connects to the store's server (its socket in :mod:`memrl_mcp.local.place`) and greets it
-(:mod:`memrl_mcp.local.greeting`); when none runs, it starts one (``memrl-mcp local run``, in a session of its own so
-that it outlives its starter) and waits for it. Sessions starting at the same moment start one server: the first
-takes ``start.lock`` and holds it until its server holds ``owner.lock``; the others wait for the socket. A server
-that cannot start (its store held by a process of its own, bad settings) is reported with the end of its log.
+:func:`attach` connects to the store's server (its socket in :mod:`memrl_mcp.local.place`, reached through the
+folder's checked descriptor), makes sure that the kernel says this user listens there (another user's socket is
+refused before a byte is sent), and greets it (:mod:`memrl_mcp.local.greeting`) with the session's settings: its
+store, config file and working folder, and of its environment only the variables the settings read
+(:func:`~memrl_mcp.variables.read_by_settings`), never the rest (tokens, keys). When none runs, it starts one
+(``memrl-mcp local run``, in a session of its own so that it outlives its starter) and waits for it. Sessions
+starting at the same moment start one server: the first takes ``start.lock`` and holds it until its server holds
+``owner.lock``; the others wait for the socket. A server that cannot start (its store held by a process of its own,
+bad settings) is reported with the end of its log. Everything, the greeting too, keeps to the caller's ``timeout``:
+a server that is stopped (SIGSTOP) or answers a byte at a time holds nobody past it.
 
 For hooks and scripts that must reach the memory in well under a second, :func:`connect` returns a greeted
 connection (newline-delimited JSON-RPC, as over stdio), over which :class:`~memrl_mcp.local.client.LocalClient`
@@ -34,7 +39,19 @@ import memrl_mcp
 from memrl_mcp import __version__
 from memrl_mcp.folders import default_data_dir
 from memrl_mcp.local.greeting import Answer, Hello, Kind, decode, encode, read_line
-from memrl_mcp.local.place import AttachError, Place, build_identity, flocked, owner_running, place_of
+from memrl_mcp.local.place import (
+    LOG,
+    SOCKET,
+    START_LOCK,
+    AttachError,
+    Place,
+    build_identity,
+    flocked,
+    owner_running,
+    peer_uid,
+    place_of,
+)
+from memrl_mcp.variables import read_by_settings
 
 START_SECONDS = 120.0  # a cold start loads the model and opens the store: seconds, more on a loaded machine
 GREETING_SECONDS = 30.0  # a running server answers a greeting in milliseconds; a stopped (SIGSTOP) one never does
@@ -68,7 +85,7 @@ class Target:
             data_dir=str(self.data_dir),
             config=None if self.config is None else str(self.config),
             cwd=str(self.cwd),
-            environ=dict(self.environ),
+            environ=read_by_settings(self.environ),
         )
 
 
@@ -124,21 +141,33 @@ class Attached:
 
 
 def attach(target: Target, kind: Kind = "session", start: bool = True, timeout: float = START_SECONDS) -> Attached:
-    """A connection to ``target``'s local server, greeted as ``kind``; the server is started first when none runs
-    and ``start`` (module docstring). :class:`NotRunningError` when none runs and none is to be started;
-    :class:`AttachError` when none could be reached or started, or the server refused (its message says why)."""
+    """A connection to ``target``'s local server, greeted as ``kind``, within ``timeout`` seconds in all; the server
+    is started first when none runs and ``start`` (module docstring). :class:`NotRunningError` when none runs and
+    none is to be started; :class:`AttachError` when none could be reached or started in time, another user
+    listens, or the server refused (its message says why)."""
     place = place_of(target.data_dir, target.runtime_dir)
     hello = target.hello(kind)
     deadline = time.monotonic() + timeout
     started: subprocess.Popen[bytes] | None = None
     while True:
-        connection = connect_socket(place.socket, GREETING_SECONDS)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AttachError(
+                f"no local memory server answered for {target.data_dir} within {timeout:g} s (its log: {place.log})"
+            )
+        connection = connect_socket(place, min(GREETING_SECONDS, left))
         if connection is not None:
             try:
-                answer = greet(connection, hello)
-            except (TimeoutError, ValueError) as error:
+                answer = greet(connection, hello, time.monotonic() + min(GREETING_SECONDS, left))
+            except TimeoutError:
                 connection.close()
-                raise AttachError(f"the local memory server at {place.socket} did not answer ({error})") from None
+                raise AttachError(
+                    f"the local memory server at {place.socket} did not answer in time (within "
+                    f"{min(GREETING_SECONDS, left):.3g} s): it may be stopped or overloaded"
+                ) from None
+            except ValueError as error:
+                connection.close()
+                raise AttachError(f"the local memory server at {place.socket} did not greet ({error})") from None
             if answer is not None and answer.ok:
                 return Attached(connection, answer, started)
             connection.close()
@@ -150,17 +179,13 @@ def attach(target: Target, kind: Kind = "session", start: bool = True, timeout: 
             if started is not None and started.returncode != 0:
                 raise AttachError(_failure(place, started.returncode))
             started = _start(place, target, deadline) or started
-        if time.monotonic() > deadline:
-            raise AttachError(
-                f"no local memory server answered for {target.data_dir} within {timeout:g} s (its log: {place.log})"
-            )
-        time.sleep(POLL_SECONDS)
+        time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
 
 def _start(place: Place, target: Target, deadline: float) -> subprocess.Popen[bytes] | None:
     """A new server for ``place``, holding ``start.lock`` until it holds ``owner.lock`` (or ends); None when another
     session is starting one or one runs (then it is the one to wait for)."""
-    with flocked(place.start_lock) as mine:
+    with flocked(place, START_LOCK) as mine:
         if not mine or owner_running(place):
             return None
         # The server runs this very code (the build it greets with is this one's): ``-P`` keeps the working folder
@@ -172,7 +197,8 @@ def _start(place: Place, target: Target, deadline: float) -> subprocess.Popen[by
         code = str(Path(memrl_mcp.__file__).resolve().parent.parent)
         environ["PYTHONPATH"] = os.pathsep.join(filter(None, [code, environ.get("PYTHONPATH")]))
         cwd = target.cwd if target.cwd.is_dir() else Path("/")
-        log_fd = os.open(place.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with place.opened() as folder:
+            log_fd = folder.open(LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         with open(log_fd, "wb") as log:
             server = subprocess.Popen(
                 command,
@@ -190,8 +216,9 @@ def _start(place: Place, target: Target, deadline: float) -> subprocess.Popen[by
 
 def _failure(place: Place, status: int) -> str:
     try:
-        tail = place.log.read_text(errors="replace").strip().splitlines()[-5:]
-    except OSError:
+        with place.opened() as folder, open(folder.open(LOG, os.O_RDONLY), errors="replace") as log:
+            tail = log.read().strip().splitlines()[-5:]
+    except (OSError, AttachError):
         tail = []
     said = " ".join(line.strip() for line in tail) or "nothing"
     return f"the local memory server could not start (exit status {status}); its log ({place.log}) says: {said}"
@@ -213,26 +240,39 @@ def connect(data_dir: str | Path | None = None, *, start: bool = True, timeout: 
     return attach(target, start=start, timeout=timeout).connection
 
 
-def connect_socket(path: Path, timeout: float) -> socket.socket | None:
-    """A connection to the Unix socket at ``path``; None when nothing listens there (no file, or one a dead
-    server left)."""
+def connect_socket(place: Place, timeout: float) -> socket.socket | None:
+    """A connection to the server's socket in ``place``, through the folder's checked descriptor; None when nothing
+    listens there (no file, or one a dead server left). :class:`AttachError` when another user listens: nothing was
+    sent (module docstring)."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.settimeout(timeout)
     try:
-        connection.connect(os.fspath(path))
+        with place.opened() as folder:
+            connection.connect(folder.through(SOCKET))
     except (FileNotFoundError, ConnectionRefusedError):
         connection.close()
         return None
-    except OSError:
+    except BaseException:
         connection.close()
         raise
+    uid = peer_uid(connection)
+    if uid != os.getuid():
+        connection.close()
+        who = "a process the kernel does not name" if uid is None else f"another user (uid {uid})"
+        raise AttachError(
+            f"the local memory server's socket {place.socket} is held by {who}, who could be listening to catch "
+            f"this session: nothing was sent to it. Remove {place.folder}, and keep the runtime folder "
+            f"{place.folder.parent} and the folders above it writable by you alone (or set runtime_dir, "
+            "MEMRL_RUNTIME_DIR, to such a folder of your own)"
+        )
     return connection
 
 
-def greet(connection: socket.socket, hello: Hello) -> Answer | None:
-    """Send ``hello`` and read the server's answer; None when the server closed first (it is going away)."""
+def greet(connection: socket.socket, hello: Hello, deadline: float) -> Answer | None:
+    """Send ``hello`` and read the server's answer, all of it by ``deadline`` (``time.monotonic()``; TimeoutError
+    else); None when the server closed first (it is going away)."""
     try:
         connection.sendall(encode(hello))
-        return decode(Answer, read_line(connection))
+        return decode(Answer, read_line(connection, deadline=deadline))
     except (ConnectionError, BrokenPipeError):
         return None

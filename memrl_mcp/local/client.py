@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from memrl_mcp.local.attach import START_SECONDS, connect
 from memrl_mcp.local.place import AttachError
 
 HANDSHAKE_VERSION = "2025-11-25"  # the protocol LocalClient speaks (the newest of the handshake era)
+CHUNK = 1 << 16
 
 
 class ToolCallError(AttachError):
@@ -41,18 +43,28 @@ class LocalClient:
 
     ``roots``: the project folders this client reports when the server asks (``file://`` URIs), so that its calls
     use that project's namespace as an editor's would. The server's other requests (elicitation, sampling) are
-    declined: this client offers neither."""
+    declined: this client offers neither. ``deadline`` (``time.monotonic()``): the handshake and every call are
+    answered by then, or fail, however slowly the server answers (a hook that must end in time); without one, each
+    read waits as long as the connection's own timeout. A server that does not answer in time is an
+    :class:`AttachError` that says so."""
 
-    def __init__(self, connection: socket.socket, roots: Sequence[str] = (), name: str = "memrl-mcp-client") -> None:
+    def __init__(
+        self,
+        connection: socket.socket,
+        roots: Sequence[str] = (),
+        name: str = "memrl-mcp-client",
+        deadline: float | None = None,
+    ) -> None:
         self._connection = connection
-        self._stream = connection.makefile("rb")
+        self._deadline = deadline
+        self._buffer = bytearray()
         self._roots = list(roots)
         self._ids = itertools.count(1)
         capabilities: dict[str, Any] = {"roots": {}} if self._roots else {}
         info = {"name": name, "version": __version__}
         handshake = {"protocolVersion": HANDSHAKE_VERSION, "capabilities": capabilities, "clientInfo": info}
         self._request("initialize", handshake)
-        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"}, "initialize")
 
     @classmethod
     def open(
@@ -87,7 +99,6 @@ class LocalClient:
         return text
 
     def close(self) -> None:
-        self._stream.close()
         self._connection.close()
 
     def __enter__(self) -> LocalClient:
@@ -98,17 +109,18 @@ class LocalClient:
     ) -> None:
         self.close()
 
-    def _send(self, message: Mapping[str, Any]) -> None:
-        self._connection.sendall(json.dumps(message).encode() + b"\n")
+    def _send(self, message: Mapping[str, Any], method: str) -> None:
+        self._in_time(method)
+        try:
+            self._connection.sendall(json.dumps(message).encode() + b"\n")
+        except TimeoutError:
+            raise AttachError(f"the local memory server did not take {method} in time") from None
 
     def _request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
         request_id = next(self._ids)
-        self._send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        self._send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}, method)
         while True:
-            line = self._stream.readline()
-            if not line:
-                raise AttachError("the local memory server closed the connection")
-            message = json.loads(line)
+            message = json.loads(self._line(method))
             if "method" in message and "id" in message:  # the server asks
                 self._answer(message)
             elif message.get("id") == request_id:
@@ -124,4 +136,30 @@ class LocalClient:
             reply = {"result": {}}
         else:
             reply = {"error": {"code": -32601, "message": f"this client does not answer {request['method']}"}}
-        self._send({"jsonrpc": "2.0", "id": request["id"], **reply})
+        self._send({"jsonrpc": "2.0", "id": request["id"], **reply}, str(request["method"]))
+
+    def _line(self, method: str) -> bytes:
+        """The server's next line, waiting at most until the deadline (class docstring)."""
+        searched = 0
+        while (end := self._buffer.find(b"\n", searched)) < 0:
+            searched = len(self._buffer)
+            self._in_time(method)
+            try:
+                data = self._connection.recv(CHUNK)
+            except TimeoutError:
+                raise AttachError(f"the local memory server did not answer {method} in time") from None
+            if not data:
+                raise AttachError("the local memory server closed the connection")
+            self._buffer += data
+        line = bytes(self._buffer[: end + 1])
+        del self._buffer[: end + 1]
+        return line
+
+    def _in_time(self, method: str) -> None:
+        """The connection's timeout set to what is left before the deadline; AttachError when nothing is."""
+        if self._deadline is None:
+            return
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise AttachError(f"the local memory server did not answer {method} in time")
+        self._connection.settimeout(left)

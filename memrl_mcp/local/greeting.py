@@ -7,18 +7,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 PROTOCOL = 1  # of the greeting below; a change of its fields is a new number
-GREETING_LIMIT = 1 << 20  # bytes of one greeting line (a session's environment fits many times over)
+GREETING_LIMIT = 1 << 20  # bytes of one greeting line (a session's settings' variables fit many times over)
 Kind = Literal["session", "status", "stop"]
 
 
 @dataclass(frozen=True)
 class Hello:
     """What the attaching side says first: who it is, and the session's own settings as a process of its own would
-    read them (its environment, config file, store and working folder)."""
+    read them (the variables of its environment the settings read, its config file, store and working folder)."""
 
     kind: Kind
     version: str
@@ -70,10 +71,16 @@ def decode(kind: type[Greeting], line: bytes) -> Greeting:
         raise ValueError(f"not a memrl-mcp greeting: {error}") from None
 
 
-def read_line(connection: socket.socket, limit: int = GREETING_LIMIT) -> bytes:
-    """One line from ``connection``, taking nothing beyond its newline (what follows is the MCP session's)."""
+def read_line(connection: socket.socket, limit: int = GREETING_LIMIT, deadline: float | None = None) -> bytes:
+    """One line from ``connection``, taking nothing beyond its newline (what follows is the MCP session's); with a
+    ``deadline`` (``time.monotonic()``), all of it by then, or TimeoutError, however slowly its bytes come."""
     line = b""
     while True:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no whole line in time")
+            connection.settimeout(left)
         peeked = connection.recv(min(65536, limit + 1 - len(line)), socket.MSG_PEEK)
         if not peeked:
             raise ConnectionError("the other side closed the connection")

@@ -9,9 +9,16 @@ flight. It needs the standard library alone: it starts in tens of milliseconds.
 When the server goes away (a crash, a ``memrl-mcp local stop``), each request of the client it had not answered is
 answered here with an error saying that the call may or may not have been applied; the session itself lives on. The
 next line the client writes attaches again (starting a server when none runs), replays the client's ``initialize``
-handshake to the new server (its answer is not passed on: the client has had one) and goes on. An answer of the
-client to a question the old server asked is dropped: nobody waits for it any more. A session of the 2026-07-28
-protocol has no handshake; each of its requests carries what the server needs.
+handshake to the new server (its answer is not passed on: the client has had one) and goes on. A session of the
+2026-07-28 protocol has no handshake; each of its requests carries what the server needs.
+
+The server's own questions (elicitation, sampling, roots) reach the client under ids of the relay's, unique for the
+relay's whole life, and the client's answers go back under the server's: a new server counts its ids from the start
+again, and an answer the client gives late to a question of a server that died must never settle the new server's
+question of the same id. When a server dies, each of its open questions is withdrawn in the client
+(``notifications/cancelled``), and an answer to it is dropped: nobody waits for it any more. (On the 2026-07-28
+protocol a question travels in the call's own result and its answer in the call made again, under state sealed by
+the server that asked: a new server refuses it and asks anew.)
 
 At the end of stdin the relay closes its half of the connection; the server answers what it read, closes, and the
 relay exits. A session the server refuses (another version of memrl-mcp serving other sessions, settings of the
@@ -21,6 +28,7 @@ answer of each request, so that the client shows it rather than "connection clos
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -28,6 +36,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 from memrl_mcp.local.attach import GREETING_SECONDS, Attached, Target, attach
@@ -74,7 +83,9 @@ class Relay:
         self._started: list[subprocess.Popen[bytes]] = []  # servers this relay started: reaped when they end
         self._client_lines, self._server_lines = Lines(), Lines()
         self._pending: set[Id] = set()  # the client's requests the server has not answered
-        self._asked: set[Id] = set()  # the server's requests the client has not answered
+        self._ids = itertools.count(1)  # the ids the client sees of the server's requests (module docstring)
+        self._asked: dict[int, Id] = {}  # the server's requests the client has not answered: the server's id by ours
+        self._asking: dict[Id, int] = {}  # the same, ours by the server's
         self._handshake: dict[str, Any] | None = None  # the client's initialize request
         self._initialized = False
         self._joined(attached)
@@ -117,7 +128,7 @@ class Relay:
 
     def _from_client(self, lines: list[bytes]) -> None:
         """Note what the client's lines ask or answer, and pass them on (module docstring)."""
-        passed = [line for line in lines if self._noted_from_client(_message(line))]
+        passed = [out for line in lines if (out := self._noted_from_client(line)) is not None]
         if not passed:
             return
         if self._connection is None:
@@ -136,12 +147,17 @@ class Relay:
         except OSError:
             self._lost()
 
-    def _noted_from_client(self, message: Any) -> bool:
-        """Note one message of the client; False for an answer to a server that is gone (module docstring)."""
+    def _noted_from_client(self, line: bytes) -> bytes | None:
+        """Note one line of the client; the line to pass on (an answer under the server's own id), or None for an
+        answer to no open question of this server (module docstring)."""
+        message = _message(line)
         if isinstance(message, dict) and _is_response(message):
-            if not isinstance(message.get("id"), Id) or message["id"] not in self._asked:
-                return False
-            self._asked.discard(message["id"])
+            ours = message.get("id")
+            if not _is_ours(ours) or ours not in self._asked:
+                return None
+            theirs = self._asked.pop(ours)
+            del self._asking[theirs]
+            return json.dumps({**message, "id": theirs}).encode() + b"\n"
         for item in _items(message):
             method, request_id = item.get("method"), item.get("id")
             if method == "initialize":
@@ -154,25 +170,37 @@ class Relay:
                     self._pending.discard(cancelled)
             if isinstance(method, str) and isinstance(request_id, Id):
                 self._pending.add(request_id)
-        return True
+        return line
 
     def _from_server(self, lines: list[bytes]) -> None:
-        """Note what the server's lines answer or ask, and pass them on."""
+        """Note what the server's lines answer or ask, and pass them on, its questions under ids of ours."""
+        passed = []
         for line in lines:
             answered = ANSWER.match(line)  # most lines: an answer, read without parsing all of it
             if answered is not None:
                 self._pending.discard(json.loads(answered.group(1)))
+                passed.append(line)
                 continue
-            for item in _items(_message(line)):
-                request_id = item.get("id")
-                if not isinstance(request_id, Id):
-                    continue
-                if _is_response(item):
+            message = _message(line)
+            renamed = False
+            for item in _items(message):
+                request_id, method = item.get("id"), item.get("method")
+                if _is_response(item) and isinstance(request_id, Id):
                     self._pending.discard(request_id)
-                elif isinstance(item.get("method"), str):
-                    self._asked.add(request_id)
-        if lines:
-            self._write(b"".join(lines))
+                elif isinstance(method, str) and isinstance(request_id, Id):  # a question of the server's
+                    item["id"] = self._asking[request_id] = next(self._ids)
+                    self._asked[item["id"]] = request_id
+                    renamed = True
+                elif method == "notifications/cancelled":  # the server withdraws a question of its own
+                    params = item.get("params")
+                    withdrawn = params.get("requestId") if isinstance(params, dict) else None
+                    if isinstance(params, dict) and isinstance(withdrawn, Id) and withdrawn in self._asking:
+                        params["requestId"] = ours = self._asking.pop(withdrawn)
+                        del self._asked[ours]
+                        renamed = True
+            passed.append(json.dumps(message).encode() + b"\n" if renamed else line)
+        if passed:
+            self._write(b"".join(passed))
 
     def _lost(self) -> None:
         """The server closed the connection or died: answer what it will never answer (module docstring)."""
@@ -187,8 +215,13 @@ class Relay:
         )
         for request_id in sorted(self._pending, key=str):
             self._to_client(_error(request_id, message))
+        for question in sorted(self._asked):
+            reason = f"the memory server that asked (pid {self._server_pid}) stopped: nobody waits for the answer"
+            params = {"requestId": question, "reason": reason}
+            self._to_client({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
         self._pending.clear()
         self._asked.clear()
+        self._asking.clear()
 
     def _attach_again(self) -> None:
         """Attach to the store's server (started if none runs) and replay the client's handshake to it."""
@@ -206,10 +239,12 @@ class Relay:
         self._joined(attached)
 
     def _await_handshake(self, connection: socket.socket) -> None:
-        """Read up to the answer of the replayed handshake; what follows it stays for the session."""
-        connection.settimeout(GREETING_SECONDS)
+        """Read up to the answer of the replayed handshake, all of it within ``GREETING_SECONDS`` (TimeoutError else,
+        however slowly it comes); what follows it stays for the session."""
+        deadline = time.monotonic() + GREETING_SECONDS
         lines = Lines()
         while True:
+            connection.settimeout(max(deadline - time.monotonic(), 0.001))
             data = connection.recv(CHUNK)
             if not data:
                 raise AttachError("the new memory server closed the connection during the handshake")
@@ -270,6 +305,11 @@ def _items(message: Any) -> list[dict[str, Any]]:
     """The JSON-RPC messages of a line (a batch holds several)."""
     items = message if isinstance(message, list) else [message]
     return [item for item in items if isinstance(item, dict)]
+
+
+def _is_ours(request_id: Any) -> bool:
+    """Whether ``request_id`` can be one of the relay's ids of the server's questions (a number, not a boolean)."""
+    return isinstance(request_id, int) and not isinstance(request_id, bool)
 
 
 def _is_response(message: dict[str, Any]) -> bool:

@@ -11,9 +11,10 @@ share one :class:`~memrl_mcp.memory.service.MemoryService`, which is safe for co
 roots (project namespace), its questions to its client, its protocol era, and its own settings among ``namespace``,
 ``namespace_from_roots``, ``project_dir``, ``tool_profile`` and ``tool_descriptions``.
 
-Who may connect: only this user. The socket lives in a folder only this user can enter and is itself 0600; on top,
-the kernel's record of the connecting process's user (``SO_PEERCRED``, ``LOCAL_PEERCRED``) must be this user's, or
-the connection is closed unread. The inspector (``/ui``) is served on a loopback port chosen at start, behind a
+Who may connect: only this user. The socket lives in a folder only this user can enter and is itself 0600 (bound
+through the folder's checked descriptor, :mod:`memrl_mcp.local.place`); on top, the kernel's record of the
+connecting process's user (``SO_PEERCRED``, ``LOCAL_PEERCRED``) must be this user's, or the connection is closed
+unread. The inspector (``/ui``) is served on a loopback port chosen at start, behind a
 bearer token made at start and told only over the socket (``memrl-mcp local ui``); every other route but
 ``/health`` needs that token too, and the HTTP transport's host and origin checks apply as on any HTTP server.
 
@@ -36,8 +37,6 @@ import os
 import secrets
 import selectors
 import socket
-import struct
-import sys
 import threading
 import time
 from pathlib import Path
@@ -49,7 +48,7 @@ from mcp.server import MCPServer
 from memrl_mcp import __version__
 from memrl_mcp.errors import MemrlError
 from memrl_mcp.local.greeting import Answer, Hello, decode, encode, read_line
-from memrl_mcp.local.place import Place, build_identity, flocked, place_of
+from memrl_mcp.local.place import OWNER_LOCK, SOCKET, AttachError, Place, build_identity, flocked, peer_uid, place_of
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.settings import ALL_NAMESPACES, Settings, SettingsError, TokenGrant, load_settings
 from memrl_mcp.surface.auth import TokenTable
@@ -80,7 +79,7 @@ def run(settings: Settings) -> int:
     when another server owns the store already (the caller then attaches to that one), 2 when the store cannot be
     opened (the message is on stderr)."""
     place = place_of(settings.storage.data_dir, settings.serving.runtime_dir)
-    with flocked(place.owner_lock) as mine:
+    with flocked(place, OWNER_LOCK) as mine:
         if not mine:
             log.info("another local server owns %s", settings.storage.data_dir)
             return 0
@@ -130,9 +129,9 @@ class LocalServer:
         except KeyboardInterrupt:
             self._stop("interrupted")
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                if os.stat(self._place.socket).st_ino == self._bound:  # not one a newer server bound since
-                    os.unlink(self._place.socket)
+            with contextlib.suppress(FileNotFoundError, AttachError), self._place.opened() as folder:
+                if os.stat(SOCKET, dir_fd=folder.fd, follow_symlinks=False).st_ino == self._bound:  # not a newer one
+                    os.unlink(SOCKET, dir_fd=folder.fd)
             listener.close()
             log.info("local memory server stops: %s", self._stopping)
             self._inspector.stop()
@@ -140,15 +139,21 @@ class LocalServer:
 
     def _listen(self) -> socket.socket:
         """The socket, bound under a name of its own and renamed into place: a socket left by a crash is replaced in
-        one step, and a session never connects to one not yet listening."""
+        one step, and a session never connects to one not yet listening. All of it through the folder's checked
+        descriptor: the socket found there is the one bound (where the bind takes a path, it may not be)."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        fresh = self._place.folder / f"socket.{os.getpid()}"
-        fresh.unlink(missing_ok=True)
-        listener.bind(os.fspath(fresh))
-        os.chmod(fresh, 0o600)
-        self._bound = os.stat(fresh).st_ino
-        listener.listen(64)
-        os.replace(fresh, self._place.socket)
+        fresh = f"{SOCKET}.{os.getpid()}"
+        with self._place.opened() as folder:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(fresh, dir_fd=folder.fd)
+            listener.bind(folder.through(fresh))
+            try:
+                self._bound = os.stat(fresh, dir_fd=folder.fd, follow_symlinks=False).st_ino
+            except FileNotFoundError:  # bound by its path, which led elsewhere
+                raise AttachError(f"the socket was bound outside {folder.path}: another user moved it") from None
+            os.chmod(fresh, 0o600, dir_fd=folder.fd)
+            listener.listen(64)
+            os.replace(fresh, SOCKET, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
         return listener
 
     def _accept(self, listener: socket.socket) -> None:
@@ -294,18 +299,6 @@ class LocalServer:
             ui=self._inspector.url,
             started=self._started,
         )
-
-
-def peer_uid(connection: socket.socket) -> int | None:
-    """The user id of the process at the other end of a Unix socket, from the kernel (Linux ``SO_PEERCRED``, macOS
-    ``LOCAL_PEERCRED``); None where neither exists."""
-    if hasattr(socket, "SO_PEERCRED"):
-        credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return int(struct.unpack("3i", credentials)[1])
-    if sys.platform == "darwin" and hasattr(socket, "LOCAL_PEERCRED"):
-        credentials = connection.getsockopt(0, socket.LOCAL_PEERCRED, struct.calcsize("IIh16I"))  # struct xucred
-        return int(struct.unpack_from("II", credentials)[1])
-    return None
 
 
 def refusal(data_dir: Path, pid: int, differs: str, sessions: int) -> str:

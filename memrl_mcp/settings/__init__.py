@@ -14,6 +14,9 @@ Where a value comes from, highest first:
    (``retrieval: {k1: 3}``);
 4. the default.
 
+The variables' names are kept in :mod:`memrl_mcp.variables` (the attaching side of the local server sends a session's
+own to the server without loading the settings).
+
 A bad value is refused with its name and where it came from; so is an unknown name (a ``MEMRL_*`` variable, a YAML
 key, an argument), with the closest known one: a typo must not silently leave a default in place.
 :meth:`Settings.origin` says where each value came from (``memrl-mcp config`` prints them all).
@@ -24,7 +27,6 @@ serving group, tokens and tool profiles), :mod:`~memrl_mcp.settings.loading` (th
 
 from memrl_mcp.settings.groups import (
     ALL_NAMESPACES,
-    ENV_PREFIX,
     MIN_TOKEN_CHARS,
     RENAMED,
     EmbeddingSettings,
@@ -40,10 +42,8 @@ from memrl_mcp.settings.groups import (
     unknown_name,
 )
 from memrl_mcp.settings.loading import (
-    ECOSYSTEM_VARIABLES,
     GROUP_OF,
     GROUPS,
-    OTHER_VARIABLES,
     Settings,
     as_yaml,
     load_settings,
@@ -58,6 +58,7 @@ from memrl_mcp.settings.serving import (
     grant_digest,
     load_grants,
 )
+from memrl_mcp.variables import ECOSYSTEM_VARIABLES, ENV_PREFIX, OTHER_VARIABLES
 
 __all__ = [
     "ALL_NAMESPACES",

@@ -17,10 +17,10 @@ from memrl_mcp.errors import MemrlError
 from memrl_mcp.folders import default_data_dir
 from memrl_mcp.rewards import RewardScale
 from memrl_mcp.validation import MAX_K, NamespaceName
+from memrl_mcp.variables import ENV_PREFIX
 
 ALL_NAMESPACES = "*"
 MIN_TOKEN_CHARS = 16
-ENV_PREFIX = "MEMRL_"
 RENAMED = {"read_only": "tool_profile: read_only (MEMRL_TOOL_PROFILE=read_only)"}
 """Settings that were renamed: their old name is refused with the new one."""
 

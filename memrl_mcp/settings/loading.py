@@ -22,7 +22,6 @@ from pydantic import (
 )
 
 from memrl_mcp.settings.groups import (
-    ENV_PREFIX,
     EmbeddingSettings,
     Group,
     LearningSettings,
@@ -38,31 +37,8 @@ from memrl_mcp.settings.groups import (
 )
 from memrl_mcp.settings.serving import ServingSettings
 from memrl_mcp.validation import Limits
+from memrl_mcp.variables import ECOSYSTEM_VARIABLES, ENV_PREFIX, OTHER_VARIABLES
 
-ECOSYSTEM_VARIABLES = {
-    "qdrant_url": "QDRANT_URL",
-    "qdrant_api_key": "QDRANT_API_KEY",
-    "collection": "COLLECTION_NAME",
-    "project_dir": "CLAUDE_PROJECT_DIR",
-}
-"""Other programs' names for four settings: the Qdrant ecosystem's (the official Qdrant MCP server reads them), and
-the project folder Claude Code gives every MCP server and hook it starts; ``MEMRL_*`` wins."""
-OTHER_VARIABLES = frozenset(
-    {
-        "MEMRL_LLM_BASE_URL",
-        "MEMRL_LLM_MODEL",
-        "MEMRL_LLM_API_KEY",
-        "MEMRL_MEMORY_TOKEN",
-        "MEMRL_SHARED_DATA",
-        "MEMRL_LLB_ROOTFS",
-        "MEMRL_JUDGE_BASE_URL",
-        "MEMRL_JUDGE_MODEL",
-        "MEMRL_JUDGE_API_KEY",
-        "MEMRL_PEER",
-    }
-)
-"""``MEMRL_*`` variables that are not settings of the server: memrl-harness's own and the peer benchmark's, which the
-environment of a harness run or a test holds when it starts a server."""
 JSON_EXAMPLES = {
     "tokens": '[{"name": "desktop", "token": "a-long-random-secret-1", "namespaces": ["alice"]}]',
     "allowed_hosts": '["memory.example.com:*"]',

@@ -13,6 +13,10 @@ reads the requests or writes into the answers; both are given back at the end.
 The local server (:mod:`memrl_mcp.local.server`) serves each session attached to it the same way, over the session's
 Unix socket (:func:`socket_streams`): one MCP session per connection, as if the session had its own process.
 
+A line the SDK's reader cannot parse is answered here with a JSON-RPC parse error (:func:`_unreadable`), where the
+SDK answers nothing and the client waits for an answer that never comes: a line that is not JSON (id ``null``), and
+a request whose text is not Unicode (a lone surrogate, which JSON can escape and the SDK's reader refuses), by its id.
+
 The end of stdin ends the session only once every request read is answered (:class:`_Draining`): the SDK cancels
 the calls still running at the end of its read stream, so ``memrl-mcp < requests.jsonl``, or a client that writes
 its last requests and closes the pipe, lost the answers (and the writes) of the requests still in flight. A call
@@ -23,6 +27,7 @@ client that closed stdin cannot answer. A call still running after ``DRAIN_SECON
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import stat
@@ -34,7 +39,16 @@ import anyio
 from mcp.server import MCPServer
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
-from mcp_types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
+from mcp_types import (
+    CONNECTION_CLOSED,
+    PARSE_ERROR,
+    ErrorData,
+    JSONRPCError,
+    JSONRPCNotification,
+    JSONRPCRequest,
+    JSONRPCResponse,
+)
+from pydantic import ValidationError
 
 LINE_LIMIT = 1 << 30  # bytes of one message; the SDK's own reader has no limit
 DRAIN_SECONDS = 60.0  # how long the calls in flight at the end of stdin may still run to answer
@@ -231,12 +245,17 @@ class _Draining(_Wrapped):
         self._changed = anyio.Event()
 
     async def receive(self) -> SessionMessage | Exception:
-        if self._deadline is None:
+        while self._deadline is None:
             try:
                 item: SessionMessage | Exception = await self._inner.receive()
             except anyio.EndOfStream:
                 self._deadline = anyio.current_time() + DRAIN_SECONDS
             else:
+                if isinstance(item, Exception):  # a line the SDK's reader could not parse (module docstring)
+                    refusal = _unreadable(item)
+                    if refusal is not None:
+                        await self.writes.send(SessionMessage(refusal))
+                    continue
                 self._read(item)
                 return item
         with anyio.CancelScope(deadline=self._deadline):
@@ -271,6 +290,31 @@ class _Draining(_Wrapped):
             return await self.receive()
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
+
+
+def _unreadable(error: Exception) -> JSONRPCError | None:
+    """The answer to a line that the SDK's reader could not read as JSON (``error`` holds the line): a parse error,
+    under the request's id when Python's own reader finds one (it takes a lone surrogate, which the SDK's refuses),
+    else under ``null``, as JSON-RPC says. None for an empty line, for a notification or an answer (never answered),
+    and for JSON that is no JSON-RPC message (the SDK's to refuse)."""
+    problem = error.errors()[0] if isinstance(error, ValidationError) and error.errors() else None
+    if problem is None or problem["type"] != "json_invalid" or not str(problem["input"]).strip():
+        return None
+    try:
+        message = json.loads(problem["input"])
+    except ValueError:
+        text = f"not JSON: {problem['msg']}"
+        return JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=PARSE_ERROR, message=text))
+    request_id = message.get("id") if isinstance(message, dict) and "method" in message else None
+    if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+        return None
+    try:
+        json.dumps(message, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        text = "the request is not valid Unicode: a string of it holds a lone surrogate (such as \\ud800)"
+    else:
+        text = f"the request is not JSON the server reads: {problem['msg']}"
+    return JSONRPCError(jsonrpc="2.0", id=request_id, error=ErrorData(code=PARSE_ERROR, message=text))
 
 
 class _Written(_Wrapped):

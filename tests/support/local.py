@@ -3,17 +3,22 @@ between tests), sessions spawned as a client spawns them, and the server found, 
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mcp import StdioServerParameters
 
@@ -88,6 +93,11 @@ class LocalStore:
 
 def servers_of(runtime_dir: Path) -> list[int]:
     """The pids of the local servers running with this runtime folder (each is ``memrl-mcp local run``)."""
+    return servers_with(f"MEMRL_RUNTIME_DIR={runtime_dir}")
+
+
+def servers_with(variable: str) -> list[int]:
+    """The pids of the local servers whose environment holds ``variable`` (``NAME=value``)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -97,7 +107,7 @@ def servers_of(runtime_dir: Path) -> list[int]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"local" in command and b"run" in command and f"MEMRL_RUNTIME_DIR={runtime_dir}".encode() in environ:
+        if b"local" in command and b"run" in command and variable.encode() in environ:
             found.append(int(entry.name))
     return found
 
@@ -114,15 +124,89 @@ def local_store(tmp_path: Path, name: str = "data") -> Iterator[LocalStore]:
         shutil.rmtree(runtime, ignore_errors=True)
 
 
-def stop_all(runtime_dir: Path) -> None:
-    for pid in servers_of(runtime_dir):
+def stop_all(runtime_dir: Path, variable: str | None = None) -> None:
+    """SIGKILL every local server of this runtime folder (or whose environment holds ``variable``)."""
+    variable = variable or f"MEMRL_RUNTIME_DIR={runtime_dir}"
+    for pid in servers_with(variable):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             continue
     deadline = time.monotonic() + GONE_S
-    while servers_of(runtime_dir) and time.monotonic() < deadline:
+    while servers_with(variable) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+class RawSession:
+    """``memrl-mcp`` over stdio driven line by line, as a client of any kind would (its messages as JSON lines, what
+    it reads taken as it comes), so that a test chooses the moment of each message: a late answer, a kill between
+    two lines."""
+
+    def __init__(self, store: LocalStore, **variables: str) -> None:
+        self._process = subprocess.Popen(
+            CLI,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=store.env(**variables),
+            cwd=store.data_dir.parent,
+        )
+        self._lines: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []  # every message read, in order
+        self._ids = itertools.count(1)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            self._lines.put(json.loads(line))
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(message).encode() + b"\n")
+        self._process.stdin.flush()
+
+    def initialize(self, **capabilities: Any) -> None:
+        info = {"name": "raw", "version": "1"}
+        params = {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": info}
+        self.request("initialize", params)
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def ask(self, request_id: int, method: str, params: dict[str, Any]) -> None:
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+
+    def request(self, method: str, params: dict[str, Any], timeout: float = 240) -> dict[str, Any]:
+        """Send a request and wait for its answer (what else arrives meanwhile is kept in :attr:`seen`)."""
+        request_id = next(self._ids)
+        self.ask(request_id, method, params)
+        return self.wait(lambda message: message.get("id") == request_id and "method" not in message, timeout)
+
+    def call(self, tool: str, timeout: float = 240, **arguments: Any) -> dict[str, Any]:
+        return self.request("tools/call", {"name": tool, "arguments": arguments}, timeout)
+
+    def wait(self, wanted: Callable[[dict[str, Any]], bool], timeout: float = 240) -> dict[str, Any]:
+        """The first message read, from the start of the session, that is ``wanted``."""
+        for message in self.seen:
+            if wanted(message):
+                return message
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no such message in {timeout:g} s; read: {self.seen}"
+            try:
+                message = self._lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            self.seen.append(message)
+            if wanted(message):
+                return message
+
+    def close(self) -> str:
+        """Close stdin, wait for the end; what the session said on stderr."""
+        assert self._process.stdin is not None and self._process.stderr is not None
+        self._process.stdin.close()
+        self._process.wait(timeout=120)
+        return self._process.stderr.read().decode()
 
 
 def python_with(code: str, env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
