@@ -13,6 +13,11 @@ reads the requests or writes into the answers; both are given back at the end.
 The local server (:mod:`memrl_mcp.local.server`) serves each session attached to it the same way, over the session's
 Unix socket (:func:`socket_streams`): one MCP session per connection, as if the session had its own process.
 
+A message (one line) longer than the ``max_message_mb`` setting is never held whole: it is skipped as it arrives,
+and answered with an error naming the limit and the setting (:class:`_Requests`), so that a session cannot grow the
+process (the local server's, shared by every session of the user) by what it sends. The SDK's own reader has no
+limit.
+
 The end of stdin ends the session only once every request read is answered (:class:`_Draining`): the SDK cancels
 the calls still running at the end of its read stream, so ``memrl-mcp < requests.jsonl``, or a client that writes
 its last requests and closes the pipe, lost the answers (and the writes) of the requests still in flight. A call
@@ -23,7 +28,9 @@ client that closed stdin cannot answer. A call still running after ``DRAIN_SECON
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import socket
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -34,9 +41,23 @@ import anyio
 from mcp.server import MCPServer
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
-from mcp_types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
+from mcp_types import (
+    CONNECTION_CLOSED,
+    INVALID_REQUEST,
+    ErrorData,
+    JSONRPCError,
+    JSONRPCNotification,
+    JSONRPCRequest,
+    JSONRPCResponse,
+)
 
-LINE_LIMIT = 1 << 30  # bytes of one message; the SDK's own reader has no limit
+MB = 1 << 20
+PIECE = 1 << 20  # how much of a message too long is taken at a time, to be dropped
+ENDS = 256  # bytes kept of each end of a message too long: where its id is
+JSON_ID = rb'(-?\d+|"(?:[^"\\]|\\.){0,200}")'
+HEAD_ID = re.compile(rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*' + JSON_ID)
+TAIL_ID = re.compile(rb',\s*"id"\s*:\s*' + JSON_ID + rb"\s*\}\s*\Z")
+"""A request's id as its first key (the Python SDK's order) or its last (the TypeScript SDK's), at the top level."""
 DRAIN_SECONDS = 60.0  # how long the calls in flight at the end of stdin may still run to answer
 
 
@@ -61,21 +82,23 @@ async def run_session(server: MCPServer, streams: Streams) -> None:
 
 
 @asynccontextmanager
-async def stdio_streams() -> AsyncIterator[tuple[Any, Any]]:
-    """The SDK's (read stream, write stream) over this process's stdin and stdout (module docstring)."""
-    async with _sdk_streams() as (reads, writes):
+async def stdio_streams(limit: int) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's (read stream, write stream) over this process's stdin and stdout, for messages of at most ``limit``
+    bytes (module docstring)."""
+    async with _sdk_streams(limit) as (reads, writes):
         draining = _Draining(reads, writes)
         yield draining, draining.writes
 
 
 @asynccontextmanager
-async def socket_streams(connection: socket.socket) -> AsyncIterator[tuple[Any, Any]]:
-    """The SDK's streams over one connected stream socket, read and written by the event loop as stdio's pipes are;
-    the socket is closed at the end."""
-    reader, writer = await asyncio.open_unix_connection(sock=connection, limit=LINE_LIMIT)
+async def socket_streams(connection: socket.socket, limit: int) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's streams over one connected stream socket, read and written by the event loop as stdio's pipes are,
+    for messages of at most ``limit`` bytes; the socket is closed at the end."""
+    reader, writer = await asyncio.open_unix_connection(sock=connection, limit=limit)
     writer.transport.set_write_buffer_limits(high=0)  # a flush waits until the socket took the whole answer (_Flow)
+    requests = _Requests(reader, limit, writer.write)
     try:
-        async with stdio_server(stdin=_Requests(reader), stdout=_Answers(writer.write, writer.drain)) as streams:  # type: ignore[arg-type]
+        async with stdio_server(stdin=requests, stdout=_Answers(writer.write, writer.drain)) as streams:  # type: ignore[arg-type]
             draining = _Draining(*streams)
             yield draining, draining.writes
     finally:
@@ -83,7 +106,7 @@ async def socket_streams(connection: socket.socket) -> AsyncIterator[tuple[Any, 
 
 
 @asynccontextmanager
-async def _sdk_streams() -> AsyncIterator[tuple[Any, Any]]:
+async def _sdk_streams(limit: int) -> AsyncIterator[tuple[Any, Any]]:
     """The SDK's streams, over the event loop's pipe transports where stdin and stdout are pipes or sockets."""
     if not (is_pipe(0) and is_pipe(1)):
         async with stdio_server() as streams:
@@ -91,13 +114,13 @@ async def _sdk_streams() -> AsyncIterator[tuple[Any, Any]]:
         return
     loop = asyncio.get_running_loop()
     with _claimed() as (wire_in, wire_out):
-        reader = asyncio.StreamReader(limit=LINE_LIMIT)
+        reader = asyncio.StreamReader(limit=limit)
         reading, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), wire_in)
         try:
             writing, flow = await loop.connect_write_pipe(_Flow, wire_out)
             try:
-                answers = _Answers(writing.write, flow.ready.wait)
-                async with stdio_server(stdin=_Requests(reader), stdout=answers) as streams:  # type: ignore[arg-type]
+                answers, requests = _Answers(writing.write, flow.ready.wait), _Requests(reader, limit, writing.write)
+                async with stdio_server(stdin=requests, stdout=answers) as streams:  # type: ignore[arg-type]
                     yield streams
             finally:
                 writing.close()
@@ -125,19 +148,61 @@ def _claimed() -> Iterator[tuple[Any, Any]]:
 
 
 class _Requests:
-    """The requests, one JSON-RPC message a line, as the SDK's reader iterates them."""
+    """The requests, one JSON-RPC message a line, as the SDK's reader iterates them. A line longer than ``limit``
+    bytes is dropped as it arrives, keeping only its ends, and answered through ``refuse`` with an error naming the
+    limit (module docstring); the reader's buffer, bounded by the same limit, is all it ever holds of it."""
 
-    def __init__(self, reader: asyncio.StreamReader) -> None:
-        self._reader = reader
+    def __init__(self, reader: asyncio.StreamReader, limit: int, refuse: Callable[[bytes], None]) -> None:
+        self._reader, self._limit, self._refuse = reader, limit, refuse
 
     def __aiter__(self) -> _Requests:
         return self
 
     async def __anext__(self) -> str:
-        line = await self._reader.readline()
-        if not line:
-            raise StopAsyncIteration
-        return line.decode("utf-8", errors="replace")
+        while True:
+            try:
+                line = await self._reader.readuntil(b"\n")
+            except asyncio.IncompleteReadError as end:  # the end of the stream (a last line without its newline)
+                line = end.partial
+            except asyncio.LimitOverrunError as overrun:
+                await self._skip(overrun.consumed)
+                continue
+            if not line:
+                raise StopAsyncIteration
+            return line.decode("utf-8", errors="replace")
+
+    async def _skip(self, buffered: int) -> None:
+        """Drop the line too long whose first ``buffered`` bytes the reader holds, up to its end; then answer it."""
+        head, tail, size = b"", b"", 0
+        while True:
+            while buffered:
+                piece = await self._reader.read(min(buffered, PIECE))
+                head, tail = head or piece[:ENDS], (tail + piece)[-ENDS:]
+                size, buffered = size + len(piece), buffered - len(piece)
+            try:
+                rest = await self._reader.readuntil(b"\n")
+            except asyncio.LimitOverrunError as overrun:
+                buffered = overrun.consumed
+                continue
+            except asyncio.IncompleteReadError as end:
+                rest = end.partial
+            self._refuse(too_long(head, (tail + rest)[-ENDS:], size + len(rest), self._limit))
+            return
+
+
+def too_long(head: bytes, tail: bytes, size: int, limit: int) -> bytes:
+    """The error answer (a line) to a request of ``size`` bytes, over ``limit``, of which ``head`` and ``tail`` are
+    the ends: to the request's id when either end shows it, else to a null id (what JSON-RPC answers a request whose id
+    cannot be read)."""
+    found = HEAD_ID.match(head) or TAIL_ID.search(tail.rstrip(b"\r\n"))
+    request_id = None if found is None else json.loads(found.group(1))
+    message = (
+        f"this message has {size:,} bytes, more than a session may send in one (max_message_mb={limit // MB}: "
+        f"{limit:,} bytes): it was not read, and nothing of it was applied. Send less in one call (a shorter "
+        "trajectory or experience, fewer steps), or raise the max_message_mb setting of the server."
+    )
+    error = {"jsonrpc": "2.0", "id": request_id, "error": {"code": INVALID_REQUEST, "message": message}}
+    return json.dumps(error, separators=(",", ":")).encode() + b"\n"
 
 
 class _Flow(asyncio.Protocol):
