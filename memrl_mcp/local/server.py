@@ -164,6 +164,7 @@ class LocalServer:
         os.chmod(fresh, 0o600)
         self._bound = os.stat(fresh).st_ino
         listener.listen(64)
+        listener.setblocking(False)  # accepted until none waits (_arrived)
         os.replace(fresh, self._place.socket)
         return listener
 
@@ -193,14 +194,19 @@ class LocalServer:
                 greetings.expire()
 
     def _arrived(self, listener: socket.socket, greetings: Greetings) -> None:
-        """A new connection: closed unread unless this user's, else left to greet."""
-        connection, _ = listener.accept()
-        uid = peer_uid(connection)
-        if uid != os.getuid():
-            log.warning("refused a connection of user %s: this server is user %d's", uid, os.getuid())
-            connection.close()
-            return
-        greetings.add(connection)
+        """The new connections, all that wait (so that a flood of them fills no backlog that a session would find
+        full): each closed unread unless this user's, else left to greet."""
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except BlockingIOError:
+                return
+            uid = peer_uid(connection)
+            if uid != os.getuid():
+                log.warning("refused a connection of user %s: this server is user %d's", uid, os.getuid())
+                connection.close()
+                continue
+            greetings.add(connection)
 
     def _stop(self, reason: str) -> None:
         with self._lock:
