@@ -6,6 +6,7 @@ and ``Threads``), never from the server's own word."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -81,6 +82,51 @@ def test_a_message_of_300_mb_is_refused_by_name_and_the_server_stays_small(store
         assert [memory["task"] for memory in memories] == [TASK]
     with LocalClient(attach(store.target).connection) as other:
         assert other.call_tool("recall_experience", {"task": TASK})["memories"]
+
+
+def test_requests_sent_without_reading_their_answers_cost_a_bounded_memory(store: LocalStore) -> None:
+    """Two sessions send a million pings each and read nothing, one with an id of its own per request and one with the
+    same id each time (a request whose answer could not be written was a task of the server's, without end: the
+    server grew by hundreds of MB and went on growing). Beyond ``max_requests_in_flight`` (256) not yet answered, or
+    with the id of one not yet answered, a request is answered at once with an error saying so, and while the
+    client does not read that answer nothing more is read: the server's resident memory stops growing within a
+    bound (the lines each session's reader holds, up to twice ``max_message_mb``);
+    another session is served meanwhile; the answers, read at last, say which requests were served."""
+    pid = started(store)
+    before = proc_status(pid)["VmRSS"]
+    floods = [Wire(store), Wire(store)]
+    try:
+
+        def flood(wire: Wire, same_id: bool) -> None:
+            wire.connection.settimeout(20)  # the server has stopped reading: enough
+            with contextlib.suppress(TimeoutError):
+                for start in range(0, 1_000_000, 1000):
+                    ids = [1 if same_id else number for number in range(start, start + 1000)]
+                    wire.send_bytes([b"".join(b'{"jsonrpc":"2.0","id":%d,"method":"ping"}\n' % n for n in ids)])
+            wire.connection.settimeout(None)
+
+        pairs = zip(floods, (False, True), strict=True)
+        senders = [threading.Thread(target=flood, args=pair) for pair in pairs]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+        rss = []
+        for _ in range(11):  # what the server still does with what it read
+            rss.append(proc_status(pid)["VmRSS"])
+            time.sleep(1)
+        grown_mb, growing_mb = (max(rss) - before) / 1024, (max(rss) - rss[0]) / 1024
+        assert growing_mb < 10, f"the server grew by {growing_mb:.0f} MB in the 10 s after the senders stopped"
+        assert grown_mb < 200, f"the server grew by {grown_mb:.0f} MB"  # each session's reader holds up to 32 MB
+        with LocalClient(attach(store.target).connection) as other:
+            assert other.call_tool("recall_experience", {"task": TASK})["memories"]
+        said = ("max_requests_in_flight=256", "is the id of a request not yet answered")
+        for wire, refused in zip(floods, said, strict=True):  # the answers the sockets' buffers took come first
+            messages = (wire.next().get("error", {}).get("message", "") for _ in range(100_000))
+            assert any(refused in message for message in messages)
+    finally:
+        for wire in floods:
+            wire.close()
 
 
 def test_a_greeting_dripped_a_byte_at_a_time_is_dropped_at_its_deadline(store: LocalStore) -> None:

@@ -14,7 +14,8 @@ roots (project namespace), its questions to its client, its protocol era, and it
 What one session may take of the server is bounded, so that none can exhaust it for the others: a connection is
 read by the accepting thread until it has greeted (a silent one costs no thread), within one deadline for the whole
 greeting, and at most :data:`UNGREETED` wait at once; at most ``local_max_sessions`` sessions are served; a message
-is at most ``max_message_mb`` (:mod:`~memrl_mcp.transports.stdio`); a session's calls keep at most
+is at most ``max_message_mb``, and at most ``max_requests_in_flight`` await their answers
+(:mod:`~memrl_mcp.transports.stdio`); a session's calls keep at most
 ``local_session_threads`` worker threads busy; its questions to its client count against its own
 ``max_open_questions_per_token`` (:data:`~memrl_mcp.surface.asking.SESSION`); and the MCP server of settings no
 session uses any more is freed, beyond the :data:`IDLE_SERVERS` last used.
@@ -69,7 +70,7 @@ from memrl_mcp.surface.auth import TokenTable
 from memrl_mcp.surface.feedback import open_questions
 from memrl_mcp.surface.server import create_server
 from memrl_mcp.transports.http import UVICORN_OPTIONS, http_app
-from memrl_mcp.transports.stdio import MB, run_session, socket_streams
+from memrl_mcp.transports.stdio import Bounds, run_session, socket_streams
 
 GREETING_SECONDS = 10.0  # a session greets at once; a connection that has not greeted within this is dropped
 UNGREETED = 32  # connections waiting to greet at once; one more drops the oldest (a session greets at once)
@@ -83,7 +84,7 @@ SESSION_SETTINGS = (
 )
 """The settings each session has its own of: what its MCP server offers, its default namespace, and its bounds on
 questions to its client (counted per session: the sessions have no tokens)."""
-SERVER_SETTINGS = ("max_message_mb", "local_max_sessions", "local_session_threads")
+SERVER_SETTINGS = ("max_message_mb", "max_requests_in_flight", "local_max_sessions", "local_session_threads")
 """The bounds of what a session may take of the server: the server's, as the memory's groups are."""
 LOOPBACK = "127.0.0.1"
 log = logging.getLogger(__name__)
@@ -310,7 +311,7 @@ class LocalServer:
         """One session's MCP session, on its own event loop, with its bounds (module docstring)."""
         serving = self._settings.serving
         anyio.to_thread.current_default_thread_limiter().total_tokens = serving.local_session_threads
-        await run_session(server, socket_streams(connection, serving.max_message_mb * MB))
+        await run_session(server, socket_streams(connection, Bounds.of(serving)))
 
     def _settings_of(self, hello: Hello) -> Settings:
         """The session's settings, read as a process of its own would read them (its environment, config file and

@@ -131,6 +131,14 @@ class ServingSettings(Group):
         "attached to the local server (MB); a longer one is skipped unread and answered with an error naming this "
         "setting. The longest report the default limits accept (200 steps of 9,000 characters) takes under 11 MB.",
     )
+    max_requests_in_flight: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        description="Requests a stdio session (in its own process or attached to the local server) may have sent and "
+        "not yet had answered; one more is answered at once with an error naming this setting, and while that "
+        "answer waits for the client to read it, nothing more is read.",
+    )
     log_format: Literal["json", "text"] = Field("json", description="Logs on stderr: JSON lines or plain text.")
     log_calls: bool | None = Field(
         None,

@@ -13,10 +13,12 @@ reads the requests or writes into the answers; both are given back at the end.
 The local server (:mod:`memrl_mcp.local.server`) serves each session attached to it the same way, over the session's
 Unix socket (:func:`socket_streams`): one MCP session per connection, as if the session had its own process.
 
-A message (one line) longer than the ``max_message_mb`` setting is never held whole: it is skipped as it arrives,
-and answered with an error naming the limit and the setting (:class:`_Requests`), so that a session cannot grow the
-process (the local server's, shared by every session of the user) by what it sends. The SDK's own reader has no
-limit.
+What one session may send is bounded (:class:`Bounds`), so that it cannot grow the process (the local server's,
+shared by every session of the user) by what it sends: a message (one line) longer than ``max_message_mb`` is never
+held whole, but skipped as it arrives and answered with an error naming the limit and the setting
+(:class:`_Requests`); a request beyond ``max_requests_in_flight`` not yet answered is answered at once with such an
+error (:class:`_Draining`), and while that answer waits for the client to read, nothing more is read. The SDK's own
+reader has neither bound: a client that sent requests without reading the answers grew the server without end.
 
 The end of stdin ends the session only once every request read is answered (:class:`_Draining`): the SDK cancels
 the calls still running at the end of its read stream, so ``memrl-mcp < requests.jsonl``, or a client that writes
@@ -35,6 +37,7 @@ import socket
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any, Self
 
 import anyio
@@ -50,6 +53,8 @@ from mcp_types import (
     JSONRPCRequest,
     JSONRPCResponse,
 )
+
+from memrl_mcp.settings import ServingSettings
 
 MB = 1 << 20
 PIECE = 1 << 20  # how much of a message too long is taken at a time, to be dropped
@@ -74,6 +79,18 @@ Streams = AbstractAsyncContextManager[tuple[Any, Any]]
 """The SDK's (read stream, write stream) of one session, while the context lasts."""
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What one session may send (module docstring): the bytes of one message, the requests not yet answered."""
+
+    message_bytes: int
+    requests: int
+
+    @classmethod
+    def of(cls, serving: ServingSettings) -> Bounds:
+        return cls(serving.max_message_mb * MB, serving.max_requests_in_flight)
+
+
 async def run_session(server: MCPServer, streams: Streams) -> None:
     """Serve one client over ``streams`` until it leaves: what the SDK's ``run_stdio_async`` does over stdio."""
     lowlevel = server._lowlevel_server  # the server run_stdio_async runs (mcp 2.x)
@@ -82,24 +99,24 @@ async def run_session(server: MCPServer, streams: Streams) -> None:
 
 
 @asynccontextmanager
-async def stdio_streams(limit: int) -> AsyncIterator[tuple[Any, Any]]:
-    """The SDK's (read stream, write stream) over this process's stdin and stdout, for messages of at most ``limit``
-    bytes (module docstring)."""
-    async with _sdk_streams(limit) as (reads, writes):
-        draining = _Draining(reads, writes)
+async def stdio_streams(bounds: Bounds) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's (read stream, write stream) over this process's stdin and stdout, within ``bounds`` (module
+    docstring)."""
+    async with _sdk_streams(bounds.message_bytes) as (reads, writes):
+        draining = _Draining(reads, writes, bounds.requests)
         yield draining, draining.writes
 
 
 @asynccontextmanager
-async def socket_streams(connection: socket.socket, limit: int) -> AsyncIterator[tuple[Any, Any]]:
+async def socket_streams(connection: socket.socket, bounds: Bounds) -> AsyncIterator[tuple[Any, Any]]:
     """The SDK's streams over one connected stream socket, read and written by the event loop as stdio's pipes are,
-    for messages of at most ``limit`` bytes; the socket is closed at the end."""
-    reader, writer = await asyncio.open_unix_connection(sock=connection, limit=limit)
+    within ``bounds``; the socket is closed at the end."""
+    reader, writer = await asyncio.open_unix_connection(sock=connection, limit=bounds.message_bytes)
     writer.transport.set_write_buffer_limits(high=0)  # a flush waits until the socket took the whole answer (_Flow)
-    requests = _Requests(reader, limit, writer.write)
+    requests = _Requests(reader, bounds.message_bytes, writer.write)
     try:
-        async with stdio_server(stdin=requests, stdout=_Answers(writer.write, writer.drain)) as streams:  # type: ignore[arg-type]
-            draining = _Draining(*streams)
+        async with stdio_server(stdin=requests, stdout=_Answers(writer.write, writer.drain)) as (reads, writes):  # type: ignore[arg-type]
+            draining = _Draining(reads, writes, bounds.requests)
             yield draining, draining.writes
     finally:
         writer.transport.abort()  # at once: whatever the session still had to say was said (_Draining)
@@ -267,12 +284,14 @@ class _Draining(_Wrapped):
     ``notifications/cancelled``, settles one) and of the server's requests to the client not yet answered. At the
     end of stdin it first answers each of the server's open requests with a ``CONNECTION_CLOSED`` error, as the
     client would never answer them, and then ends once the client's requests are all answered, or at the latest
-    ``DRAIN_SECONDS`` after the end of stdin (module docstring).
+    ``DRAIN_SECONDS`` after the end of stdin (module docstring). A request read while ``most`` are not yet answered
+    is answered at once with an error, and never reaches the session.
     """
 
-    def __init__(self, reads: Any, writes: Any) -> None:
+    def __init__(self, reads: Any, writes: Any, most: int) -> None:
         super().__init__(reads)
         self.writes = _Written(writes, self)
+        self._most = most
         self._asked: set[str | int] = set()  # the client's requests not yet answered
         self._asking: set[str | int] = set()  # the server's requests to the client not yet answered
         self._closed: set[str | int] = set()  # the server's requests answered here at the end of stdin
@@ -296,14 +315,18 @@ class _Draining(_Wrapped):
         self._changed = anyio.Event()
 
     async def receive(self) -> SessionMessage | Exception:
-        if self._deadline is None:
+        while self._deadline is None:
             try:
                 item: SessionMessage | Exception = await self._inner.receive()
             except anyio.EndOfStream:
                 self._deadline = anyio.current_time() + DRAIN_SECONDS
-            else:
-                self._read(item)
-                return item
+                break
+            refusal = self._refusal(item)
+            if refusal is not None:
+                await self.writes.refuse(refusal)  # nothing is read meanwhile
+                continue
+            self._read(item)
+            return item
         with anyio.CancelScope(deadline=self._deadline):
             while self._asked:
                 unanswerable = self._asking - self._closed
@@ -314,6 +337,23 @@ class _Draining(_Wrapped):
                     return SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
                 await self._changed.wait()
         raise anyio.EndOfStream
+
+    def _refusal(self, item: SessionMessage | Exception) -> JSONRPCError | None:
+        """The answer to a request the session must not see: one beyond ``most`` not yet answered, or one whose id
+        a request not yet answered has (ids are the client's to keep apart: served, such requests were not counted)."""
+        if not isinstance(item, SessionMessage) or not isinstance(item.message, JSONRPCRequest):
+            return None
+        request_id = item.message.id
+        if request_id in self._asked:
+            message = f"id {request_id!r} is the id of a request not yet answered: this one was not served"
+        elif len(self._asked) >= self._most:
+            message = (
+                f"this session has {len(self._asked)} requests not yet answered, the most it may have "
+                f"(max_requests_in_flight={self._most}): this one was not served. Wait for answers before sending more."
+            )
+        else:
+            return None
+        return JSONRPCError(jsonrpc="2.0", id=request_id, error=ErrorData(code=INVALID_REQUEST, message=message))
 
     def _read(self, item: SessionMessage | Exception) -> None:
         if not isinstance(item, SessionMessage):
@@ -348,3 +388,7 @@ class _Written(_Wrapped):
     async def send(self, item: SessionMessage) -> None:
         await self._inner.send(item)
         self._draining.sent(item.message)  # only once the writer took it: the session's end cancels what still sends
+
+    async def refuse(self, refusal: JSONRPCError) -> None:
+        """Answer a request the session never saw: not counted (the request it shares an id with stays open)."""
+        await self._inner.send(SessionMessage(refusal))

@@ -130,12 +130,17 @@ class Wire:
         for piece in pieces:
             self.connection.sendall(piece)
 
+    def next(self) -> dict[str, Any]:
+        """The next message the server wrote."""
+        line = self._reader.readline()
+        assert line, "the server closed the connection"
+        message: dict[str, Any] = json.loads(line)
+        return message
+
     def answer(self, request_id: Any) -> dict[str, Any]:
         """The answer to ``request_id`` (those of others read meanwhile are kept for later)."""
         while request_id not in self._answers:
-            line = self._reader.readline()
-            assert line, "the server closed the connection"
-            message = json.loads(line)
+            message = self.next()
             if "method" not in message:
                 self._answers[message.get("id")] = message
         return self._answers.pop(request_id)
