@@ -14,6 +14,7 @@ printed: each run's median, and the medians and p90 over every recall of the run
 flood had answered per second.
 
     /work/main/.venv/bin/python perf/local_fairness.py               # 5 runs of 200 recalls, 64 writes in flight
+    /work/main/.venv/bin/python perf/local_fairness.py --set MEMRL_LOCAL_SESSION_THREADS=1   # the server's settings
     PYTHONPATH=/path/to/another/checkout python perf/local_fairness.py   # that checkout's server (the code it runs)
 """
 
@@ -111,12 +112,14 @@ def main() -> int:
     parser.add_argument("--recalls", type=int, default=200, help="recalls per run")
     parser.add_argument("--in-flight", type=int, default=64, help="writes the flood keeps in flight")
     parser.add_argument("--seed", type=int, default=200, help="memories stored before the runs")
+    parser.add_argument("--set", action="append", default=[], help="NAME=VALUE: a variable of the server's settings")
     args = parser.parse_args()
-    print(f"local fairness: {B.machine()}")
+    print(f"local fairness: {B.machine()}; {' '.join(args.set) or 'the default settings'}")
     with tempfile.TemporaryDirectory(prefix="mrl-fair-", dir="/tmp") as tmp:
         root = Path(tmp)
         environ = {k: v for k, v in os.environ.items() if not k.startswith("MEMRL_")}
         environ |= {"MEMRL_DATA_DIR": str(root / "data"), "MEMRL_RUNTIME_DIR": str(root / "run")}
+        environ |= dict(setting.split("=", 1) for setting in args.set)
         target = target_of(environ=environ, cwd=root)
         assert target is not None
         with LocalClient(attach(target).connection) as client:

@@ -203,6 +203,14 @@ def test_sessions_beyond_local_max_sessions_are_refused_by_name(store: LocalStor
             wire.close()
 
 
+def test_a_session_cannot_take_other_bounds_of_the_server_beside_others(store: LocalStore) -> None:
+    """The bounds of what a session may take are the server's, or a session could lift its own: one whose own differ
+    (here a message limit of 1 GB) is refused beside another session, naming the setting and where it took it from,
+    as for the settings of the memory."""
+    with Wire(store), pytest.raises(AttachError, match=r"max_message_mb \(the session's from environment MEMRL_MAX"):
+        Wire(store, MEMRL_MAX_MESSAGE_MB="1024")
+
+
 def test_the_servers_of_project_folders_no_session_uses_are_freed(store: LocalStore, tmp_path: Path) -> None:
     """Each session of a new project folder (its project_dir) is served by an MCP server of its own settings, which
     was kept for good: hundreds of folders, one session each one after another, grew the server by a third of a MB
