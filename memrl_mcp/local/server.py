@@ -288,7 +288,7 @@ class LocalServer:
         the first such session (its tools' schemas take ~0.1 s to build), then served to each over its own connection
         and loop, as an HTTP server serves its sessions. Once none uses it, it is kept for the next such session
         while it is among the :data:`IDLE_SERVERS` last used, and freed after (every new project folder is new
-        settings: ~0.3 MB each, kept for good, would grow the server without end)."""
+        settings: most of a MB each, kept for good, grew the server without end)."""
         own = {name: settings.value(name) for name in SESSION_SETTINGS} | {"named": settings.is_set("namespace")}
         key = json.dumps(own, sort_keys=True, default=str)  # a path setting (project_dir) as its text
         with self._building:
@@ -322,15 +322,15 @@ class LocalServer:
         return load_settings(hello.config, hello.environ, relative_to=Path(hello.cwd), data_dir=store)
 
     def _differences(self, session: Settings) -> str:
-        """The settings of the memory in which ``session`` differs from the server (empty: none), each named with
-        where the session took it from."""
+        """The settings of the memory and the server's bounds in which ``session`` differs from the server (empty:
+        none), each named with where the session took it from."""
         memory = [name for group in MEMORY_GROUPS for name in type(getattr(self._settings, group)).model_fields]
         names = [
             f"{name} (the session's from {session.origin(name)})"
             for name in (*memory, *SERVER_SETTINGS)
             if self._settings.value(name) != session.value(name)
         ]
-        return f"its settings of the memory differ: {', '.join(names)}" if names else ""
+        return f"its settings of the memory or of the server's bounds differ: {', '.join(names)}" if names else ""
 
     def _leave(self, connection: socket.socket) -> None:
         with self._lock:
