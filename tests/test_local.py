@@ -4,6 +4,7 @@ runtime folder of its own (tests/support/local.py), so no server is shared betwe
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -19,7 +20,7 @@ from memrl_mcp.local.attach import attach
 from memrl_mcp.local.client import LocalClient, ToolCallError
 from memrl_mcp.projects import project_namespace
 from tests.support.local import LocalStore, local_store, python_with, servers_of
-from tests.support.mcp import call
+from tests.support.mcp import call, text_of
 from tests.support.node import CLIENT, node_with_sdk
 from tests.support.servers import CLI
 
@@ -199,6 +200,122 @@ async def test_one_recall_reported_from_several_sessions_at_once_asks_one_questi
     assert len(asked) == 1 and len(refused) == 2 * calls - 1
     assert all("another report of recall_id" in message for message in refused), refused[0]
     assert stats["recalls_reported"] == 1 and stats["visits"] == 1
+
+
+class Holding:
+    """A user and a model who answer only once released; every question that reaches them is counted."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+        self.release = anyio.Event()
+
+    async def user(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        self.asked.append(params)
+        await self.release.wait()
+        return types.ElicitResult(action="accept", content={"succeeded": True})
+
+    async def model(self, context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        self.asked.append(params)
+        await self.release.wait()
+        text = types.TextContent(type="text", text="1. Check the queue. 2. Restart the worker.")
+        return types.CreateMessageResult(role="assistant", content=text, model="m")
+
+
+async def recalled(client: Client, tasks: list[str]) -> list[str]:
+    """The recall ids of ``tasks``, each stored first."""
+    ids = []
+    for task in tasks:
+        await call(client, "store_experience", task=task, experience=f"how to {task}")
+        ids.append((await call(client, "recall_experience", task=task))["recall_id"])
+    return ids
+
+
+async def until_asked(holding: Holding, count: int) -> None:
+    while len(holding.asked) < count:
+        await anyio.sleep(0.01)
+
+
+async def test_one_sessions_open_questions_never_refuse_another_sessions_reports(store: LocalStore) -> None:
+    """Sessions of the local server have no tokens: their questions once counted against one tokenless bound, so
+    eight unanswered questions of one session made every other session's report without a reward fail for as long
+    as they waited (up to 600 s). Each session has its own bound now: the ninth report of the session that asks eight
+    is refused by name, and another session's report is asked and applied meanwhile."""
+    first, other = Holding(), Holding()
+    with anyio.fail_after(START_S):
+        async with (
+            session(store, elicitation_callback=first.user, mode="legacy") as busy,
+            session(store, elicitation_callback=other.user, mode="legacy") as calm,
+            anyio.create_task_group() as group,
+        ):
+            mine = await recalled(busy, [f"rebuild the search index of shard {i}" for i in range(9)])
+            (theirs,) = await recalled(calm, ["renew the certificate of the mail server"])
+            for recall_id in mine[:8]:
+                group.start_soon(functools.partial(call, busy, "report_outcome", recall_id=recall_id))
+            await until_asked(first, 8)
+            other.release.set()
+            answered = await call(calm, "report_outcome", recall_id=theirs)
+            assert (answered["reported"], answered["reward_source"]) == (True, "user")
+            ninth = await busy.call_tool("report_outcome", {"recall_id": mine[8]})
+            assert ninth.is_error
+            limit = "this session has 8 reports waiting for the client's answers (max_open_questions_per_token=8)"
+            assert limit in text_of(ninth)
+            first.release.set()
+    assert (len(first.asked), len(other.asked)) == (8, 1)
+
+
+async def test_a_recall_is_asked_about_once_across_sessions_of_other_settings(store: LocalStore) -> None:
+    """Sessions of other settings of their own are served by other MCP servers in the local server: the hold of a
+    recall's question must hold across them too. Two such sessions report one recall at the same moment: one
+    question in all, the other report refused by name."""
+    holding = Holding()
+    with anyio.fail_after(START_S):
+        async with (
+            session(store, elicitation_callback=holding.user, mode="legacy") as one,
+            session(store, elicitation_callback=holding.user, env={"MEMRL_TOOL_PROFILE": "steps"}) as two,
+            anyio.create_task_group() as group,
+        ):
+            (recall_id,) = await recalled(one, ["compact the logs of the build farm"])
+            group.start_soon(lambda: call(one, "report_outcome", recall_id=recall_id))
+            await until_asked(holding, 1)
+            second = None
+            with anyio.move_on_after(60):  # a second question would hold the call: then the asserts below fail
+                second = await two.call_tool("report_outcome", {"recall_id": recall_id})
+            holding.release.set()
+    assert len(holding.asked) == 1
+    assert second is not None and second.is_error and "another report of recall_id" in text_of(second)
+
+
+async def test_a_sessions_own_bounds_on_questions_and_samplings_apply(store: LocalStore) -> None:
+    """A session's own ``max_samplings_per_minute`` and ``max_open_questions_per_token`` (its environment, as a
+    client's configuration sets them) were silently ignored: the server's applied. Now each session has its own:
+    at 0 samplings a minute its model is never asked, at one open question its second report is refused; a session
+    of the defaults beside them gets its model's experience."""
+    frugal, strict, plain = Holding(), Holding(), Holding()
+    plain.release.set()
+    frugal.release.set()
+    options = {"sampling_callback": frugal.model, "env": {"MEMRL_MAX_SAMPLINGS_PER_MINUTE": "0"}}
+    with anyio.fail_after(START_S):
+        async with (
+            session(store, sampling_callback=plain.model) as defaults,  # the first: the server has its settings
+            session(store, **options) as no_samplings,
+            session(store, elicitation_callback=strict.user, env={"MEMRL_MAX_OPEN_QUESTIONS_PER_TOKEN": "1"}) as one,
+            anyio.create_task_group() as group,
+        ):
+            task = "drain the message queue before the upgrade"
+            refused = await no_samplings.call_tool("store_experience", {"task": task, "trajectory": "$ drain\nok"})
+            assert refused.is_error
+            assert "(max_samplings_per_minute=0)" in text_of(refused), text_of(refused)
+            written = await call(defaults, "store_experience", task=task, trajectory="$ drain\nok")
+            assert written["memory"]["experience_source"] == "client_model"
+            first, second = await recalled(one, ["vacuum the analytics database", "rotate the API keys"])
+            group.start_soon(lambda: call(one, "report_outcome", recall_id=first))
+            await until_asked(strict, 1)
+            beyond = await one.call_tool("report_outcome", {"recall_id": second})
+            assert beyond.is_error
+            assert "this session has 1 reports waiting" in text_of(beyond)
+            assert "(max_open_questions_per_token=1)" in text_of(beyond)
+            strict.release.set()
+    assert (len(frugal.asked), len(strict.asked), len(plain.asked)) == (0, 1, 1)
 
 
 async def test_each_session_has_its_roots_namespace_and_profile(store: LocalStore) -> None:

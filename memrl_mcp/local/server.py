@@ -8,8 +8,17 @@ builds with ``single_client`` for the sessions with its settings) over the same 
 (:func:`~memrl_mcp.transports.stdio.socket_streams`), on an event loop of its own in a thread of its own, so what one
 session waits for (the store's write lock on the loop, a question to its user) holds back no other. All of them
 share one :class:`~memrl_mcp.memory.service.MemoryService`, which is safe for concurrent callers. Per session: its
-roots (project namespace), its questions to its client, its protocol era, and its own settings among ``namespace``,
-``namespace_from_roots``, ``project_dir``, ``tool_profile`` and ``tool_descriptions``.
+roots (project namespace), its questions to its client, its protocol era, and its own settings among
+:data:`SESSION_SETTINGS` (what it is offered, its default namespace, its bounds on questions and samplings).
+
+What one session may take of the server is bounded, so that none can exhaust it for the others: a connection is
+read by the accepting thread until it has greeted (a silent one costs no thread), within one deadline for the whole
+greeting, and at most :data:`UNGREETED` wait at once; at most ``local_max_sessions`` sessions are served; a message
+is at most ``max_message_mb``, and at most ``max_requests_in_flight`` await their answers
+(:mod:`~memrl_mcp.transports.stdio`); a session's calls keep at most
+``local_session_threads`` worker threads busy; its questions to its client count against its own
+``max_open_questions_per_token`` (:data:`~memrl_mcp.surface.asking.SESSION`); and the MCP server of settings no
+session uses any more is freed, beyond the :data:`IDLE_SERVERS` last used.
 
 Who may connect: only this user. The socket lives in a folder only this user can enter and is itself 0600 (bound
 through the folder's checked descriptor, :mod:`memrl_mcp.local.place`); on top, the kernel's record of the
@@ -23,14 +32,15 @@ A session is admitted only when the server can serve it as a process of its own 
 - the same code (:func:`~memrl_mcp.local.place.build_identity`): another version of memrl-mcp meeting a server
   that serves no session makes it stop, and a new one starts for it; one that serves sessions is refused with the
   reason (the store is never written by two versions at once);
-- the same memory: the session's settings of the groups that shape the memory (:data:`MEMORY_GROUPS`) must be the
-  server's; else the same as above (a restart when nobody else is served, a refusal naming the settings when
-  somebody is).
+- the same memory and bounds: the session's settings of the groups that shape the memory (:data:`MEMORY_GROUPS`),
+  and the bounds of the server (:data:`SERVER_SETTINGS`), must be the server's; else the same as above (a restart
+  when nobody else is served, a refusal naming the settings when somebody is).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -39,24 +49,31 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import uvicorn
 from mcp.server import MCPServer
 
 from memrl_mcp import __version__
 from memrl_mcp.errors import MemrlError
-from memrl_mcp.local.greeting import Answer, Hello, decode, encode, read_line
+from memrl_mcp.local.greeting import GREETING_LIMIT, Answer, Hello, decode, encode
 from memrl_mcp.local.place import OWNER_LOCK, SOCKET, AttachError, Place, build_identity, flocked, peer_uid, place_of
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.settings import ALL_NAMESPACES, Settings, SettingsError, TokenGrant, load_settings
+from memrl_mcp.surface.asking import SESSION
 from memrl_mcp.surface.auth import TokenTable
+from memrl_mcp.surface.feedback import open_questions
 from memrl_mcp.surface.server import create_server
 from memrl_mcp.transports.http import UVICORN_OPTIONS, http_app
-from memrl_mcp.transports.stdio import run_session, socket_streams
+from memrl_mcp.transports.stdio import Bounds, run_session, socket_streams
 
-GREETING_SECONDS = 10.0  # a session greets at once; a connection that does not is dropped
+GREETING_SECONDS = 10.0  # a session greets at once; a connection that has not greeted within this is dropped
+UNGREETED = 32  # connections waiting to greet at once; one more drops the oldest (a session greets at once)
+IDLE_SERVERS = 8  # MCP servers of settings no session uses, kept for the next such session (each takes ~0.1 s)
 STOP_SECONDS = 10.0  # how long a stop waits for the sessions to answer the requests they read
 MEMORY_GROUPS = ("storage", "embeddings", "similarity", "retrieval", "learning", "steps", "limits")
 """The groups of settings that shape the memory itself: every session of a server has the server's."""
@@ -68,8 +85,13 @@ SESSION_SETTINGS = (
     "tool_profile",
     "tool_descriptions",
     "max_recall_chars",
+    "max_open_questions_per_token",
+    "max_samplings_per_minute",
 )
-"""The settings each session has its own of: what its MCP server offers, and its default namespace."""
+"""The settings each session has its own of: what its MCP server offers and shows, its namespaces, and its bounds
+on questions to its client (counted per session: the sessions have no tokens)."""
+SERVER_SETTINGS = ("max_message_mb", "max_requests_in_flight", "local_max_sessions", "local_session_threads")
+"""The bounds of what a session may take of the server: the server's, as the memory's groups are."""
 LOOPBACK = "127.0.0.1"
 log = logging.getLogger(__name__)
 
@@ -111,7 +133,9 @@ class LocalServer:
         self._wake_read, self._wake_write = os.pipe()
         self._inspector = Inspector(service)
         self._bound = 0  # the inode of the socket file this server bound
-        self._servers: dict[str, MCPServer] = {}  # by the sessions' own settings (_server_for)
+        self._servers: dict[str, Served] = {}  # by the sessions' own settings, the least recently used first (_serving)
+        self._questions = open_questions(service)  # shared by every MCP server: a recall is asked about once
+        self._numbers = itertools.count(1)  # of the sessions: what their bounds are counted by (SESSION)
 
     def serve(self) -> None:
         """Accept sessions until idle, stopped or interrupted; then let the sessions finish and stop."""
@@ -153,28 +177,49 @@ class LocalServer:
                 raise AttachError(f"the socket was bound outside {folder.path}: another user moved it") from None
             os.chmod(fresh, 0o600, dir_fd=folder.fd)
             listener.listen(64)
+            listener.setblocking(False)  # accepted until none waits (_arrived)
             os.replace(fresh, SOCKET, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
         return listener
 
     def _accept(self, listener: socket.socket) -> None:
+        """Accept connections and read their greetings (:class:`Greetings`); each greeted one is served in a thread
+        of its own."""
         selector = selectors.DefaultSelector()
         selector.register(listener, selectors.EVENT_READ)
         selector.register(self._wake_read, selectors.EVENT_READ)
         idle_seconds = self._settings.serving.local_idle_seconds
+        with Greetings(selector) as greetings:
+            while True:
+                with self._lock:
+                    if self._stopping:
+                        return
+                    left = None if self._sessions else self._idle_since + idle_seconds - time.monotonic()
+                    if left is not None and left <= 0:
+                        self._stopping = f"no session for {idle_seconds:g} s"
+                        return
+                for key, _ in selector.select(greetings.timeout(left)):
+                    if key.fileobj is listener:
+                        self._arrived(listener, greetings)
+                    elif key.fileobj == self._wake_read:
+                        os.read(self._wake_read, 512)
+                    elif (greeted := greetings.read(key.data)) is not None:
+                        threading.Thread(target=self._serve_connection, args=greeted, daemon=True).start()
+                greetings.expire()
+
+    def _arrived(self, listener: socket.socket, greetings: Greetings) -> None:
+        """The new connections, all that wait (so that a flood of them fills no backlog that a session would find
+        full): each closed unread unless this user's, else left to greet."""
         while True:
-            with self._lock:
-                if self._stopping:
-                    return
-                left = None if self._sessions else self._idle_since + idle_seconds - time.monotonic()
-                if left is not None and left <= 0:
-                    self._stopping = f"no session for {idle_seconds:g} s"
-                    return
-            for key, _ in selector.select(left):
-                if key.fileobj is listener:
-                    connection, _ = listener.accept()
-                    threading.Thread(target=self._serve_connection, args=(connection,), daemon=True).start()
-                else:
-                    os.read(self._wake_read, 512)
+            try:
+                connection, _ = listener.accept()
+            except BlockingIOError:
+                return
+            uid = peer_uid(connection)
+            if uid != os.getuid():
+                log.warning("refused a connection of user %s: this server is user %d's", uid, os.getuid())
+                connection.close()
+                continue
+            greetings.add(connection)
 
     def _stop(self, reason: str) -> None:
         with self._lock:
@@ -192,23 +237,21 @@ class LocalServer:
         while self._sessions and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    def _serve_connection(self, connection: socket.socket) -> None:
-        """One connection, in a thread of its own: check who it is, its greeting, then its MCP session if admitted."""
+    def _serve_connection(self, connection: socket.socket, greeting: bytes) -> None:
+        """One greeted connection, in a thread of its own: the answer to its greeting, then its MCP session if
+        admitted."""
         admitted = False
         try:
-            uid = peer_uid(connection)
-            if uid != os.getuid():
-                log.warning("refused a connection of user %s: this server is user %d's", uid, os.getuid())
-                return
-            connection.settimeout(GREETING_SECONDS)
-            hello = decode(Hello, read_line(connection))
+            hello = decode(Hello, greeting)
             answer, settings = self._admit(hello, connection)
             admitted = settings is not None
+            connection.settimeout(GREETING_SECONDS)  # an answer the session does not take in time ends it
             connection.sendall(encode(answer))
             if settings is not None:
                 connection.settimeout(None)
-                server = self._server_for(settings)
-                anyio.run(run_session, server, socket_streams(connection))
+                SESSION.set(str(next(self._numbers)))  # this thread's: its loop and worker threads inherit it
+                with self._serving(settings) as server:
+                    anyio.run(self._session, server, connection)
         except (OSError, ValueError) as error:  # a stranger, a session gone mid-greeting
             log.debug("connection ended: %s", error)
         except Exception:
@@ -238,6 +281,9 @@ class LocalServer:
         with self._lock:
             if self._stopping:
                 return self._answer(False, retry=True, message=f"the server is stopping ({self._stopping})"), None
+            most = self._settings.serving.local_max_sessions
+            if not differs and len(self._sessions) >= most:
+                return self._answer(False, message=crowded(self._settings.storage.data_dir, hello.pid, most)), None
             if not differs:
                 self._sessions.add(connection)
                 return self._answer(True), settings
@@ -248,17 +294,36 @@ class LocalServer:
             count = len(self._sessions)
         return self._answer(False, message=refusal(self._settings.storage.data_dir, hello.pid, differs, count)), None
 
-    def _server_for(self, settings: Settings) -> MCPServer:
-        """The MCP server of the sessions with these settings of their own: built at the first such session (its
-        tools' schemas take tens of milliseconds to build), then served to each over its own connection and loop,
-        as an HTTP server serves its sessions; they share its sampling budget as an HTTP server's tokenless clients
-        do."""
+    @contextlib.contextmanager
+    def _serving(self, settings: Settings) -> Iterator[MCPServer]:
+        """The MCP server of the sessions with these settings of their own, while one of them is served: built at
+        the first such session (its tools' schemas take ~0.1 s to build), then served to each over its own connection
+        and loop, as an HTTP server serves its sessions. Once none uses it, it is kept for the next such session
+        while it is among the :data:`IDLE_SERVERS` last used, and freed after (every new project folder is new
+        settings: most of a MB each, kept for good, grew the server without end)."""
         own = {name: settings.value(name) for name in SESSION_SETTINGS} | {"named": settings.is_set("namespace")}
         key = json.dumps(own, sort_keys=True, default=str)  # a path setting (project_dir) as its text
         with self._building:
-            if key not in self._servers:
-                self._servers[key] = create_server(self._service, None, single_client=True, settings=settings)
-            return self._servers[key]
+            served = self._servers.pop(key, None)
+            if served is None:
+                built = create_server(self._service, single_client=True, settings=settings, questions=self._questions)
+                served = Served(built)
+            self._servers[key] = served  # the most recently used last
+            served.sessions += 1
+        try:
+            yield served.server
+        finally:
+            with self._building:
+                served.sessions -= 1
+                idle = [name for name, kept in self._servers.items() if not kept.sessions]
+                for name in idle[: max(0, len(idle) - IDLE_SERVERS)]:
+                    del self._servers[name]
+
+    async def _session(self, server: MCPServer, connection: socket.socket) -> None:
+        """One session's MCP session, on its own event loop, with its bounds (module docstring)."""
+        serving = self._settings.serving
+        anyio.to_thread.current_default_thread_limiter().total_tokens = serving.local_session_threads
+        await run_session(server, socket_streams(connection, Bounds.of(serving)))
 
     def _settings_of(self, hello: Hello) -> Settings:
         """The session's settings, read as a process of its own would read them (its environment, config file and
@@ -269,15 +334,15 @@ class LocalServer:
         return load_settings(hello.config, hello.environ, relative_to=Path(hello.cwd), data_dir=store)
 
     def _differences(self, session: Settings) -> str:
-        """The settings of the memory in which ``session`` differs from the server (empty: none), each named with
-        where the session took it from."""
-        names = []
-        for group in MEMORY_GROUPS:
-            mine, theirs = getattr(self._settings, group), getattr(session, group)
-            for name in type(mine).model_fields:
-                if getattr(mine, name) != getattr(theirs, name):
-                    names.append(f"{name} (the session's from {session.origin(name)})")
-        return f"its settings of the memory differ: {', '.join(names)}" if names else ""
+        """The settings of the memory and the server's bounds in which ``session`` differs from the server (empty:
+        none), each named with where the session took it from."""
+        memory = [name for group in MEMORY_GROUPS for name in type(getattr(self._settings, group)).model_fields]
+        names = [
+            f"{name} (the session's from {session.origin(name)})"
+            for name in (*memory, *SERVER_SETTINGS)
+            if self._settings.value(name) != session.value(name)
+        ]
+        return f"its settings of the memory or of the server's bounds differ: {', '.join(names)}" if names else ""
 
     def _leave(self, connection: socket.socket) -> None:
         with self._lock:
@@ -301,6 +366,14 @@ class LocalServer:
         )
 
 
+def crowded(data_dir: Path, pid: int, most: int) -> str:
+    return (
+        f"the local memory server of {data_dir} serves {most} sessions, the most it serves at once "
+        f"(local_max_sessions={most}), and cannot serve this one (pid {pid}) as well: end a session, or raise "
+        "local_max_sessions in the settings of the session that starts the server (after `memrl-mcp local stop`)."
+    )
+
+
 def refusal(data_dir: Path, pid: int, differs: str, sessions: int) -> str:
     return (
         f"the local memory server of {data_dir} serves {sessions} other session(s) and cannot serve this one "
@@ -309,6 +382,91 @@ def refusal(data_dir: Path, pid: int, differs: str, sessions: int) -> str:
         "(their next call restarts it), or run in a process of its own on another store (--no-attach, with its own "
         "--data-dir)."
     )
+
+
+@dataclass
+class Served:
+    """An MCP server of the sessions of some settings, and how many of them it serves."""
+
+    server: MCPServer
+    sessions: int = 0
+
+
+@dataclass
+class Ungreeted:
+    """A connection whose greeting is still coming, what came of it, and when it is too late."""
+
+    connection: socket.socket
+    deadline: float
+    line: bytes = b""
+
+
+class Greetings:
+    """The connections whose greeting is still coming, read by the accepting thread as their bytes arrive, so that a
+    silent connection costs no thread. Each has one deadline for its whole greeting, however slowly its bytes come;
+    at most :data:`UNGREETED` wait at once, and one more drops the oldest (a session greets as it connects, so a
+    flood of silent connections delays no session's greeting)."""
+
+    def __init__(self, selector: selectors.BaseSelector) -> None:
+        self._selector = selector
+        self._waiting: dict[socket.socket, Ungreeted] = {}  # the oldest first
+
+    def add(self, connection: socket.socket) -> None:
+        if len(self._waiting) >= UNGREETED:
+            self._drop(next(iter(self._waiting)), f"more than {UNGREETED} connections waiting to greet")
+        connection.setblocking(False)
+        waiting = Ungreeted(connection, time.monotonic() + GREETING_SECONDS)
+        self._waiting[connection] = waiting
+        self._selector.register(connection, selectors.EVENT_READ, waiting)
+
+    def read(self, waiting: Ungreeted) -> tuple[socket.socket, bytes] | None:
+        """The connection and its greeting once its whole line came (None before); nothing beyond the line's newline
+        is taken, since what follows is the MCP session's."""
+        connection = waiting.connection
+        try:
+            peeked = connection.recv(65536, socket.MSG_PEEK)
+            if not peeked:
+                raise ConnectionError("the connection closed before its greeting")
+            end = peeked.find(b"\n")
+            waiting.line += connection.recv(len(peeked) if end < 0 else end + 1)
+            if end < 0 and len(waiting.line) > GREETING_LIMIT:
+                raise ValueError(f"a greeting is at most {GREETING_LIMIT} bytes")
+        except BlockingIOError:
+            return None
+        except (OSError, ValueError) as error:
+            self._drop(connection, str(error))
+            return None
+        if end < 0:
+            return None
+        self._selector.unregister(connection)
+        del self._waiting[connection]
+        connection.setblocking(True)
+        return connection, waiting.line
+
+    def timeout(self, idle: float | None) -> float | None:
+        """How long the accepting thread may wait: until ``idle`` (None: for ever), or the next deadline if sooner."""
+        if not self._waiting:
+            return idle
+        first = min(waiting.deadline for waiting in self._waiting.values()) - time.monotonic()
+        return max(0.0, first if idle is None else min(idle, first))
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        for connection in [c for c, waiting in self._waiting.items() if waiting.deadline <= now]:
+            self._drop(connection, f"no greeting within {GREETING_SECONDS:g} s")
+
+    def _drop(self, connection: socket.socket, why: str) -> None:
+        log.debug("connection dropped: %s", why)
+        self._selector.unregister(connection)
+        del self._waiting[connection]
+        connection.close()
+
+    def __enter__(self) -> Greetings:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for connection in list(self._waiting):
+            self._drop(connection, "the server stops")
 
 
 class Inspector:

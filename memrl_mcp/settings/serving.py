@@ -112,15 +112,17 @@ class ServingSettings(Group):
         10,
         ge=0,
         le=100_000,
-        description="Experiences one token (or all tokenless clients) may have written from trajectories per minute, "
-        "by the client's model or distill_base_url (0: none); each costs a model's answer.",
+        description="Experiences one token (without tokens: each session of the local server, else every client "
+        "together) may have written from trajectories per minute, by the client's model or distill_base_url (0: "
+        "none); each costs a model's answer.",
     )
     max_open_questions_per_token: int = Field(
         8,
         ge=1,
         le=10_000,
-        description="Reports one token (or all tokenless clients) may have waiting at once for the client's answer: "
-        "its user asked for the reward, or its model for the experience. Beyond, a report that would ask is refused "
+        description="Reports one token (without tokens: each session of the local server, else every client "
+        "together) may have waiting at once for the client's answer: its user asked for the reward, or its model for "
+        "the experience. Beyond, a report that would ask is refused "
         "(one that gives both asks nobody). Whatever this is, one recall or episode_id is asked about by one report at "
         "a time: only one report of it can apply.",
     )
@@ -138,6 +140,22 @@ class ServingSettings(Group):
         "longer experience is shown shortened to its head (the whole memory: memrl://memories/{id}). What a recall "
         "shows enters the model's context, every turn of the conversation; the plugin's hooks add it to the prompt "
         "(Claude Code cuts a hook's context above 10,000 characters to a preview).",
+    )
+    max_message_mb: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="The longest JSON-RPC message (one line) a stdio session may send, in its own process or "
+        "attached to the local server (MB); a longer one is skipped unread and answered with an error naming this "
+        "setting. The longest report the default limits accept (200 steps of 9,000 characters) takes under 11 MB.",
+    )
+    max_requests_in_flight: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        description="Requests a stdio session (in its own process or attached to the local server) may have sent and "
+        "not yet had answered; one more is answered at once with an error naming this setting, and while that "
+        "answer waits for the client to read it, nothing more is read.",
     )
     log_format: Literal["json", "text"] = Field("json", description="Logs on stderr: JSON lines or plain text.")
     log_calls: bool | None = Field(
@@ -176,6 +194,20 @@ class ServingSettings(Group):
         gt=0,
         le=7 * 86_400,
         description="The local memory server exits after this long without any session attached.",
+    )
+    local_max_sessions: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        description="Sessions the local memory server serves at once (each stdio session, each hook or script "
+        "connected); one more is refused, naming this setting.",
+    )
+    local_session_threads: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Worker threads the calls of one session of the local memory server may keep busy at once; its "
+        "further calls wait for one, so that one session's flood of calls leaves the others the rest of the machine.",
     )
     runtime_dir: Path | None = Field(
         None,

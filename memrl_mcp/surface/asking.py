@@ -27,6 +27,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeVar
 
@@ -44,6 +45,11 @@ MULTI_ROUND_VERSION = "2026-07-28"  # the first protocol whose calls ask through
 STATE_VERSION = 1
 Capability = Literal["elicitation", "sampling"]
 Answer = TypeVar("Answer", bound=BaseModel)
+SESSION: ContextVar[str | None] = ContextVar("memrl_session", default=None)
+"""The session a call comes from, where one process serves several sessions without tokens: the local server sets it
+in each session's thread, whose event loop and worker threads inherit it. What a token is bounded to (its open
+questions, its samplings a minute), each such session is bounded to apart (:class:`Holder`): all of them are one
+tokenless caller, and counted together one session's questions refused every other's reports."""
 
 
 class InputRequiredError(Exception):
@@ -158,16 +164,32 @@ class Subject(NamedTuple):
     namespace: str = ""
 
 
+class Holder(NamedTuple):
+    """Who a report's questions count against: a token, or without one a session of the local server
+    (:data:`SESSION`), else every tokenless client together; its bound, and its name in a refusal."""
+
+    key: str
+    limit: int
+    name: str
+
+    @classmethod
+    def of(cls, token: str | None, limit: int) -> Holder:
+        session = SESSION.get()
+        if token is None and session is not None:
+            return cls(f"session {session}", limit, "this session")
+        return cls(f"token {token or ''}", limit, "this token")
+
+
 @dataclass(frozen=True)
 class Hold:
-    token: str
+    holder: str
     subjects: frozenset[Subject]
     until: float
 
 
 class OpenQuestions:
     """The reports waiting for their client's answer (its user's, or its model's): at most one per :class:`Subject`
-    and at most ``per_token`` per token.
+    and at most its holder's bound per :class:`Holder` (a token, or a session of the local server).
 
     Each question holds a request to the client for up to its timeout, and of the reports of one recall only one can
     ever apply: unbounded, a client's concurrent reports of one recall would each send a question. A report holds its
@@ -176,22 +198,22 @@ class OpenQuestions:
     the client calls again with the answer: the hold then stays until the round that brings the last answer, or for
     ``hold_seconds`` (a client may never come back); the rounds of one report carry its conversation id in the state
     the SDK seals, so they pass, and no other call can claim it. Kept by this process (each replica of a server keeps
-    its own), under a lock: the local server's sessions share it from event loops of their own threads."""
+    its own), under a lock: the local server's sessions share one from event loops of their own threads, whatever MCP
+    server (of their own settings) serves each, so that a subject is held across all of them."""
 
-    def __init__(self, per_token: int, hold_seconds: float, clock: Callable[[], float]) -> None:
-        self._per_token = per_token
+    def __init__(self, hold_seconds: float, clock: Callable[[], float]) -> None:
         self._hold_seconds = hold_seconds
         self._clock = clock
         self._holds: dict[str, Hold] = {}  # by conversation
         self._lock = threading.Lock()
 
     @contextmanager
-    def held(self, client: Asking, token: str, subjects: Sequence[Subject] = ()) -> Iterator[None]:
-        """Hold ``subjects`` (and one of the token's places) while the block asks the client; a refusal names the
+    def held(self, client: Asking, holder: Holder, subjects: Sequence[Subject] = ()) -> Iterator[None]:
+        """Hold ``subjects`` (and one of the holder's places) while the block asks the client; a refusal names the
         subject another report holds, or the setting."""
         mine = client.conversation
         with self._lock:
-            self._take(mine, token, subjects)
+            self._take(mine, holder, subjects)
         try:
             yield
         except InputRequiredError:
@@ -203,7 +225,7 @@ class OpenQuestions:
         with self._lock:
             self._holds.pop(mine, None)
 
-    def _take(self, mine: str, token: str, subjects: Sequence[Subject]) -> None:
+    def _take(self, mine: str, holder: Holder, subjects: Sequence[Subject]) -> None:
         now = self._clock()
         self._holds = {key: hold for key, hold in self._holds.items() if hold.until > now and key != mine}
         for hold in self._holds.values():
@@ -214,14 +236,14 @@ class OpenQuestions:
                     "answer, and only one report of it can apply: wait for that one, or pass reward (and experience) "
                     "yourself"
                 )
-        waiting = sum(hold.token == token for hold in self._holds.values())
-        if waiting >= self._per_token:
+        waiting = sum(hold.holder == holder.key for hold in self._holds.values())
+        if waiting >= holder.limit:
             raise MemoryRequestError(
-                f"reward: this token has {waiting} reports waiting for the client's answers "
-                f"(max_open_questions_per_token={self._per_token}): wait for them, or pass reward (and experience) "
+                f"reward: {holder.name} has {waiting} reports waiting for the client's answers "
+                f"(max_open_questions_per_token={holder.limit}): wait for them, or pass reward (and experience) "
                 "yourself"
             )
-        self._holds[mine] = Hold(token, frozenset(subjects), now + self._hold_seconds)
+        self._holds[mine] = Hold(holder.key, frozenset(subjects), now + self._hold_seconds)
 
 
 def _wire(response: BaseModel) -> dict[str, Any]:

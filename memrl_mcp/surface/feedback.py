@@ -19,7 +19,9 @@ one. MCP gives the server both (:mod:`~memrl_mcp.surface.asking`):
 
 While a report asks, it holds its recall (or episode_id) and one of its token's ``max_open_questions_per_token``
 places: another report of the same recall, or one beyond the token's places, is refused before its client is asked
-(:class:`~memrl_mcp.surface.asking.OpenQuestions`).
+(:class:`~memrl_mcp.surface.asking.OpenQuestions`). Without a token, each session of the local server has bounds of
+its own (:data:`~memrl_mcp.surface.asking.SESSION`), from its own settings: one session's questions and samplings
+never refuse another's.
 
 A report is all or nothing: if the model's answer is refused, or no answer comes within the time allowed, nothing
 is reported (the user's answer too is dropped: the recall stays reportable, and is asked about again).
@@ -54,7 +56,8 @@ from memrl_mcp.models import (
     iso_time,
 )
 from memrl_mcp.requests import NewExperience, OutcomeReport, TrajectoryReport
-from memrl_mcp.surface.asking import Asking, OpenQuestions, Subject
+from memrl_mcp.settings import Settings
+from memrl_mcp.surface.asking import Asking, Holder, OpenQuestions, Subject
 from memrl_mcp.surface.distill import Endpoint, answered_text, checked, distill_request
 from memrl_mcp.validation import Outcome, check_step_rewards, outcome_of, plain_error, text_rule
 
@@ -63,6 +66,7 @@ MAX_NOTE_CHARS = 500
 SHOWN_TASK_CHARS = 300
 SHOWN_EXPERIENCE_CHARS = 100
 SHOWN_MEMORIES = 3
+FULL_SECONDS = 60.0  # a bucket of Budget untouched this long is full again: the same as none
 ANSWERS = {"decline": "declined to answer", "cancel": "dismissed the question"}
 
 
@@ -113,7 +117,8 @@ class Verdict:
 class Budget:
     """At most ``per_minute`` per key in a minute, on average: a bucket of that many, refilled continuously (a burst
     of ``per_minute`` at once, then one every 60 / ``per_minute`` seconds). Kept by this process, so each replica of a
-    server keeps its own; under a lock, since the local server's sessions share it from threads of their own."""
+    server keeps its own; under a lock, since the local server's sessions share it from threads of their own. A full
+    bucket is forgotten: the keys (the local server's sessions come and go) do not pile up."""
 
     def __init__(self, per_minute: int, clock: Callable[[], float]) -> None:
         self._per_minute = per_minute
@@ -127,6 +132,7 @@ class Budget:
 
     def _take(self, key: str) -> bool:
         now = self._clock()
+        self._levels = {held: (level, at) for held, (level, at) in self._levels.items() if now - at < FULL_SECONDS}
         level, at = self._levels.get(key, (float(self._per_minute), now))
         level = min(float(self._per_minute), level + max(0.0, now - at) * self._per_minute / 60.0)
         taken = level >= 1.0
@@ -134,20 +140,36 @@ class Budget:
         return taken
 
 
-class Feedback:
-    """The reports that ask the client (module docstring), over one service."""
+def open_questions(service: MemoryService) -> OpenQuestions:
+    """The open questions of the reports over ``service``, each held up to the longest a report may wait."""
+    learning = service.settings.learning
+    longest_wait = learning.elicitation_timeout_seconds + learning.distill_timeout_seconds
+    return OpenQuestions(longest_wait, service.clock)
 
-    def __init__(self, service: MemoryService, reports_on_loop: bool = False) -> None:
+
+class Feedback:
+    """The reports that ask the client (module docstring), over one service. ``settings``: those of the clients when
+    they are not the service's (a session of the local server), whose bounds they get; ``questions``: the open
+    questions shared with other servers over the same service (the local server's), else its own."""
+
+    def __init__(
+        self,
+        service: MemoryService,
+        reports_on_loop: bool = False,
+        settings: Settings | None = None,
+        questions: OpenQuestions | None = None,
+    ) -> None:
         self._service = service
         self._reports_on_loop = reports_on_loop
-        settings = service.settings
+        serving = (settings or service.settings).serving
+        settings = service.settings  # the memory's own groups
         self._learning = settings.learning
         self._trajectory = text_rule(settings.limits.max_trajectory_chars)
         self._note = text_rule(MAX_NOTE_CHARS)
-        self._per_minute = settings.serving.max_samplings_per_minute
+        self._per_minute = serving.max_samplings_per_minute
         self._budget = Budget(self._per_minute, service.clock)
-        longest_wait = self._learning.elicitation_timeout_seconds + self._learning.distill_timeout_seconds
-        self._questions = OpenQuestions(settings.serving.max_open_questions_per_token, longest_wait, service.clock)
+        self._open_limit = serving.max_open_questions_per_token
+        self._questions = questions or open_questions(service)
         learning = self._learning
         self._endpoint = (
             None
@@ -178,7 +200,7 @@ class Feedback:
         provenance, verdict, experience = AGENT, None, report.experience
         subject = Subject("recall_id", recall_id)
         with (
-            self._questions.held(client, access.client or "", [subject]),
+            self._questions.held(client, self._holder(access), [subject]),
             _unreported(f"recall {recall_id} stays reportable"),
         ):
             if reward is None and happened is None:
@@ -219,7 +241,7 @@ class Feedback:
         source: ExperienceSource = "agent"
         if trajectory is not None:
             await self._run(self._service.namespace_of, new.namespace, access)  # a refusal before a model is asked
-            with self._questions.held(client, access.client or ""), _unreported("nothing was stored"):
+            with self._questions.held(client, self._holder(access)), _unreported("nothing was stored"):
                 experience, source = await self._distill(client, access, new.task, trajectory, new.outcome, AGENT)
             new = dataclasses.replace(new, experience=experience, trajectory=None)
         return await self._run(self._service.store_experience, new, access=access, source=source)
@@ -239,7 +261,7 @@ class Feedback:
             subjects = [Subject("episode_id", episode_id, self._service.namespace_of(report.namespace, access))]
             subjects += [] if recall_id is None else [Subject("recall_id", recall_id)]
             with (
-                self._questions.held(client, access.client or "", subjects),
+                self._questions.held(client, self._holder(access), subjects),
                 _unreported(f"episode_id {episode_id!r} stays reportable"),
             ):
                 verdict = await self._ask_user(client, question)
@@ -265,6 +287,9 @@ class Feedback:
         if verdict is not None and not result.already_applied:
             result.message = f"{verdict.said}; {result.message}"
         return result
+
+    def _holder(self, access: Access) -> Holder:
+        return Holder.of(access.client, self._open_limit)
 
     # -- the user -------------------------------------------------------------------------------------
 
@@ -320,10 +345,11 @@ class Feedback:
         rule, timeout = self._service.limits.experience, learning.distill_timeout_seconds
 
         def spend() -> None:
-            if not self._budget.take(access.client or ""):
+            holder = self._holder(access)
+            if not self._budget.take(holder.key):
                 raise MemoryRequestError(
-                    f"trajectory: this token had {self._per_minute} experiences written in the last minute "
-                    "(max_samplings_per_minute); pass experience instead, or try again later"
+                    f"trajectory: {holder.name} had {self._per_minute} experiences written in the last minute "
+                    f"(max_samplings_per_minute={self._per_minute}); pass experience instead, or try again later"
                 )
 
         if client.lacks("sampling") is None:

@@ -28,6 +28,7 @@ from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.projects import folder_uri, project_namespace
 from memrl_mcp.requests import StatsQuery
 from memrl_mcp.settings import ALL_NAMESPACES, TOOL_PROFILES, LearningSettings, Settings
+from memrl_mcp.surface.asking import OpenQuestions
 from memrl_mcp.surface.auth import TokenTable, caller
 from memrl_mcp.surface.calls import served
 from memrl_mcp.surface.feedback import Feedback
@@ -90,18 +91,21 @@ def create_server(
     single_client: bool = False,
     settings: Settings | None = None,
     metrics: Metrics | None = None,
+    questions: OpenQuestions | None = None,
 ) -> MCPServer:
     """An MCP server exposing ``service``; with ``tokens``, its HTTP transports require one; ``single_client``: it
     serves one client only (stdio). The caller owns the service and closes it. It offers the tools of the
     ``tool_profile`` setting. ``settings``: those of this server's client when they are not the service's (a session
-    of the local server): its tool profile and descriptions and its default namespace; the memory's own groups are
-    the service's. ``metrics``: where its tool calls are counted (an HTTP transport's ``/metrics`` shows them);
-    default, a registry of its own."""
+    of the local server): its tool profile and descriptions, its bounds on questions and samplings, and its default
+    namespace; the memory's own groups are the service's. ``metrics``: where its tool calls are counted (an HTTP
+    transport's ``/metrics`` shows them); default, a registry of its own. ``questions``: the open questions it shares
+    with other servers over the service (the local server's, one MCP server per settings of its sessions); default,
+    its own."""
     settings = settings or service.settings
     serving = settings.serving
     assert set(TOOLS) == set(TOOL_PROFILES["full"]), "a tool is missing from the full profile"
     metrics = metrics or Metrics(service)
-    feedback = Feedback(service, reports_on_loop=single_client)
+    feedback = Feedback(service, reports_on_loop=single_client, settings=settings, questions=questions)
     arguments = Arguments(service.limits, argument_values(settings, service.scale.delta))
     callers = Callers(settings, tokens)
     shows = serving.max_recall_chars

@@ -25,7 +25,7 @@ from memrl_mcp.surface.auth import TokenTable, is_loopback, refusal
 from memrl_mcp.surface.observability import Metrics
 from memrl_mcp.surface.server import create_server
 from memrl_mcp.transports import inspector, routes
-from memrl_mcp.transports.stdio import run_session, stdio_streams
+from memrl_mcp.transports.stdio import Bounds, run_session, stdio_streams
 
 Transport = Literal["stdio", "streamable-http", "sse"]
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -74,7 +74,8 @@ docs/security.md, "Identity per request")."""
 def serve(service: MemoryService, transport: Transport, host: str, port: int, tokens: TokenTable | None) -> None:
     """Run until interrupted; the caller closes the service."""
     if transport == "stdio":
-        anyio.run(run_session, create_server(service, single_client=True), stdio_streams())
+        bounds = Bounds.of(service.settings.serving)
+        anyio.run(run_session, create_server(service, single_client=True), stdio_streams(bounds))
         return
     import uvicorn
 

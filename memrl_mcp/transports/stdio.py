@@ -17,6 +17,13 @@ A line the SDK's reader cannot parse is answered here with a JSON-RPC parse erro
 SDK answers nothing and the client waits for an answer that never comes: a line that is not JSON (id ``null``), and
 a request whose text is not Unicode (a lone surrogate, which JSON can escape and the SDK's reader refuses), by its id.
 
+What one session may send is bounded (:class:`Bounds`), so that it cannot grow the process (the local server's,
+shared by every session of the user) by what it sends: a message (one line) longer than ``max_message_mb`` is never
+held whole, but skipped as it arrives and answered with an error naming the limit and the setting
+(:class:`_Requests`); a request beyond ``max_requests_in_flight`` not yet answered is answered at once with such an
+error (:class:`_Draining`), and while that answer waits for the client to read, nothing more is read. The SDK's own
+reader has neither bound: a client that sent requests without reading the answers grew the server without end.
+
 The end of stdin ends the session only once every request read is answered (:class:`_Draining`): the SDK cancels
 the calls still running at the end of its read stream, so ``memrl-mcp < requests.jsonl``, or a client that writes
 its last requests and closes the pipe, lost the answers (and the writes) of the requests still in flight. A call
@@ -29,10 +36,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any, Self
 
 import anyio
@@ -41,6 +50,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from mcp_types import (
     CONNECTION_CLOSED,
+    INVALID_REQUEST,
     PARSE_ERROR,
     ErrorData,
     JSONRPCError,
@@ -50,7 +60,15 @@ from mcp_types import (
 )
 from pydantic import ValidationError
 
-LINE_LIMIT = 1 << 30  # bytes of one message; the SDK's own reader has no limit
+from memrl_mcp.settings import ServingSettings
+
+MB = 1 << 20
+PIECE = 1 << 20  # how much of a message too long is taken at a time, to be dropped
+ENDS = 256  # bytes kept of each end of a message too long: where its id is
+JSON_ID = rb'(-?\d+|"(?:[^"\\]|\\.){0,200}")'
+HEAD_ID = re.compile(rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*' + JSON_ID)
+TAIL_ID = re.compile(rb',\s*"id"\s*:\s*' + JSON_ID + rb"\s*\}\s*\Z")
+"""A request's id as its first key (the Python SDK's order) or its last (the TypeScript SDK's), at the top level."""
 DRAIN_SECONDS = 60.0  # how long the calls in flight at the end of stdin may still run to answer
 
 
@@ -67,6 +85,18 @@ Streams = AbstractAsyncContextManager[tuple[Any, Any]]
 """The SDK's (read stream, write stream) of one session, while the context lasts."""
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What one session may send (module docstring): the bytes of one message, the requests not yet answered."""
+
+    message_bytes: int
+    requests: int
+
+    @classmethod
+    def of(cls, serving: ServingSettings) -> Bounds:
+        return cls(serving.max_message_mb * MB, serving.max_requests_in_flight)
+
+
 async def run_session(server: MCPServer, streams: Streams) -> None:
     """Serve one client over ``streams`` until it leaves: what the SDK's ``run_stdio_async`` does over stdio."""
     lowlevel = server._lowlevel_server  # the server run_stdio_async runs (mcp 2.x)
@@ -75,29 +105,31 @@ async def run_session(server: MCPServer, streams: Streams) -> None:
 
 
 @asynccontextmanager
-async def stdio_streams() -> AsyncIterator[tuple[Any, Any]]:
-    """The SDK's (read stream, write stream) over this process's stdin and stdout (module docstring)."""
-    async with _sdk_streams() as (reads, writes):
-        draining = _Draining(reads, writes)
+async def stdio_streams(bounds: Bounds) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's (read stream, write stream) over this process's stdin and stdout, within ``bounds`` (module
+    docstring)."""
+    async with _sdk_streams(bounds.message_bytes) as (reads, writes):
+        draining = _Draining(reads, writes, bounds.requests)
         yield draining, draining.writes
 
 
 @asynccontextmanager
-async def socket_streams(connection: socket.socket) -> AsyncIterator[tuple[Any, Any]]:
-    """The SDK's streams over one connected stream socket, read and written by the event loop as stdio's pipes are;
-    the socket is closed at the end."""
-    reader, writer = await asyncio.open_unix_connection(sock=connection, limit=LINE_LIMIT)
+async def socket_streams(connection: socket.socket, bounds: Bounds) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's streams over one connected stream socket, read and written by the event loop as stdio's pipes are,
+    within ``bounds``; the socket is closed at the end."""
+    reader, writer = await asyncio.open_unix_connection(sock=connection, limit=bounds.message_bytes)
     writer.transport.set_write_buffer_limits(high=0)  # a flush waits until the socket took the whole answer (_Flow)
+    requests = _Requests(reader, bounds.message_bytes, writer.write)
     try:
-        async with stdio_server(stdin=_Requests(reader), stdout=_Answers(writer.write, writer.drain)) as streams:  # type: ignore[arg-type]
-            draining = _Draining(*streams)
+        async with stdio_server(stdin=requests, stdout=_Answers(writer.write, writer.drain)) as (reads, writes):  # type: ignore[arg-type]
+            draining = _Draining(reads, writes, bounds.requests)
             yield draining, draining.writes
     finally:
         writer.transport.abort()  # at once: whatever the session still had to say was said (_Draining)
 
 
 @asynccontextmanager
-async def _sdk_streams() -> AsyncIterator[tuple[Any, Any]]:
+async def _sdk_streams(limit: int) -> AsyncIterator[tuple[Any, Any]]:
     """The SDK's streams, over the event loop's pipe transports where stdin and stdout are pipes or sockets."""
     if not (is_pipe(0) and is_pipe(1)):
         async with stdio_server() as streams:
@@ -105,13 +137,13 @@ async def _sdk_streams() -> AsyncIterator[tuple[Any, Any]]:
         return
     loop = asyncio.get_running_loop()
     with _claimed() as (wire_in, wire_out):
-        reader = asyncio.StreamReader(limit=LINE_LIMIT)
+        reader = asyncio.StreamReader(limit=limit)
         reading, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), wire_in)
         try:
             writing, flow = await loop.connect_write_pipe(_Flow, wire_out)
             try:
-                answers = _Answers(writing.write, flow.ready.wait)
-                async with stdio_server(stdin=_Requests(reader), stdout=answers) as streams:  # type: ignore[arg-type]
+                answers, requests = _Answers(writing.write, flow.ready.wait), _Requests(reader, limit, writing.write)
+                async with stdio_server(stdin=requests, stdout=answers) as streams:  # type: ignore[arg-type]
                     yield streams
             finally:
                 writing.close()
@@ -139,19 +171,61 @@ def _claimed() -> Iterator[tuple[Any, Any]]:
 
 
 class _Requests:
-    """The requests, one JSON-RPC message a line, as the SDK's reader iterates them."""
+    """The requests, one JSON-RPC message a line, as the SDK's reader iterates them. A line longer than ``limit``
+    bytes is dropped as it arrives, keeping only its ends, and answered through ``refuse`` with an error naming the
+    limit (module docstring); the reader's buffer, bounded by the same limit, is all it ever holds of it."""
 
-    def __init__(self, reader: asyncio.StreamReader) -> None:
-        self._reader = reader
+    def __init__(self, reader: asyncio.StreamReader, limit: int, refuse: Callable[[bytes], None]) -> None:
+        self._reader, self._limit, self._refuse = reader, limit, refuse
 
     def __aiter__(self) -> _Requests:
         return self
 
     async def __anext__(self) -> str:
-        line = await self._reader.readline()
-        if not line:
-            raise StopAsyncIteration
-        return line.decode("utf-8", errors="replace")
+        while True:
+            try:
+                line = await self._reader.readuntil(b"\n")
+            except asyncio.IncompleteReadError as end:  # the end of the stream (a last line without its newline)
+                line = end.partial
+            except asyncio.LimitOverrunError as overrun:
+                await self._skip(overrun.consumed)
+                continue
+            if not line:
+                raise StopAsyncIteration
+            return line.decode("utf-8", errors="replace")
+
+    async def _skip(self, buffered: int) -> None:
+        """Drop the line too long whose first ``buffered`` bytes the reader holds, up to its end; then answer it."""
+        head, tail, size = b"", b"", 0
+        while True:
+            while buffered:
+                piece = await self._reader.read(min(buffered, PIECE))
+                head, tail = head or piece[:ENDS], (tail + piece)[-ENDS:]
+                size, buffered = size + len(piece), buffered - len(piece)
+            try:
+                rest = await self._reader.readuntil(b"\n")
+            except asyncio.LimitOverrunError as overrun:
+                buffered = overrun.consumed
+                continue
+            except asyncio.IncompleteReadError as end:
+                rest = end.partial
+            self._refuse(too_long(head, (tail + rest)[-ENDS:], size + len(rest), self._limit))
+            return
+
+
+def too_long(head: bytes, tail: bytes, size: int, limit: int) -> bytes:
+    """The error answer (a line) to a request of ``size`` bytes, over ``limit``, of which ``head`` and ``tail`` are
+    the ends: to the request's id when either end shows it, else to a null id (what JSON-RPC answers a request whose id
+    cannot be read)."""
+    found = HEAD_ID.match(head) or TAIL_ID.search(tail.rstrip(b"\r\n"))
+    request_id = None if found is None else json.loads(found.group(1))
+    message = (
+        f"this message has {size:,} bytes, more than a session may send in one (max_message_mb={limit // MB}: "
+        f"{limit:,} bytes): it was not read, and nothing of it was applied. Send less in one call (a shorter "
+        "trajectory or experience, fewer steps), or raise the max_message_mb setting of the server."
+    )
+    error = {"jsonrpc": "2.0", "id": request_id, "error": {"code": INVALID_REQUEST, "message": message}}
+    return json.dumps(error, separators=(",", ":")).encode() + b"\n"
 
 
 class _Flow(asyncio.Protocol):
@@ -216,12 +290,14 @@ class _Draining(_Wrapped):
     ``notifications/cancelled``, settles one) and of the server's requests to the client not yet answered. At the
     end of stdin it first answers each of the server's open requests with a ``CONNECTION_CLOSED`` error, as the
     client would never answer them, and then ends once the client's requests are all answered, or at the latest
-    ``DRAIN_SECONDS`` after the end of stdin (module docstring).
+    ``DRAIN_SECONDS`` after the end of stdin (module docstring). A request read while ``most`` are not yet answered
+    is answered at once with an error, and never reaches the session.
     """
 
-    def __init__(self, reads: Any, writes: Any) -> None:
+    def __init__(self, reads: Any, writes: Any, most: int) -> None:
         super().__init__(reads)
         self.writes = _Written(writes, self)
+        self._most = most
         self._asked: set[str | int] = set()  # the client's requests not yet answered
         self._asking: set[str | int] = set()  # the server's requests to the client not yet answered
         self._closed: set[str | int] = set()  # the server's requests answered here at the end of stdin
@@ -250,14 +326,14 @@ class _Draining(_Wrapped):
                 item: SessionMessage | Exception = await self._inner.receive()
             except anyio.EndOfStream:
                 self._deadline = anyio.current_time() + DRAIN_SECONDS
-            else:
-                if isinstance(item, Exception):  # a line the SDK's reader could not parse (module docstring)
-                    refusal = _unreadable(item)
-                    if refusal is not None:
-                        await self.writes.send(SessionMessage(refusal))
-                    continue
-                self._read(item)
-                return item
+                break
+            refusal = _unreadable(item) if isinstance(item, Exception) else self._refusal(item)
+            if refusal is not None:
+                await self.writes.refuse(refusal)  # nothing is read meanwhile
+            if refusal is not None or isinstance(item, Exception):  # an unparseable line reaches no session
+                continue
+            self._read(item)
+            return item
         with anyio.CancelScope(deadline=self._deadline):
             while self._asked:
                 unanswerable = self._asking - self._closed
@@ -268,6 +344,23 @@ class _Draining(_Wrapped):
                     return SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
                 await self._changed.wait()
         raise anyio.EndOfStream
+
+    def _refusal(self, item: SessionMessage | Exception) -> JSONRPCError | None:
+        """The answer to a request the session must not see: one beyond ``most`` not yet answered, or one whose id
+        a request not yet answered has (ids are the client's to keep apart: served, such requests were not counted)."""
+        if not isinstance(item, SessionMessage) or not isinstance(item.message, JSONRPCRequest):
+            return None
+        request_id = item.message.id
+        if request_id in self._asked:
+            message = f"id {request_id!r} is the id of a request not yet answered: this one was not served"
+        elif len(self._asked) >= self._most:
+            message = (
+                f"this session has {len(self._asked)} requests not yet answered, the most it may have "
+                f"(max_requests_in_flight={self._most}): this one was not served. Wait for answers before sending more."
+            )
+        else:
+            return None
+        return JSONRPCError(jsonrpc="2.0", id=request_id, error=ErrorData(code=INVALID_REQUEST, message=message))
 
     def _read(self, item: SessionMessage | Exception) -> None:
         if not isinstance(item, SessionMessage):
@@ -327,3 +420,7 @@ class _Written(_Wrapped):
     async def send(self, item: SessionMessage) -> None:
         await self._inner.send(item)
         self._draining.sent(item.message)  # only once the writer took it: the session's end cancels what still sends
+
+    async def refuse(self, refusal: JSONRPCError) -> None:
+        """Answer a request the session never saw: not counted (the request it shares an id with stays open)."""
+        await self._inner.send(SessionMessage(refusal))

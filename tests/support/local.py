@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +50,11 @@ class LocalStore:
 
     @property
     def target(self) -> Target:
-        found = target_of(environ=self.env())
+        return self.target_with()
+
+    def target_with(self, **variables: str) -> Target:
+        """What a session with the test's ``variables`` attaches to."""
+        found = target_of(environ=self.env(**variables), cwd=self.data_dir.parent)
         assert found is not None
         return found
 
@@ -89,6 +93,76 @@ class LocalStore:
             text=True,
             timeout=120,
         )
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """The counts of ``/proc/PID/status``: ``VmRSS`` and ``VmHWM`` (the peak of VmRSS) in kB, ``Threads``..."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if value.split() and value.split()[0].isdigit():
+            fields[name] = int(value.split()[0])
+    return fields
+
+
+class Wire:
+    """A session of the local server driven line by line, as a runaway or hostile client drives it: a greeted
+    connection, the MCP handshake made; requests written as they are given, answers read by id."""
+
+    def __init__(self, store: LocalStore, **variables: str) -> None:
+        self.connection = attach(store.target_with(**variables)).connection
+        self._reader = self.connection.makefile("rb")
+        self._ids = itertools.count(1)
+        self._answers: dict[Any, dict[str, Any]] = {}
+        info = {"name": "wire", "version": "1"}
+        self.answer(self.send("initialize", protocolVersion="2025-11-25", capabilities={}, clientInfo=info))
+        self.connection.sendall(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+
+    def send(self, method: str, **params: Any) -> int:
+        """Write one request; its id."""
+        request_id = next(self._ids)
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        self.connection.sendall(json.dumps(message).encode() + b"\n")
+        return request_id
+
+    def call(self, tool: str, **arguments: Any) -> int:
+        return self.send("tools/call", name=tool, arguments=arguments)
+
+    def send_bytes(self, pieces: Iterable[bytes]) -> None:
+        for piece in pieces:
+            self.connection.sendall(piece)
+
+    def next(self) -> dict[str, Any]:
+        """The next message the server wrote."""
+        line = self._reader.readline()
+        assert line, "the server closed the connection"
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    def answer(self, request_id: Any) -> dict[str, Any]:
+        """The answer to ``request_id`` (those of others read meanwhile are kept for later)."""
+        while request_id not in self._answers:
+            message = self.next()
+            if "method" not in message:
+                self._answers[message.get("id")] = message
+        return self._answers.pop(request_id)
+
+    def result(self, request_id: Any) -> dict[str, Any]:
+        """The structured result of a tool call that must succeed."""
+        answer = self.answer(request_id)
+        assert "result" in answer and not answer["result"].get("isError"), answer
+        structured: dict[str, Any] = answer["result"]["structuredContent"]
+        return structured
+
+    def close(self) -> None:
+        self._reader.close()
+        self.connection.close()
+
+    def __enter__(self) -> Wire:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def servers_of(runtime_dir: Path) -> list[int]:
