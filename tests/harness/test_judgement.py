@@ -64,10 +64,10 @@ def test_tiny_runs_of_every_agent_keep_the_claim_and_the_rewards_source(tmp_path
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     names = sorted(path.name for path in runs.iterdir())
-    assert names == [
+    assert names == sorted(
         f"controlled-memrl{agent}-seed0"
         for agent in ("", "-evidence-hooks", "-sycophantic", "-sycophantic-evidence-hooks")
-    ]
+    )
     episodes = {name: RunDir(runs / name).episodes() for name in names}
     for name, records in episodes.items():
         config = RunDir(runs / name).read_config()
@@ -94,5 +94,5 @@ def test_tiny_runs_of_every_agent_keep_the_claim_and_the_rewards_source(tmp_path
     text = (tmp_path / "report" / "report.md").read_text()
     assert "last third's success" in text and "claims overruled" in text
     assert "memrl, sycophantic agent, evidence from the hooks" in text and "tests 8" in text
-    summary = json.loads((runs / names[3] / "summary.json").read_text())
+    summary = json.loads((runs / "controlled-memrl-sycophantic-evidence-hooks-seed0" / "summary.json").read_text())
     assert summary["reward_sources"] == {"tests": 8} and summary["claims_overruled"] > 0
