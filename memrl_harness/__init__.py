@@ -8,7 +8,13 @@ import sys
 from importlib.util import find_spec
 
 # Import name -> distribution of the harness extra's libraries (pyproject.toml).
-HARNESS_EXTRA = {"openai": "openai", "matplotlib": "matplotlib", "tqdm": "tqdm", "pyseccomp": "pyseccomp"}
+HARNESS_EXTRA = {
+    "openai": "openai",
+    "matplotlib": "matplotlib",
+    "tqdm": "tqdm",
+    "pyseccomp": "pyseccomp",
+    "pytest": "pytest",
+}
 
 
 def main() -> int:

@@ -23,6 +23,7 @@ from memrl_harness.benchmarks.base import Benchmark
 from memrl_harness.benchmarks.options import OptionError
 from memrl_harness.discipline import DEFAULT_LAPSE_RATE, DISCIPLINES
 from memrl_harness.install import shared_data_root
+from memrl_harness.judgement import EVIDENCE, JUDGEMENTS, NOISE, SYCOPHANCY
 from memrl_harness.llm import LLM, LLMError
 from memrl_harness.metrics import write_summary
 from memrl_harness.report import build_report, load_run
@@ -101,6 +102,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"forgetful, hooked: the share of tasks in which the agent forgets one of the two (default "
         f"{DEFAULT_LAPSE_RATE})",
     )
+    judged = run.add_argument_group(
+        "the agent's judgement",
+        "what the agent claims of its own work, and whether what happened reaches the memory beside it (mode memrl; "
+        "memrl_harness/judgement.py)",
+    )
+    judged.add_argument(
+        "--judgement",
+        nargs="+",
+        choices=JUDGEMENTS,
+        default=["honest"],
+        help=f"one run per judgement: honest (says what the checker said, the default), noisy (wrong in "
+        f"{NOISE:.0%} of its tasks), sycophantic (says success in {SYCOPHANCY:.0%} of them, whatever happened)",
+    )
+    judged.add_argument(
+        "--evidence",
+        nargs="+",
+        choices=EVIDENCE,
+        default=["none"],
+        help="one run per kind: none (the memory has the claim alone, the default), hooks (the agent works in "
+        "Claude Code sessions with the plugin's real hooks, which see its check run as a test run and hand it to "
+        "the memory)",
+    )
     run.add_argument("--workers", type=int, default=1, help="episodes in parallel within an epoch")
     run.add_argument(
         "--config",
@@ -168,15 +191,22 @@ def run_command(args: argparse.Namespace) -> int:
     eval_options = _options(args.eval_option)
     modes, seeds = list(dict.fromkeys(args.mode)), list(dict.fromkeys(args.seed))
     disciplines = list(dict.fromkeys(args.discipline))
+    judgements, evidence = list(dict.fromkeys(args.judgement)), list(dict.fromkeys(args.evidence))
+    agents = [(d, j, e) for d in disciplines for j in judgements for e in evidence]
     try:
         if args.config and args.memory_url:
             raise ValueError("--config sets up the harness's own memory server; a --memory-url server has its own")
         if args.config and not Path(args.config).is_file():
             raise ValueError(f"--config: no settings file at {args.config}")
-        if args.run_dir and len(modes) * len(seeds) * len(disciplines) > 1:
-            raise ValueError("--run-dir names one run's folder; several modes, seeds or disciplines go under --runs")
+        if args.run_dir and len(modes) * len(seeds) * len(agents) > 1:
+            raise ValueError(
+                "--run-dir names one run's folder; several modes, seeds, disciplines, judgements or evidence go under "
+                "--runs"
+            )
         if disciplines != ["disciplined"] and modes != ["memrl"]:
             raise ValueError("--discipline: only --mode memrl recalls and reports, so only it can forget to")
+        if (judgements != ["honest"] or evidence != ["none"]) and modes != ["memrl"]:
+            raise ValueError("--judgement, --evidence: only --mode memrl reports a reward the agent claims")
         if args.lapse_rate is not None and disciplines == ["disciplined"]:
             raise ValueError("--lapse-rate: only a forgetful or hooked agent (--discipline) has lapses")
         if args.trials is not None and modes != ["reflexion"]:
@@ -209,9 +239,11 @@ def run_command(args: argparse.Namespace) -> int:
                 client_model=args.client_model,
                 discipline=discipline,
                 lapse_rate=None if discipline == "disciplined" else args.lapse_rate,
+                judgement=judgement,
+                evidence=kind,
             )
             for mode in modes
-            for discipline in disciplines
+            for discipline, judgement, kind in agents
             for seed in seeds
         ]
     except OptionError as error:

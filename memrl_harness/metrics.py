@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -80,6 +80,9 @@ class RunSummary(BaseModel):
     partial_epoch: int | None = Field(None, description="The last epoch, when it has fewer episodes than tasks.")
     last_epoch: int | None = Field(None, description="Last whole epoch (the paper's 'Last'); None if none is whole.")
     last_success: float | None
+    last_third_success: float | None = Field(
+        None, description="Mean success of the last third of the whole epochs (the last ceil(n/3) of n)."
+    )
     best_epoch: int | None = Field(None, description="Whole epoch of highest success (earliest on ties).")
     best_success: float | None
     final_csr: float = Field(description="CSR after every recorded episode (a partial epoch only adds to it).")
@@ -91,6 +94,10 @@ class RunSummary(BaseModel):
     recalls: int = Field(0, description="Episodes that logged a recall (recall_experience).")
     recalls_reported: int = Field(0, description="Of those, the episodes whose recall was reported.")
     q_updates: int = Field(0, description="Q values moved by the reports: what the memory learned from.")
+    reward_sources: dict[str, int] = Field(
+        default_factory=dict, description="Reports by what decided their reward (agent, user, tests, ...)."
+    )
+    claims_overruled: int = Field(0, description="Reports whose reward is not the one the agent claimed.")
     mean_steps: float
     prompt_tokens: int
     completion_tokens: int
@@ -235,6 +242,7 @@ def summarize(
         partial_epoch=epochs[-1].epoch if epochs and epochs[-1].partial else None,
         last_epoch=whole[-1].epoch if whole else None,
         last_success=whole[-1].success_rate if whole else None,
+        last_third_success=_mean([e.success_rate for e in whole[-math.ceil(len(whole) / 3) :]]) if whole else None,
         best_epoch=best.epoch if best else None,
         best_success=best.success_rate if best else None,
         final_csr=epochs[-1].csr if epochs else 0.0,
@@ -246,6 +254,11 @@ def summarize(
         recalls=sum(r.recall_by is not None for r in kept),
         recalls_reported=sum(r.report_by is not None for r in kept),
         q_updates=sum(r.q_updates for r in kept),
+        reward_sources=dict(sorted(Counter(r.reward_source for r in kept if r.reward_source).items())),
+        claims_overruled=sum(
+            r.claimed_reward is not None and r.learned_reward is not None and r.claimed_reward != r.learned_reward
+            for r in kept
+        ),
         mean_steps=_mean([r.steps for r in kept]),
         prompt_tokens=sum(r.prompt_tokens for r in kept),
         completion_tokens=sum(r.completion_tokens for r in kept),
@@ -301,6 +314,7 @@ class SeedAggregate(BaseModel):
     seeds: list[int]
     epochs: list[EpochSpread] = Field(description="Whole epochs only; each says how many seeds finished it.")
     last_success: Spread | None = Field(description="Success in each run's last whole epoch.")
+    last_third_success: Spread | None = Field(None, description="Each run's mean success over its last third.")
     last_csr: Spread | None = Field(description="CSR at each run's last whole epoch.")
     forgetting_rate: Spread | None
     q_critic_r: Spread | None
@@ -330,6 +344,7 @@ def aggregate_seeds(
         seeds=list(seeds),
         epochs=epochs,
         last_success=spread([e.success_rate for e in lasts]),
+        last_third_success=spread([s.last_third_success for s in summaries if s.last_third_success is not None]),
         last_csr=spread([e.csr for e in lasts]),
         forgetting_rate=spread([s.forgetting_rate for s in summaries if s.forgetting_rate is not None]),
         q_critic_r=spread([s.q_critic.r for s in summaries if s.q_critic and s.q_critic.r is not None]),

@@ -194,6 +194,8 @@ def run_table(runs: Sequence[LoadedRun]) -> list[str]:
         "held-out success",
         "recalls reported",
         "Q updates",
+        "rewards by source",
+        "claims overruled",
         "mean steps",
         "tokens (prompt + completion)",
         "wall s (sum)",
@@ -217,6 +219,8 @@ def run_table(runs: Sequence[LoadedRun]) -> list[str]:
                 _rate(run.transfer.last_success) if run.transfer else NA,
                 f"{s.recalls_reported}/{s.recalls}" if s.recalls else NA,
                 s.q_updates,
+                ", ".join(f"{source} {n}" for source, n in s.reward_sources.items()) or NA,
+                s.claims_overruled if s.reward_sources else NA,
                 f"{s.mean_steps:.2f}",
                 f"{s.prompt_tokens + s.completion_tokens} ({s.prompt_tokens} + {s.completion_tokens})",
                 f"{s.wall_s:.1f}",
@@ -272,6 +276,7 @@ def setting_table(settings: Sequence[Setting]) -> list[str]:
         "setting",
         "seeds",
         "last-epoch success",
+        "last third's success",
         "CSR at last epoch",
         "forgetting",
         "Q-critic r",
@@ -285,6 +290,7 @@ def setting_table(settings: Sequence[Setting]) -> list[str]:
                 setting.label,
                 ", ".join(map(str, a.seeds)),
                 _spread(a.last_success),
+                _spread(a.last_third_success),
                 _spread(a.last_csr),
                 _spread(a.forgetting_rate),
                 _spread(a.q_critic_r),
@@ -311,6 +317,7 @@ def similarity_table(settings: Sequence[Setting]) -> list[str]:
     for setting in settings:
         if setting.config.transfer is None:
             baseline = {"mode": "none", "trials": None, "discipline": "disciplined", "lapse_rate": None}
+            baseline |= {"judgement": "honest", "evidence": "none"}
             same = setting.config.model_copy(update={"seed": 0, "memory_config": None, **baseline})
             by_tasks[same.model_dump_json()].append(setting)
     header = ["benchmark", "tasks", "embedder", "mean pairwise similarity", "memrl last-epoch success", "gain over"]
@@ -320,7 +327,9 @@ def similarity_table(settings: Sequence[Setting]) -> list[str]:
             (
                 s
                 for s in group
-                if s.config.mode == "memrl" and s.config.discipline == "disciplined" and s.aggregate.last_success
+                if s.config.mode == "memrl"
+                and (s.config.discipline, s.config.judgement, s.config.evidence) == ("disciplined", "honest", "none")
+                and s.aggregate.last_success
             ),
             None,
         )

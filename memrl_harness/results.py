@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from memrl_harness.discipline import DEFAULT_LAPSE_RATE, Discipline, RecallBy, ReportBy
+from memrl_harness.judgement import Evidence, Judgement
 
 Mode = Literal["none", "rag", "memrl", "memp", "reflexion", "rememberer", "both"]
 MODES: tuple[Mode, ...] = ("none", "rag", "memrl", "memp", "reflexion", "rememberer", "both")
@@ -94,6 +95,16 @@ class RunConfig(BaseModel):
     lapse_rate: float | None = Field(
         None, ge=0.0, le=1.0, description=f"forgetful, hooked: share of the tasks with a lapse ({DEFAULT_LAPSE_RATE})."
     )
+    judgement: Judgement = Field(
+        "honest",
+        description="How the agent judges its own work, which its report's reward claims (memrl_harness/judgement.py): "
+        "honest, noisy (wrong in 10% of its tasks), sycophantic (success in 90%, whatever happened).",
+    )
+    evidence: Evidence = Field(
+        "none",
+        description="Whether the checker's outcome reaches the memory beside the claim: none; hooks, as a test run in "
+        "the agent's Claude Code session, through the plugin's real hooks (memrl_harness/plugin.py).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -108,7 +119,24 @@ class RunConfig(BaseModel):
                 self.lapse_rate = DEFAULT_LAPSE_RATE
         if self.transfer is not None and self.memory_url:
             raise ValueError("transfer: the evaluation runs its own read-only memrl-mcp; it cannot use memory_url")
+        if (self.judgement != "honest" or self.evidence != "none") and self.mode != "memrl":
+            raise ValueError(f"judgement, evidence: mode memrl reports a reward the agent claims, not mode {self.mode}")
+        if self.judgement != "honest" and self.user_rewards is not None:
+            raise ValueError("judgement: with user_rewards the simulated user gives the rewards, not the agent")
+        if self.evidence == "hooks" and self.discipline != "disciplined":
+            raise ValueError("evidence hooks: the agent reports when the plugin's stop hook holds it; no discipline")
+        if self.uses_plugin and (self.user_rewards is not None or self.client_model):
+            raise ValueError("the plugin's hooks: the agent reports its own reward and experience (no user_rewards, "
+                             "no client_model)")  # fmt: skip
+        if self.uses_plugin and (self.memory_url or self.transfer is not None):
+            raise ValueError("the plugin's hooks: the run serves its own store through its local server (no "
+                             "memory_url, no transfer)")  # fmt: skip
         return self
+
+    @property
+    def uses_plugin(self) -> bool:
+        """Whether the agent works in Claude Code sessions with the plugin's real hooks (memrl_harness/plugin.py)."""
+        return self.evidence == "hooks" or self.discipline == "hooked"
 
     @property
     def attempts(self) -> int:
@@ -126,6 +154,8 @@ class RunConfig(BaseModel):
         if self.discipline != "disciplined":
             hooks = " with the hooks" if self.discipline == "hooked" else ""
             label += f", forgetful agent ({self.lapse_rate:.0%} lapses){hooks}"
+        if self.judgement != "honest" or self.evidence != "none":
+            label += f", {self.judgement} agent" + (", evidence from the hooks" if self.evidence == "hooks" else "")
         return f"{label}, transfer" if self.transfer else label
 
     @property
@@ -145,8 +175,14 @@ class EpisodeRecord(BaseModel):
     checker_reward: float = Field(description="The benchmark checker's reward (not always what the memory learned).")
     learned_reward: float | None = Field(
         None,
-        description="The reward the memory folded into the recalled memories' Q: the checker's, or with user_rewards "
-        "the one memrl-mcp took from the simulated user's answer; None: no Q update.",
+        description="The reward the memory folded into the recalled memories' Q, as memrl-mcp decided it: the agent's "
+        "claim, the simulated user's answer (user_rewards), or what the tests the hooks saw said; None: no Q update.",
+    )
+    reward_source: str | None = Field(
+        None, description="What decided learned_reward (memrl-mcp's reward_source: agent, user, tests, build, ...)."
+    )
+    claimed_reward: float | None = Field(
+        None, description="The reward the agent's report claimed, its judgement of its work (None: it gave none)."
     )
     steps: int
     prompt_tokens: int = 0

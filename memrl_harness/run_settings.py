@@ -17,6 +17,7 @@ the file: it stays in the environment (``MEMRL_LLM_API_KEY``).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,22 @@ class RunSettings:
             return cls(LLMSettings.model_validate(llm), content)
         except ValidationError as error:
             raise ValueError(f"--config {path}: {plain_error(error.errors()[0], LLM_GROUP)}") from None
+
+    def environment(self) -> dict[str, str]:
+        """The memory's settings as memrl-mcp's ``MEMRL_*`` variables (a list or a mapping as JSON, as memrl-mcp
+        reads them there); a setting left empty keeps its default."""
+
+        def variable(value: Any) -> str:
+            if isinstance(value, bool):
+                return str(value).lower()
+            return json.dumps(value) if isinstance(value, list | dict) else str(value)
+
+        return {
+            f"MEMRL_{name.upper()}": variable(value)
+            for group in self.memory.values()
+            for name, value in (group or {}).items()
+            if value is not None
+        }
 
     def write_memory(self, path: Path) -> Path:
         """The memory's groups as a memrl-mcp settings file at ``path``."""

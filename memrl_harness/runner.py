@@ -68,15 +68,18 @@ from memrl_harness.benchmarks.base import (
     Benchmark,
     Episode,
     Memory,
+    Seeded,
     StepAdvice,
     Steps,
     StepwiseBenchmark,
     Task,
 )
 from memrl_harness.client_help import ClientModel, SimulatedUser
-from memrl_harness.discipline import HookedSession, Lapse, ReportBy, lapse
+from memrl_harness.discipline import Lapse, ReportBy, lapse
+from memrl_harness.judgement import claims_success
 from memrl_harness.llm import LLM, TRAJECTORY_CHARS, Usage, summarize_experience, truncate_middle
 from memrl_harness.metrics import TaskSimilarity, mean_pairwise_similarity, write_curve
+from memrl_harness.plugin import Plugin, Session, installed, memories_in, recall_id_in
 from memrl_harness.results import (
     EPISODE_Q_MODES,
     MEMORY_MODES,
@@ -257,6 +260,8 @@ class Runner:
             self.evaluation = Phase(evaluated, held, run_dir.transfer, 1, learn=False)
         self.training = Phase(benchmark, self.tasks, run_dir, config.epochs, learn=True)
         self._record_lock = anyio.Lock()
+        self.plugin: Plugin | None = None  # the Claude Code plugin, while a run with it trains
+        self.scale = (-1.0, 1.0)  # the memory's reward_min and reward_max, read at the run's start
 
     def _first(self, benchmark: Benchmark) -> list[Task]:
         tasks = list(benchmark.tasks())
@@ -293,8 +298,9 @@ class Runner:
                 await self._epochs(None, self.training, done[id(self.training)], counter)
             else:
                 callbacks = {"elicitation_callback": self.user, "sampling_callback": self.model}
-                async with memory_client(self.config, self.run_dir, **callbacks) as client:
+                async with self._memory(**callbacks) as client:
                     await self._record_memory_settings(client)
+                    await self._seed(client)
                     await self._epochs(client, self.training, done[id(self.training)], counter)
                     if self.config.mode in EPISODE_Q_MODES:
                         await self._save_q_values(client)
@@ -313,6 +319,32 @@ class Runner:
                 first = first.exceptions[0]
             raise first from None
         return self.run_dir.episodes()
+
+    @asynccontextmanager
+    async def _memory(self, **callbacks: Any) -> AsyncIterator[Client]:
+        """The run's MCP client of its memory: with the plugin, the agent's session of it (and the plugin's local
+        server stopped when the block ends); else :func:`memory_client`."""
+        if not self.config.uses_plugin:
+            async with memory_client(self.config, self.run_dir, **callbacks) as client:
+                yield client
+            return
+        settings = RunSettings.read(self.run_dir.memory_settings) if self.config.memory_config else None
+        async with installed(self.run_dir, settings.environment() if settings else {}) as plugin:
+            self.plugin = plugin
+            try:
+                async with plugin.client(**callbacks) as client:
+                    yield client
+            finally:
+                self.plugin = None
+
+    async def _seed(self, client: Client) -> None:
+        """The memories the benchmark's world holds before the run (:class:`Seeded`), stored before its first
+        episode in the modes with an episode memory."""
+        if not isinstance(self.benchmark, Seeded) or self.config.mode == "rememberer" or self.run_dir.episodes():
+            return
+        for seeded in self.benchmark.seeded():
+            arguments = {"task": seeded.task, "experience": seeded.experience, "outcome": seeded.outcome}
+            await _call(client, "store_experience", arguments | {"metadata": {"seeded": True}})
 
     async def _epochs(self, client: Client | None, phase: Phase, done: set[tuple[int, str]], counter: _Counter):
         limiter = anyio.CapacityLimiter(self.config.workers)
@@ -347,11 +379,17 @@ class Runner:
         started = time.perf_counter()
         learn = phase.learn and client is not None
         forgets = lapse(self.config.discipline, self.config.lapse_rate or 0.0, self._rng(epoch, task, "lapse"))
-        # The plugin's hooks: UserPromptSubmit recalls whatever the agent forgets; Stop holds it to its reports.
-        session = HookedSession() if self.config.discipline == "hooked" and learn else None
+        # With the plugin, the episode is a Claude Code session: its prompt hook recalls, whatever the agent forgets.
+        session = self.plugin.session(self._session_id(epoch, task)) if self.plugin is not None and learn else None
         recall: dict[str, Any] | None = None
         memories: list[Memory] = []
-        if client is not None and mode != "rememberer" and (forgets != "recall" or session is not None):
+        given: list[GivenMemory] = []
+        if session is not None:
+            context = await session.prompt(task.intent)
+            memories = memories_in(context)  # what the agent reads of its memory: the hook's context
+            given = [GivenMemory(id=m.id, outcome=m.outcome, q=m.q) for m in memories]
+            recall = {"recall_id": recall_id_in(context)}
+        elif client is not None and mode != "rememberer" and forgets != "recall":
             arguments: dict[str, Any] = {"task": task.intent}
             if mode in ("rag", "memp"):
                 arguments["q_weight"] = 0.0
@@ -362,9 +400,7 @@ class Runner:
                 Memory(m["id"], m["task"], m["experience"], m["outcome"], m["q"], m["similarity"])
                 for m in recall["memories"]
             ]
-            if session is not None:
-                session.recalled(recall["recall_id"])
-        given = [GivenMemory.model_validate(m) for m in recall["memories"]] if recall else []
+            given = [GivenMemory.model_validate(m) for m in recall["memories"]]
         rng = random.Random(f"{self.config.seed}:{epoch}:{task.id}")
         steps = _step_hook(client, task) if client is not None and mode in STEP_MODES else None
         attempts, episode, usage = await self._attempts(phase.benchmark, task, memories, given, rng, steps)
@@ -372,11 +408,17 @@ class Runner:
         said = None
         if self.user is not None and learn:
             said = self.user.says(episode.success, self._rng(epoch, task, "user"))
+        claimed = claims_success(self.config.judgement, episode.success, self._rng(epoch, task, "judgement"))
         learned = _Learned()
-        if learn:
+        if session is not None:
+            assert client is not None and recall is not None
+            learned = await self._in_session(client, session, task, episode, recall["recall_id"], forgets, claimed)
+            recall["recall_id"] = learned.recall_id
+        elif learn:
             assert client is not None
-            learned = await self._learn(client, task, episode, recall, steps, said, forgets, session)
-            usage = usage + learned.usage
+            learned = await self._learn(client, task, episode, recall, steps, said, forgets, claimed)
+        usage = usage + learned.usage
+        recall_id = recall.get("recall_id") if recall else None
         record = EpisodeRecord(
             epoch=epoch,
             position=position,
@@ -385,18 +427,20 @@ class Runner:
             success=episode.success,
             checker_reward=episode.reward,
             learned_reward=learned.reward,
+            reward_source=learned.reward_source,
+            claimed_reward=learned.claimed,
             steps=sum(a.steps for a in attempts),
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             wall_s=time.perf_counter() - started,
-            recall_id=recall.get("recall_id") if recall else None,
-            memory_ids=[m.id for m in memories],
+            recall_id=recall_id,
+            memory_ids=learned.memory_ids if session is not None else [m.id for m in memories],
             stored_id=learned.stored_id,
             trials=len(attempts),
             advised_steps=steps.advised if steps else 0,
             reported_steps=learned.reported_steps,
             user_said_success=said,
-            recall_by=("hook" if session is not None else "agent") if recall and "recall_id" in recall else None,
+            recall_by=("hook" if session is not None else "agent") if recall_id else None,
             report_by=learned.report_by,
             q_updates=learned.q_updates,
         )
@@ -421,14 +465,14 @@ class Runner:
         steps: Steps | None,
         said: bool | None,
         forgets: Lapse | None,
-        session: HookedSession | None,
+        claimed: bool,
     ) -> _Learned:
-        """What the memory learns from an episode: its steps (step modes), its recall's report (the agent's, or the
-        one the Stop hook holds it to), or its experience stored (rag, memp). ``said``: the simulated user's answer,
-        which memrl-mcp asks for in the reports; ``forgets``: the half of the loop the agent forgets."""
+        """What the memory learns from an episode: its steps (step modes), its recall's report, or its experience
+        stored (rag, memp). ``said``: the simulated user's answer, which memrl-mcp asks for in the reports;
+        ``forgets``: the half of the loop the agent forgets; ``claimed``: whether the agent says it succeeded."""
         mode = self.config.mode
         learned = _Learned()
-        succeeded = episode.success if said is None else said
+        succeeded = claimed if said is None else said
         recall_reported = False
         if steps is not None and steps.taken:
             arguments = _trajectory_report(task, steps, episode, recall, ask_user=said is not None)
@@ -438,29 +482,83 @@ class Runner:
                 raise RunError(f"memrl-mcp report_trajectory could not report the recall: {report['outcome_error']}")
             learned.reported_steps, recall_reported = report["updated"], recall is not None
             if recall_reported:
-                learned.note_report("agent", report["outcome"])
+                learned.note_report("agent", report["outcome"], None)
         if recall is None or (mode == "memp" and not succeeded):
             return learned
-        outcome = "success" if succeeded else "failure"
         if mode in EPISODE_Q_MODES and not recall_reported:
-            reporting = _who_reports(recall["recall_id"], forgets, session)
-            if reporting is None:
+            if forgets == "report":
                 return learned
-            recall_id, reporter = reporting
-            written, learned.usage = await self._written(task, episode)
-            arguments = {"recall_id": recall_id, **written, "metadata": {"task_id": task.id}}
-            if said is None:  # else memrl-mcp asks the user, and takes the outcome from the answer
-                arguments |= {"reward": episode.reward, "outcome": outcome}
-            async with self._asking(said):
-                report = await _call(client, "report_outcome", arguments)
-            learned.note_report(reporter, report)
-            stored = report["stored"]
+            await self._report(client, recall["recall_id"], "agent", task, episode, said, claimed, learned)
         else:  # rag, memp; both, whose report_trajectory reported the recall but takes no experience
-            written, learned.usage = await self._written(task, episode)
+            written, learned.usage = await self._written(task, episode, succeeded)
+            outcome = "success" if succeeded else "failure"
             arguments = {"task": task.intent, **written, "outcome": outcome, "metadata": {"task_id": task.id}}
             stored = await _call(client, "store_experience", arguments)
-        learned.stored_id, learned.experience = stored["id"], stored["memory"]["experience"]
+            learned.stored_id, learned.experience = stored["id"], stored["memory"]["experience"]
         return learned
+
+    async def _in_session(
+        self,
+        client: Client,
+        session: Session,
+        task: Task,
+        episode: Episode,
+        named: str | None,
+        forgets: Lapse | None,
+        claimed: bool,
+    ) -> _Learned:
+        """The rest of a Claude Code session with the plugin, after the agent's work: with ``evidence: hooks`` its
+        edits and its check's run as tool events; then its report: on its own, of the recall its context ``named``,
+        when it is a forgetful agent that did not forget; else when the Stop hook holds it, of the recall its reason
+        names; then the end of the turn and of the session."""
+        learned = _Learned()
+        if self.config.evidence == "hooks":
+            for path in episode.edited:
+                await session.edited(path)
+            if episode.check is not None:
+                await session.ran(episode.check)
+        if named is not None and self.config.discipline == "hooked" and forgets != "report":
+            await self._report(client, named, "agent", task, episode, None, claimed, learned)
+        held = await session.stop()
+        if held is not None:
+            await self._report(client, recall_id_in(held), "stop hook", task, episode, None, claimed, learned)
+            await session.stop(active=True)
+        await session.end()
+        if learned.recall_id is None:
+            where = session.plugin.log
+            raise RunError(f"task {task.id}: the plugin's hooks neither recalled nor held the stop (see {where})")
+        return learned
+
+    async def _report(
+        self,
+        client: Client,
+        recall_id: str | None,
+        reporter: ReportBy,
+        task: Task,
+        episode: Episode,
+        said: bool | None,
+        claimed: bool,
+        learned: _Learned,
+    ) -> None:
+        """Report the recall with the agent's claim (or, with a simulated user, no reward: memrl-mcp asks) and the
+        experience it writes of the outcome it claims; into ``learned``, what memrl-mcp decided."""
+        if recall_id is None:
+            raise RunError(f"task {task.id}: the Stop hook's hold names no recall ({self.plugin and self.plugin.log})")
+        succeeded = claimed if said is None else said
+        written, learned.usage = await self._written(task, episode, succeeded)
+        arguments: dict[str, Any] = {"recall_id": recall_id, **written, "metadata": {"task_id": task.id}}
+        claim = None
+        if said is None:  # else memrl-mcp asks the user, and takes the outcome from the answer
+            low, high = self.scale
+            claim = episode.reward if claimed == episode.success else high if claimed else low
+            arguments |= {"reward": claim, "outcome": "success" if claimed else "failure"}
+        async with self._asking(said):
+            report = await _call(client, "report_outcome", arguments)
+        learned.recall_id = recall_id
+        learned.note_report(reporter, report, claim)
+        stored = report["stored"]
+        if stored is not None:
+            learned.stored_id, learned.experience = stored["id"], stored["memory"]["experience"]
 
     async def _attempts(
         self,
@@ -510,21 +608,30 @@ class Runner:
         episode's."""
         return random.Random(f"{self.config.seed}:{epoch}:{task.id}:{purpose}")
 
-    async def _written(self, task: Task, episode: Episode) -> tuple[dict[str, str], Usage]:
-        """A report's or a store's experience argument: the experience (:meth:`_experience`), or with
-        ``client_model`` the trajectory (cut to what the harness's summaries give an LLM), for the client's model."""
+    def _session_id(self, epoch: int, task: Task) -> str:
+        """The Claude Code session of an episode: an id of its own, drawn from the episode's seed."""
+        return str(uuid.UUID(int=self._rng(epoch, task, "session").getrandbits(128), version=4))
+
+    async def _written(self, task: Task, episode: Episode, succeeded: bool) -> tuple[dict[str, str], Usage]:
+        """A report's or a store's experience argument: the experience of the outcome the agent believes
+        (``succeeded``; :meth:`_experience`), or with ``client_model`` the trajectory (cut to what the harness's
+        summaries give an LLM), for the client's model."""
         if self.model is not None:
             return {"trajectory": truncate_middle(episode.trajectory.strip(), TRAJECTORY_CHARS)}, Usage()
-        text, usage = await self._experience(task, episode)
+        text, usage = await self._experience(task, episode, succeeded)
         return {"experience": text}, usage
 
-    async def _experience(self, task: Task, episode: Episode) -> tuple[str, Usage]:
-        """What an episode teaches: the benchmark's own text, else the LLM's procedure (success) or reflection."""
-        if episode.experience is not None:
-            return episode.experience, Usage()
+    async def _experience(self, task: Task, episode: Episode, succeeded: bool | None = None) -> tuple[str, Usage]:
+        """What an episode teaches, as the agent believes it went (``succeeded``, default: as it went): the
+        benchmark's own text (its ``mistaken_experience`` for the outcome it did not have), else the LLM's procedure
+        (success) or reflection."""
+        succeeded = episode.success if succeeded is None else succeeded
+        own = episode.experience if succeeded == episode.success else episode.mistaken_experience
+        if own is not None:
+            return own, Usage()
         assert self.llm is not None, "a benchmark without its own experiences needs the LLM"
         return await anyio.to_thread.run_sync(
-            summarize_experience, self.llm, task.intent, episode.trajectory, episode.success
+            summarize_experience, self.llm, task.intent, episode.trajectory, succeeded
         )
 
     async def _export_memory(self) -> None:
@@ -540,6 +647,7 @@ class Runner:
         setting, e.g. a MEMRL_* variable set since, would make it another run)."""
         resource = await client.read_resource("memrl://settings")
         settings = json.loads(_text(resource))
+        self.scale = (float(settings["reward_min"]), float(settings["reward_max"]))
         stored = self.run_dir.read_config()
         if stored.memory_settings is None:
             self.run_dir.write_config(stored.model_copy(update={"memory_settings": settings}))
@@ -609,17 +717,6 @@ def _step_hook(client: Client, task: Task) -> Steps:
     return Steps(recall)
 
 
-def _who_reports(recall_id: str, forgets: Lapse | None, session: HookedSession | None) -> tuple[str, ReportBy] | None:
-    """Who reports the episode's recall, and which recall: the agent, unless it forgets; then, with the hooks, the
-    agent all the same, held to it when its turn ends by the Stop hook, whose reason names the recall; else nobody."""
-    if forgets != "report":
-        if session is not None:
-            session.report_made(recall_id)
-        return recall_id, "agent"
-    blocked = session.stop(stop_hook_active=False) if session is not None else None
-    return None if blocked is None else (blocked, "stop hook")
-
-
 def _trajectory_report(
     task: Task, steps: Steps, episode: Episode, recall: dict[str, Any] | None, ask_user: bool
 ) -> dict[str, Any]:
@@ -654,13 +751,20 @@ class _Learned:
     reported_steps: int = 0
     report_by: ReportBy | None = None
     reward: float | None = None
+    reward_source: str | None = None
+    claimed: float | None = None
     q_updates: int = 0
+    recall_id: str | None = None
+    memory_ids: list[str] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
 
-    def note_report(self, reporter: ReportBy, report: dict[str, Any] | None) -> None:
-        """A report of the episode's recall (``report_outcome``'s result; None when none was applied)."""
+    def note_report(self, reporter: ReportBy, report: dict[str, Any] | None, claim: float | None) -> None:
+        """A report of the episode's recall (``report_outcome``'s result; None when none was applied) that claimed
+        the reward ``claim``: the reward memrl-mcp decided, its source, and the memories it moved."""
         if report is not None and report.get("reported", True):
             self.report_by, self.reward, self.q_updates = reporter, report["reward"], len(report["updated"])
+            self.reward_source, self.claimed = report.get("reward_source"), claim
+            self.memory_ids = [change["id"] for change in report["updated"]] + list(report.get("missing", []))
 
 
 class _Counter:
@@ -680,4 +784,6 @@ def default_run_dir(root: Path, config: RunConfig) -> Path:
     discipline = (
         "" if config.discipline == "disciplined" else f"-{config.discipline}{round(100 * (config.lapse_rate or 0))}"
     )
-    return root / f"{config.benchmark}-{config.mode}{discipline}{transfer}-seed{config.seed}"
+    judgement = "" if config.judgement == "honest" else f"-{config.judgement}"
+    evidence = "" if config.evidence == "none" else f"-evidence-{config.evidence}"
+    return root / f"{config.benchmark}-{config.mode}{discipline}{judgement}{evidence}{transfer}-seed{config.seed}"

@@ -26,6 +26,7 @@ class Entry:
 REGISTRY = {
     "controlled": Entry("memrl_harness.benchmarks.controlled:ControlledBenchmark", "controlled"),
     "controlled-steps": Entry("memrl_harness.benchmarks.controlled_steps:ControlledStepsBenchmark", "controlled"),
+    "chores": Entry("memrl_harness.benchmarks.chores:ChoresBenchmark", "controlled"),
     "bigcodebench": Entry("memrl_harness.benchmarks.bigcodebench:BigCodeBenchmark", "bigcodebench"),
     "hle": Entry("memrl_harness.benchmarks.hle:HLEBenchmark", "hle"),
     "alfworld": Entry("memrl_harness.benchmarks.alfworld:AlfworldBenchmark", "alfworld"),

@@ -17,7 +17,7 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from memrl_harness.llm import LLM, Usage
 
@@ -44,12 +44,33 @@ class Memory:
     similarity: float
 
 
+@dataclass(frozen=True)
+class ShellRun:
+    """A command the agent ran in its shell to check its work, as the agent's tool event shows it to the hooks: the
+    command line, its exit code and its output (a test runner's summary line among it)."""
+
+    command: str
+    exit_code: int
+    output: str
+
+
+def as_test_run(success: bool, test: str) -> ShellRun:
+    """A checker that is no program, as a test runner shows its verdict: pytest's summary line and exit code (so the
+    hooks read it as any test run of the session)."""
+    if success:
+        return ShellRun("pytest -q", 0, "1 passed in 0.01s\n")
+    return ShellRun("pytest -q", 1, f"FAILED {test}\n1 failed in 0.01s\n")
+
+
 @dataclass
 class Episode:
     """What one attempt gave: the checker's verdict and reward, and what to learn from it.
 
-    ``experience`` is set by benchmarks that write their own (the LLM-free one); otherwise the
+    ``experience`` is set by benchmarks that write their own (the LLM-free ones); otherwise the
     runner asks the LLM to turn ``trajectory`` into a procedure (success) or a reflection (failure).
+    ``mistaken_experience`` is what such a benchmark's agent writes when it takes the outcome for the other one (an
+    agent that judges its own work wrongly: memrl_harness/judgement.py). ``check`` is the run of the checker as the
+    agent's shell showed it, after it edited the files ``edited``: what the plugin's hooks see of the episode.
     """
 
     success: bool
@@ -58,6 +79,26 @@ class Episode:
     trajectory: str
     experience: str | None = None
     usage: Usage = field(default_factory=Usage)
+    mistaken_experience: str | None = None
+    check: ShellRun | None = None
+    edited: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SeededMemory:
+    """A memory the benchmark's world holds before the run begins (what an agent stored once): stored first in every
+    mode with a memory."""
+
+    task: str
+    experience: str
+    outcome: Literal["success", "failure"] = "success"
+
+
+@runtime_checkable
+class Seeded(Protocol):
+    """A benchmark whose memory does not start empty."""
+
+    def seeded(self) -> Sequence[SeededMemory]: ...
 
 
 def memory_sections(memories: Sequence[Memory], noun: str = "task") -> list[str]:

@@ -66,13 +66,13 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memrl_harness.benchmarks.base import Episode, Memory, Task
+from memrl_harness.benchmarks.base import Episode, Memory, Task, as_test_run
 from memrl_harness.benchmarks.options import BenchmarkOptions
 from memrl_harness.llm import LLM
 
@@ -176,10 +176,10 @@ def failure_experience(procedure: str) -> str:
     return f'reflection: procedure "{procedure}" failed on this task; avoid it here and try a different procedure.'
 
 
-def named_procedure(experience: str) -> str | None:
-    """The procedure an experience names (None when it names no known one)."""
+def named_procedure(experience: str, known: Collection[str] = PROCEDURES.keys()) -> str | None:
+    """The procedure an experience names (None when it names none of the ``known`` ones)."""
     match = _NAMED.search(experience)
-    return match.group(1) if match and match.group(1) in PROCEDURES else None
+    return match.group(1) if match and match.group(1) in known else None
 
 
 @dataclass(frozen=True)
@@ -193,10 +193,11 @@ class Choice:
 
 def choose(memories: Sequence[Memory], procedures: Sequence[str], rng: random.Random) -> Choice:
     """The scripted agent: avoid what injected failures name, follow the best-ranked success not
-    avoided, else guess among the procedures not avoided (among all, if none is left)."""
-    avoided = {p for m in memories if m.outcome == "failure" and (p := named_procedure(m.experience))}
+    avoided, else guess among the procedures not avoided (among all, if none is left). An experience that names
+    none of ``procedures`` (another kind of task's) is passed over."""
+    avoided = {p for m in memories if m.outcome == "failure" and (p := named_procedure(m.experience, procedures))}
     for memory in memories:
-        procedure = named_procedure(memory.experience) if memory.outcome == "success" else None
+        procedure = named_procedure(memory.experience, procedures) if memory.outcome == "success" else None
         if procedure is not None and procedure not in avoided:
             return Choice(procedure, memory.id, tuple(sorted(avoided)))
     options = [p for p in procedures if p not in avoided] or list(procedures)
@@ -299,12 +300,15 @@ class ControlledBenchmark:
             f"{len(memories)} memories; avoided: {avoided}; {how}: {choice.procedure}; "
             f"steps: {'; '.join(PROCEDURES[choice.procedure])}; checker: {'success' if success else 'failure'}"
         )
+        worked, failed = success_experience(choice.procedure), failure_experience(choice.procedure)
         return Episode(
             success=success,
             reward=1.0 if success else -1.0,
             steps=len(PROCEDURES[choice.procedure]),
             trajectory=trajectory,
-            experience=success_experience(choice.procedure) if success else failure_experience(choice.procedure),
+            experience=worked if success else failed,
+            mistaken_experience=failed if success else worked,
+            check=as_test_run(success, f"test_request.py::test_the_{task.data['family'].replace(' ', '_')}_is_fixed"),
         )
 
     def _llm_episode(self, task: Task, memories: Sequence[Memory], llm: LLM, rng: random.Random) -> Episode:

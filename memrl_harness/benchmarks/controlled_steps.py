@@ -255,4 +255,5 @@ class ControlledStepsBenchmark(StepwiseBenchmark):
             steps=len(actions),
             trajectory="\n".join(lines),
             experience=success_experience(actions) if success else failure_experience(actions),
+            mistaken_experience=failure_experience(actions) if success else success_experience(actions),
         )

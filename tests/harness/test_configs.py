@@ -15,6 +15,7 @@ PAPER = {
     "alfworld": ALFWORLD,
     "controlled": ALFWORLD,  # built to run at ALFWorld's constants
     "controlled-steps": ALFWORLD,  # the same (its step memory runs at the step_* defaults)
+    "chores": ALFWORLD,  # the coding chores, LLM-free like the controlled ones
     "hle": (5, 3, 0.5, 0.3, 1.0, 0.0, -1.0, 1.0, 0.0),
     "bigcodebench": (10, 5, 0.5, 0.3, 0.0, 0.0, -1.0, 1.0, 0.1),
     "llb-db": LLB,
