@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, cast
 if TYPE_CHECKING:  # not at run time: every module of the package imports the core, which imports this package
     from memrl_mcp.clients.core import Client
 
-CLIENTS = {"claude-code": "memrl_mcp.clients.claude_code"}
+CLIENTS = {
+    "claude-code": "memrl_mcp.clients.claude_code",
+    "gemini": "memrl_mcp.clients.gemini",  # its hooks name it (integrations/gemini-cli/hooks/hooks.json)
+}
 """Each client's name, as ``memrl-mcp hook --client`` takes it, and the module of its hook format (its ``CLIENT``)."""
 SIGNS: tuple[tuple[str, str], ...] = ()
 """An environment variable each agent gives its hooks, and the client it names, first match wins; none: Claude

@@ -54,6 +54,9 @@ class ClaudeCode:
         # take another turn as well, quietly (its next Stop says stop_hook_active).
         return {"hookSpecificOutput": {"hookEventName": "Stop", "additionalContext": reason}}
 
+    def memory_environ(self, environ: Mapping[str, str]) -> Mapping[str, str]:
+        return environ  # its plugin's MCP server gets the environment its hooks get
+
     def permit(self) -> dict[str, Any]:
         return {
             "hookSpecificOutput": {

@@ -162,6 +162,10 @@ class Client(Protocol):
         """The answer that lets the model report without a permission prompt (its report writes to the memory
         only; without it, a headless session denies it silently and nothing learns)."""
 
+    def memory_environ(self, environ: Mapping[str, str]) -> Mapping[str, str]:
+        """Of the hook's environment ``environ``, what the agent gives the session's MCP server: the hooks read the
+        memory's settings from it, so both reach the same local server with the same settings."""
+
 
 @dataclass
 class SessionRecall:
@@ -429,7 +433,7 @@ def run(client: Client, hook: str, data_dir: str | None = None, config: str | No
     deadline = time.monotonic() + BUDGET_SECONDS.get(client.steps.get(hook, "permit"), 0.0)
     try:
         event = client.event(read_event(sys.stdin), os.environ)
-        target = target_of(data_dir, config)
+        target = target_of(data_dir, config, client.memory_environ(os.environ))
         if target is None:
             raise AttachError("these settings run memrl-mcp in a process of its own (attach: false, read_only, "
                               "qdrant_url): the hooks reach the memory through the local server only")  # fmt: skip
