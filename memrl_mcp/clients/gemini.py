@@ -6,8 +6,8 @@ The project is ``GEMINI_PROJECT_DIR`` (the folder Gemini CLI runs in, whose real
 offers), else the event's working folder. Every ``BeforeAgent`` prompt is the user's but one: a held stop's reason,
 which Gemini CLI sends back as the next prompt (the core knows its own hold, :meth:`SessionRecord.echoes`). Headless,
 Gemini CLI puts the context of ``SessionStart`` hooks before the prompt (``<hook_context>...</hook_context>``): not
-the user's words, so not the task. An API error fires no ``AfterAgent`` (its ``SessionEnd`` may fire, and closes the recall with its evidence): no step
-for it.
+the user's words, so not the task. An API error fires no ``AfterAgent`` (its ``SessionEnd`` may fire, and closes
+the recall with its evidence): no step for it.
 
 Gemini CLI gives an extension's MCP server its environment without the variables whose names look like secrets
 (:data:`WITHHELD`; its hooks get them): the hooks read the memory's settings without them too, or a setting such as
