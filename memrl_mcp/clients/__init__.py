@@ -14,9 +14,13 @@ from typing import TYPE_CHECKING, cast
 if TYPE_CHECKING:  # not at run time: every module of the package imports the core, which imports this package
     from memrl_mcp.clients.core import Client
 
-CLIENTS = {"claude-code": "memrl_mcp.clients.claude_code"}
+CLIENTS = {
+    "claude-code": "memrl_mcp.clients.claude_code",
+    "codex": "memrl_mcp.clients.codex",
+    "copilot": "memrl_mcp.clients.copilot",
+}
 """Each client's name, as ``memrl-mcp hook --client`` takes it, and the module of its hook format (its ``CLIENT``)."""
-SIGNS: tuple[tuple[str, str], ...] = ()
+SIGNS: tuple[tuple[str, str], ...] = (("COPILOT_CLI", "copilot"), ("PLUGIN_DATA", "codex"))
 """An environment variable each agent gives its hooks, and the client it names, first match wins; none: Claude
 Code."""
 
