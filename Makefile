@@ -152,10 +152,12 @@ node:
 # and a uv.lock of its dependencies, validated and packed by the official @anthropic-ai/mcpb (npm ci in that folder).
 .PHONY: desktop-bundle
 desktop-bundle: setup
+	$(PY) -m pip install --quiet 'uv>=0.5'  # what writes the bundle's lock file (the dev extra has it too)
 	PYTHON=$(PY) UV=$(VENV)/bin/uv integrations/claude-desktop/build.sh dist
 
+# The inspector draws the learning curves of `make demo`'s runs (runs/demo).
 serve: setup
-	$(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
+	MEMRL_UI_RUNS='["$(abspath runs/demo)"]' $(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
 
 # The controlled (LLM-free) benchmark in the three memory modes, then their report (runs/, report/).
 demo: $(HARNESS_STAMP)

@@ -156,6 +156,15 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``memrl-mcp``; a reader that stops reading early (``memrl-mcp local status | head -1``) ends it quietly."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
+        return 0
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command is None and args.transport == "stdio" and not args.no_attach:
         from memrl_mcp.local import attach, relay
@@ -326,6 +335,8 @@ def run_local(args: argparse.Namespace) -> int:
         except attach.NotRunningError:
             print(f"local memory server of {target.data_dir}: not running (socket: {place.socket})")
             return 0 if args.action == "stop" else 1
+    except BrokenPipeError:
+        raise  # the reader stopped reading (main)
     except (MemrlError, OSError) as error:
         print(f"memrl-mcp local {args.action}: {error}", file=sys.stderr)
         return 2

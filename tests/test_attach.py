@@ -5,6 +5,9 @@ its reading of an answer's head, and the command line's help."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from memrl_mcp.local.greeting import Answer, Hello, decode, encode
 from memrl_mcp.local.place import build_identity
 from memrl_mcp.local.relay import ANSWER, Lines
 from memrl_mcp.settings import load_settings
+from tests.support.servers import child_env
 
 
 @pytest.mark.parametrize(
@@ -130,3 +134,23 @@ def test_the_help_names_the_transports_the_inspector_and_the_commands(capsys: py
     assert "commands (instead of serving)" in shown and "backups" not in shown
     for command in ("export", "import", "calibrate", "config", "local"):
         assert f" {command} " in shown
+
+
+@pytest.mark.slow  # the CLI in a shell pipeline
+def test_a_reader_that_stops_early_gets_no_traceback_and_no_error(tmp_path: Path) -> None:
+    """``memrl-mcp local status | head -1``, and any command's output cut short: no traceback, no error line."""
+    for command in ("local status", "config --defaults", "config"):
+        done = subprocess.run(
+            f"memrl-mcp {command} | head -c 10",
+            shell=True,
+            env=child_env(
+                tmp_path / "data",
+                MEMRL_ATTACH="true",
+                MEMRL_RUNTIME_DIR=str(tmp_path / "run"),
+                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.stderr == "", (command, done.stderr)

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
         ("rewrites.py", ("--rewrites", "6", "--chars", "500", "--engines", "edge"), "reopened"),
         ("open_room.py", ("--memories", "0", "50"), "asks MB free"),
         ("tool_list.py", ("--profile", "core"), "core: "),
+        ("followups.py", ("--limit", "20"), "continues: accuracy"),
         (
             "scale.py",
             (

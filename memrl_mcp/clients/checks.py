@@ -123,9 +123,11 @@ def read(output: str, summaries: Sequence[Summary]) -> Reading:
     totals: dict[str, int] = {}
     failed = succeeded = False
     for summary in summaries:
-        for line in _rx(summary.lines).finditer(output) if summary.lines else ():
+        for found in _rx(summary.lines).finditer(output) if summary.lines else ():
+            end = output.find("\n", found.end())
+            line = output[output.rfind("\n", 0, found.start()) + 1 : None if end < 0 else end]  # all of its line
             for name in COUNTS:
-                value = _count(getattr(summary, name), line.group(0))
+                value = _count(getattr(summary, name), line)
                 if value is not None:
                     totals[name] = totals.get(name, 0) + value
         failed = failed or bool(summary.failure and _rx(summary.failure).search(output))
@@ -250,7 +252,7 @@ TOX = Summary(
     success=r"congratulations :\)",
 )
 NOX = Summary(failure=r"^nox > Session \S+ failed", success=r"^nox > Session \S+ was successful")
-TSC = Summary(lines=r"^Found \d+ errors?\b", failed=r"^Found (\d+) error", failure=r": error TS\d+: |^error TS\d+: ")
+TSC = Summary(lines=r"^\S.*?(?:\(\d+,\d+\):|:\d+:\d+ -) error TS\d+: ", failed=r"^")  # one line per error
 MYPY = Summary(
     lines=r"^Found \d+ errors? in \d+ files?",
     failed=r"^Found (\d+) error",
@@ -473,8 +475,9 @@ def _skip_flags(words: Sequence[str], start: int) -> int:
 
 
 def _known(word: str) -> bool:
+    """Whether ``word`` names a program this module knows (a runner, a task runner, a shell, a python, a writer)."""
     name = _name(word)
-    return name in PROGRAM_NAMES or name in TASKS or name in SHELLS or PYTHONS.match(name) is not None
+    return any(name in known for known in (PROGRAM_NAMES, TASKS, SHELLS, WRITERS)) or PYTHONS.match(name) is not None
 
 
 PROGRAM_NAMES = frozenset(key[0] for key in PROGRAMS)
@@ -503,10 +506,11 @@ def program(words: Sequence[str]) -> list[str]:
             words = words[i + 1 :] if words[i] == "-m" else [_name(words[i]), *words[i + 1 :]]
         elif name in LAUNCHERS:
             i = _skip_flags(words, 1)
-            if "" in LAUNCHERS[name] and i < len(words) and _known(words[i]) and _name(words[i]) != name:
-                words = words[i:]
-            elif i + 1 < len(words) and words[i] in LAUNCHERS[name] and _known(words[i + 1]):
-                words = words[_skip_flags(words, i + 1) :]
+            after = _skip_flags(words, i + 1) if i < len(words) and words[i] in LAUNCHERS[name] else len(words)
+            if "" in LAUNCHERS[name] and i < len(words) and (LAUNCHERS[name] == {""} or _known(words[i])):
+                words = words[i:]  # npx anything; yarn jest (yarn test runs a script)
+            elif after < len(words) and _known(words[after]):
+                words = words[after:]
             else:
                 return [name, *words[1:]]
         else:
