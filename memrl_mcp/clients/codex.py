@@ -10,13 +10,18 @@ they are, with Claude Code's event names and payloads, but reads other answers, 
 - A prompt is always the user's: Codex injects none but a held stop's reason (``<hook_prompt ...>``), which the core
   knows as its own.
 - A shell call (``exec_command``, which Codex's hooks name ``Bash``) reaches ``PostToolUse`` whatever its exit code,
-  its output as a flat string and no exit code: the runner's summary alone tells how a check went
-  (:func:`~memrl_mcp.clients.checks.recognise`). An edit is ``apply_patch``.
+  its output as a flat string and no exit code. Codex writes the exit code into the session's transcript (the
+  event's ``transcript_path``: ``item_completed`` of the ``CommandExecution`` with the call's id, written before the
+  hook runs), where it is read (:func:`stated_exit`); a transcript without it leaves the runner's summary alone to tell
+  how a check went (:func:`~memrl_mcp.clients.checks.recognise`). An edit is ``apply_patch``.
 - Codex's ``Stop`` takes no context (its output has no ``hookSpecificOutput``): a hold is a ``block`` decision, whose
   reason Codex hands the model as a new prompt, then says ``stop_hook_active`` at the next stop."""
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,7 +63,49 @@ def _tool_run(data: Mapping[str, Any]) -> ToolRun | None:
     if is_edit(tool, given):
         return ToolRun(edited=True)
     command, output = shell_command(tool, given), data.get("tool_response")
-    return None if command is None or not isinstance(output, str) else ToolRun(command, output)
+    if command is None or not isinstance(output, str):
+        return None
+    return ToolRun(command, output, stated_exit(data.get("transcript_path"), data.get("tool_use_id")))
+
+
+TRANSCRIPT_TAIL = 4 << 20  # the newest bytes of a transcript read: the call just ended, its record is at the end
+
+
+def stated_exit(transcript: Any, call_id: Any) -> int | None:
+    """The exit code Codex's transcript records for the shell call ``call_id`` (module docstring); None where it
+    records none, or where the transcript is not a regular file (a FIFO, a device: never waited on)."""
+    if not isinstance(transcript, str) or not os.path.isabs(transcript) or not isinstance(call_id, str) or not call_id:
+        return None
+    try:
+        fd = os.open(transcript, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as stream:
+        size = os.fstat(fd)
+        if not stat.S_ISREG(size.st_mode):
+            return None
+        stream.seek(max(0, size.st_size - TRANSCRIPT_TAIL))
+        lines = stream.read(TRANSCRIPT_TAIL).splitlines()
+    marker = json.dumps(call_id).encode()
+    for line in reversed(lines):
+        if marker in line and b"item_completed" in line:
+            code = _command_exit(line, call_id)
+            if code is not None:
+                return code
+    return None
+
+
+def _command_exit(line: bytes, call_id: str) -> int | None:
+    """The exit code of an ``item_completed`` line of the transcript, when it is the command ``call_id``'s."""
+    try:
+        payload = json.loads(line).get("payload")
+    except (ValueError, AttributeError):
+        return None
+    item = payload.get("item") if isinstance(payload, dict) and payload.get("type") == "item_completed" else None
+    if not isinstance(item, dict) or item.get("type") != "CommandExecution" or item.get("id") != call_id:
+        return None
+    code = item.get("exit_code")
+    return code if type(code) is int else None
 
 
 CLIENT = Codex()
