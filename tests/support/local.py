@@ -86,8 +86,9 @@ class LocalStore:
         )
 
 
-def servers_of(runtime_dir: Path) -> list[int]:
-    """The pids of the local servers running with this runtime folder (each is ``memrl-mcp local run``)."""
+def servers_of(runtime_dir: Path, variable: str = "MEMRL_RUNTIME_DIR") -> list[int]:
+    """The pids of the local servers running with this runtime folder (each is ``memrl-mcp local run``), named by
+    ``variable`` in their environment."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -97,7 +98,7 @@ def servers_of(runtime_dir: Path) -> list[int]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"local" in command and b"run" in command and f"MEMRL_RUNTIME_DIR={runtime_dir}".encode() in environ:
+        if b"local" in command and b"run" in command and f"{variable}={runtime_dir}".encode() in environ:
             found.append(int(entry.name))
     return found
 
@@ -114,14 +115,14 @@ def local_store(tmp_path: Path, name: str = "data") -> Iterator[LocalStore]:
         shutil.rmtree(runtime, ignore_errors=True)
 
 
-def stop_all(runtime_dir: Path) -> None:
-    for pid in servers_of(runtime_dir):
+def stop_all(runtime_dir: Path, variable: str = "MEMRL_RUNTIME_DIR") -> None:
+    for pid in servers_of(runtime_dir, variable):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             continue
     deadline = time.monotonic() + GONE_S
-    while servers_of(runtime_dir) and time.monotonic() < deadline:
+    while servers_of(runtime_dir, variable) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
