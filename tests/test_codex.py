@@ -176,8 +176,13 @@ def session(user: AgentUser, project: Path, model: FakeModel, prompt: str = TASK
 
 @pytest.fixture
 def user(tmp_path: Path) -> Iterator[AgentUser]:
+    """The user, Codex with the plugin, and the memory's local server already running: Codex lists an MCP server's
+    tools once it answers, and a headless turn shorter than the memory's cold start (its model loads: seconds on a
+    loaded machine) ends before its model can report (docs/codex.md)."""
     with agent_user(tmp_path) as found:
         install(found)
+        warm = found.store.local("ui")
+        assert warm.returncode == 0, warm.stdout + warm.stderr
         yield found
 
 

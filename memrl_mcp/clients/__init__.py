@@ -20,9 +20,10 @@ CLIENTS = {
     "copilot": "memrl_mcp.clients.copilot",
 }
 """Each client's name, as ``memrl-mcp hook --client`` takes it, and the module of its hook format (its ``CLIENT``)."""
-SIGNS: tuple[tuple[str, str], ...] = (("COPILOT_CLI", "copilot"), ("PLUGIN_DATA", "codex"))
+SIGNS: tuple[tuple[str, str], ...] = (("COPILOT_PLUGIN_ROOT", "copilot"), ("PLUGIN_DATA", "codex"))
 """An environment variable each agent gives its hooks, and the client it names, first match wins; none: Claude
-Code."""
+Code. Each is one the agent gives its plugin's hooks alone: what it gives its shell commands (``COPILOT_CLI``,
+``CODEX_HOME``) reaches another agent started from them, whose hooks are that agent's."""
 
 
 def client_named(name: str | None, environ: Mapping[str, str]) -> Client:
