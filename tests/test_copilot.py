@@ -18,17 +18,16 @@ from mcp import Client
 
 from memrl_mcp.clients import client_named
 from memrl_mcp.clients.copilot import CLIENT
-from memrl_mcp.clients.core import RECALLED, ToolRun
+from memrl_mcp.clients.core import ToolRun
 from memrl_mcp.surface.text import NO_MEMORY
-from tests.support.agents import HOLD, LEARNED, ROOT, TASK, AgentUser, agent_user, npm_cli, recall_id_in
-from tests.support.chat_completions import FakeModel, Reply, Script, fake_model, tool_calls
+from tests.support.agents import LEARNED, ROOT, AgentUser, agent_user, recall_id_in
+from tests.support.chat_completions import fake_model
+from tests.support.copilot_cli import REPORT, context_of, holds, install, session, the_model
 from tests.support.mcp import read_json
 
 PLUGIN = ROOT / "integrations" / "claude-code"
 EVENTS = json.loads((ROOT / "tests" / "data" / "agent_tool_events.json").read_text())
-REPORT = "memrl-report_outcome"  # Copilot names an MCP server's tools <server>-<tool>
 DEADLINE_S = 300
-SESSION_S = 180
 
 
 # -- Copilot's events, read without Copilot --------------------------------------------------------------------------
@@ -77,60 +76,6 @@ def test_the_plugins_hooks_name_copilots_report() -> None:
 # -- Copilot itself --------------------------------------------------------------------------------------------------
 
 
-def said(request: dict[str, Any], role: str) -> list[str]:
-    """The texts of a request's messages of ``role``, in order."""
-    found = []
-    for message in request.get("messages") or []:
-        content = message.get("content")
-        if message.get("role") == role and content:
-            parts = [content] if isinstance(content, str) else [part.get("text", "") for part in content]
-            found.append("\n".join(parts))
-    return found
-
-
-def holds(model: FakeModel) -> list[str]:
-    """The held stops the model read in its last request (Copilot sends each reason as the user's next prompt)."""
-    return [text for text in said(model.requests[-1], "user") if HOLD in text]
-
-
-def the_model(command: str | None = None) -> Script:
-    """A model that does what the hooks' words ask: it runs ``command`` if given, says it is done, and reports the
-    recall a held stop names, once, as a success."""
-
-    def reply(request: dict[str, Any]) -> Reply:
-        held = [text for text in said(request, "user") if HOLD in text]
-        reported = {call["recall_id"] for call in tool_calls(request, REPORT)}
-        if held and recall_id_in(held[-1]) not in reported:
-            arguments = {"recall_id": recall_id_in(held[-1]), "reward": 1.0, "experience": LEARNED}
-            return Reply(tool=REPORT, arguments=arguments)
-        if command is not None and not tool_calls(request, "bash"):
-            return Reply(tool="bash", arguments={"command": command, "description": "run the tests"})
-        return Reply("All done, it works." if command else "Done.")
-
-    return reply
-
-
-def copilot(user: AgentUser, *args: str, cwd: Path = ROOT, **env: str) -> Any:
-    """Copilot CLI offline: no GitHub login, no network but the model's (COPILOT_OFFLINE)."""
-    offline = {"COPILOT_OFFLINE": "true", "COPILOT_PROVIDER_API_KEY": "sk-fake", "COPILOT_MODEL": "fake-model"}
-    return user.run([str(npm_cli("copilot", "copilot")), *args], cwd, SESSION_S, **offline | env)
-
-
-def install(user: AgentUser) -> None:
-    for step in (("marketplace", "add", str(ROOT)), ("install", "memrl@memrl-mcp")):
-        done = copilot(user, "plugin", *step)
-        assert done.returncode == 0, done.stdout + done.stderr
-
-
-def session(user: AgentUser, project: Path, model: FakeModel, *allowed: str) -> str:
-    """``copilot -p TASK`` in ``project``, with only the tools ``allowed`` (the memory's report is allowed by the
-    plugin's own hook)."""
-    flags = [f"--allow-tool={tool}" for tool in allowed]
-    done = copilot(user, "-p", TASK, *flags, cwd=project, COPILOT_PROVIDER_BASE_URL=f"{model.url}/v1")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return str(done.stdout)
-
-
 @pytest.fixture
 def user(tmp_path: Path) -> Iterator[AgentUser]:
     """The user, Copilot with the plugin, and the memory's local server already running: Copilot waits about 10 s
@@ -147,13 +92,6 @@ def user(tmp_path: Path) -> Iterator[AgentUser]:
 async def recall_state(user: AgentUser, recall_id: str) -> dict[str, Any]:
     async with Client(user.store.session(), mode="legacy") as client:
         return await read_json(client, f"memrl://recalls/{recall_id}")
-
-
-def context_of(model: FakeModel) -> str:
-    """What the prompt hook added to the first prompt (Copilot appends it in a system_reminder)."""
-    (prompt,) = said(model.requests[0], "user")
-    assert RECALLED in prompt, prompt
-    return prompt[prompt.index(RECALLED) :]
 
 
 @pytest.mark.slow  # Copilot's CLI, the memory's local server
