@@ -20,11 +20,9 @@ name = "fake"
 base_url = "http://127.0.0.1:1/v1"
 env_key = "FAKE_OPENAI_KEY"
 wire_api = "responses"
-
-[features]
-hooks = true
 """
-"""Codex's configuration: the fake model's provider (its address given to each session) and hooks on."""
+"""Codex's configuration: the fake model's provider (its address given to each session). Hooks are on by default
+(0.171: no ``[features] hooks``)."""
 
 
 def texts(request: dict[str, Any], role: str) -> list[str]:
