@@ -33,7 +33,7 @@ def user(tmp_path: Path) -> Iterator[AgentUser]:
         codex_cli.install(found)
         copilot_cli.install(found)
         for step in (("marketplace", "add", str(ROOT)), ("install", "memrl@memrl-mcp")):
-            done = claude(found.home, "plugin", *step, **found.env())
+            done = claude(found.home, "plugin", *step, cwd=ROOT, **found.env())
             assert done.returncode == 0, done.stdout + done.stderr
         warm = found.store.local("ui")
         assert warm.returncode == 0, warm.stdout + warm.stderr
