@@ -140,15 +140,18 @@ browser: | $(STAMP)
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
 # The TypeScript SDK client of tests/test_typescript_client.py: Debian's node and npm, and the SDK at the version of
-# tests/ts_client/package-lock.json, installed into that folder (npm ci: from the lock file, nothing else); and
-# Claude Code's CLI of tests/test_claude_code.py the same way (its package runs a native binary, whatever node's version),
-# and Gemini CLI's of tests/test_gemini_cli.py (node 20 or later; its packages' install scripts are not needed).
+# tests/ts_client/package-lock.json, installed into that folder (npm ci: from the lock file, nothing else); and the
+# agents' CLIs the same way: Claude Code's (tests/test_claude_code.py), Codex's (tests/test_codex.py), GitHub
+# Copilot's (tests/test_copilot.py; tests/test_agents.py runs all three; each package runs a native binary, whatever
+# node's version) and Gemini CLI's (tests/test_gemini_cli.py; node 20 or later; its install scripts are not needed).
 node:
 	@command -v node >/dev/null && command -v npm >/dev/null || \
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm; }
 	cd tests/ts_client && npm ci --no-audit --no-fund
 	cd tests/claude_code && npm ci --no-audit --no-fund
 	cd tests/gemini_cli && npm ci --no-audit --no-fund
+	cd tests/codex && npm ci --no-audit --no-fund
+	cd tests/copilot && npm ci --no-audit --no-fund
 
 # The Claude Desktop bundle, dist/memrl-mcp-VERSION.mcpb (integrations/claude-desktop/build.sh): the server's wheel
 # and a uv.lock of its dependencies, validated and packed by the official @anthropic-ai/mcpb (npm ci in that folder).

@@ -16,12 +16,15 @@ if TYPE_CHECKING:  # not at run time: every module of the package imports the co
 
 CLIENTS = {
     "claude-code": "memrl_mcp.clients.claude_code",
+    "codex": "memrl_mcp.clients.codex",
+    "copilot": "memrl_mcp.clients.copilot",
     "gemini": "memrl_mcp.clients.gemini",  # its hooks name it (integrations/gemini-cli/hooks/hooks.json)
 }
 """Each client's name, as ``memrl-mcp hook --client`` takes it, and the module of its hook format (its ``CLIENT``)."""
-SIGNS: tuple[tuple[str, str], ...] = ()
+SIGNS: tuple[tuple[str, str], ...] = (("COPILOT_PLUGIN_ROOT", "copilot"), ("PLUGIN_DATA", "codex"))
 """An environment variable each agent gives its hooks, and the client it names, first match wins; none: Claude
-Code."""
+Code. Each is one the agent gives its plugin's hooks alone: what it gives its shell commands (``COPILOT_CLI``,
+``CODEX_HOME``) reaches another agent started from them, whose hooks are that agent's."""
 
 
 def client_named(name: str | None, environ: Mapping[str, str]) -> Client:

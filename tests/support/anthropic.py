@@ -7,32 +7,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.support.fake_api import Answer, FakeModel, Reply, Script, serve, sse, whole
 
-@dataclass(frozen=True)
-class Reply:
-    """The model's turn: ``text``, then a call of ``tool`` with ``arguments`` when one is named."""
-
-    text: str = ""
-    tool: str | None = None
-    arguments: dict[str, Any] | None = None
-
-
-Script = Callable[[dict[str, Any]], Reply]
-"""The model: a request's body (its messages, tools, system) -> its reply."""
-
-
-@dataclass
-class FakeModel:
-    url: str
-    requests: list[dict[str, Any]]
-
+__all__ = ["FakeModel", "Reply", "Script", "fake_model"]
 
 TOOL_USE_IDS = itertools.count(1)  # each tool call of a conversation has an id of its own
 
@@ -71,40 +52,14 @@ def _whole(reply: Reply, model: str) -> dict[str, Any]:
 @contextmanager
 def fake_model(script: Script) -> Iterator[FakeModel]:
     """The fake API on a free loopback port while the context lasts; every request to ``/v1/messages`` is kept."""
-    requests: list[dict[str, Any]] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+    def route(path: str, body: dict[str, Any]) -> Answer:
+        if not path.startswith("/v1/messages") or "count_tokens" in path:
+            return whole({"input_tokens": 1}, kept=False)
+        reply, model = script(body), str(body.get("model", "fake"))
+        if not body.get("stream"):
+            return whole(_whole(reply, model))
+        return sse([(event["type"], event) for event in _events(reply, model)])
 
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-            if not self.path.startswith("/v1/messages") or "count_tokens" in self.path:
-                self._send("application/json", json.dumps({"input_tokens": 1}).encode())
-                return
-            requests.append(body)
-            reply, model = script(body), str(body.get("model", "fake"))
-            if not body.get("stream"):
-                self._send("application/json", json.dumps(_whole(reply, model)).encode())
-                return
-            stream = b"".join(
-                f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in _events(reply, model)
-            )
-            self._send("text/event-stream", stream)
-
-        def _send(self, kind: str, data: bytes) -> None:
-            self.send_response(200)
-            self.send_header("content-type", kind)
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield FakeModel(f"http://127.0.0.1:{server.server_address[1]}", requests)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve(route) as model:
+        yield model
