@@ -335,7 +335,7 @@ async def test_each_session_has_its_roots_namespace_and_profile(store: LocalStor
             }
             assert stored == {"alpha": project_namespace(ALPHA), "beta": project_namespace(BETA), "desktop": "desktop"}
             assert len((await desktop.list_tools()).tools) == 3  # core, where the others are offered every tool
-            assert len((await alpha.list_tools()).tools) == 10
+            assert len((await alpha.list_tools()).tools) == 11
             recalled = await call(beta, "recall_experience", task=task)
             assert [memory["experience"] for memory in recalled["memories"]] == ["beta"]  # its project's only
     assert len(servers_of(store.runtime_dir)) == 1
