@@ -81,33 +81,42 @@ async def every_memory_id(client: Client) -> set[str]:
 
 async def test_a_sigkill_of_the_owner_mid_write_loses_no_acknowledged_write(store: LocalStore) -> None:
     """Three sessions store memories without pause; the owner is SIGKILLed while they do. A call in flight fails
-    once, clearly; the next ones reach a new server started for them; every acknowledged write is there. The
-    sessions write until a while after the kill, however slow the machine: the kill always meets them writing."""
+    once, clearly; the next ones reach a new server started for them; every acknowledged write is there. On a busy
+    machine the three sessions' calls may all be answered at the moment of the kill (the server is then waiting
+    for them): the new owner is killed in turn, up to :data:`KILLS` times, until the kill meets a call in flight."""
     acknowledged: set[str] = set()
     failures: list[str] = []
     killed = anyio.Event()
+    kills = 0
 
     async def killer() -> None:
-        while len(acknowledged) < 3:
-            await anyio.sleep(0.01)
-        owner = await anyio.to_thread.run_sync(store.server_pid)  # asked while the writers go on
-        while len(acknowledged) < 15:
-            await anyio.sleep(0.001)
-        os.kill(owner, signal.SIGKILL)  # at once: the three sessions' next calls are in flight
+        nonlocal kills
+        while not failures and kills < KILLS:
+            seen = len(acknowledged)
+            while len(acknowledged) < seen + 3:
+                await anyio.sleep(0.01)
+            owner = await anyio.to_thread.run_sync(store.server_pid)  # asked while the writers go on
+            while len(acknowledged) < seen + 15:
+                await anyio.sleep(0.001)
+            os.kill(owner, signal.SIGKILL)  # at once: the three sessions' next calls are in flight, most often
+            kills += 1
+            while not failures and len(acknowledged) < seen + 21:  # the writers reach the new server
+                await anyio.sleep(0.01)
         killed.set()
 
-    with anyio.fail_after(START_S):
+    with anyio.fail_after(START_S * KILLS):
         async with anyio.create_task_group() as group:
             group.start_soon(killer)
             for number in range(3):
                 group.start_soon(resilient_writer, store, number, killed, acknowledged, failures)
-    assert failures, "no call was in flight when the owner died"
+    assert failures, f"no call was in flight when the owner died, in {kills} kills"
     assert all("may or may not have been applied" in failure for failure in failures), failures
     assert len(failures) <= 3  # at most the one call each session had in flight
     async with session(store) as client:
         assert acknowledged <= await every_memory_id(client)
 
 
+KILLS = 4  # owners killed at most, until one kill meets a call in flight
 AFTER_THE_KILL = 5  # calls each session makes once the owner was killed: they reach the new server
 
 
