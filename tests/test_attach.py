@@ -93,7 +93,7 @@ def test_the_greeting_round_trips_and_a_stranger_is_no_greeting() -> None:
         decode(Hello, json.dumps(newer).encode())
 
 
-def test_the_codes_identity_changes_with_any_file_of_the_package(
+def test_the_codes_identity_changes_with_any_file_of_the_package_and_with_nothing_else(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     package = tmp_path / "memrl_mcp"
@@ -104,6 +104,8 @@ def test_the_codes_identity_changes_with_any_file_of_the_package(
     before = build_identity()
     (package / "__pycache__").mkdir()
     (package / "__pycache__" / "x.pyc").write_bytes(b"compiled")  # what running the code writes changes nothing
+    assert build_identity() == before
+    os.utime(package / "surface" / "tools.py", (1, 1))  # another install of the same code: other times only
     assert build_identity() == before
     (package / "surface" / "tools.py").write_text("TOOLS = 1000\n")  # under the same version number
     assert build_identity() != before

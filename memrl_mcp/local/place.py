@@ -55,6 +55,7 @@ MAX_SOCKET_PATH = 100  # a Unix socket's path: 108 bytes on Linux, 104 on macOS,
 THROUGH_DESCRIPTORS = os.path.isdir("/proc/self/fd")  # Linux: a path that the kernel resolves through a descriptor
 FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 SOCKET, OWNER_LOCK, START_LOCK, LOG, HOOKS = "socket", "owner.lock", "start.lock", "server.log", "hooks"
+WEIGHTS = os.path.join("embeddings", "models")  # of the package: the embedder's files, pinned by their digests
 
 
 class AttachError(MemrlError):
@@ -196,14 +197,20 @@ def peer_uid(connection: socket.socket) -> int | None:
 
 
 def build_identity() -> str:
-    """The installed code, as a short digest of the package's files (their paths, sizes and modification times): a
-    session and a server whose code differs in any file, even under one version number, do not share a store."""
+    """The installed code, as a short digest of the package's files (their paths and contents): a session and a
+    server whose code differs in any file, even under one version number, do not share a store, and two installs of
+    the same code (a Desktop bundle and a ``uv tool install`` of one wheel, each with its own files' times) do. The
+    embedder's weights are left out: :data:`~memrl_mcp.embeddings.minilm.MINILM_FILES` pins their SHA-256 in code
+    that is hashed, and the embedder checks them as it loads (hashing their 23 MB took ~20 ms of every hook)."""
     root = Path(memrl_mcp.__file__).parent
     digest = hashlib.sha256(__version__.encode())
     for folder, folders, files in os.walk(root):
         folders[:] = sorted(name for name in folders if name != "__pycache__")
+        relative_folder = os.path.relpath(folder, root)
+        if relative_folder == WEIGHTS or relative_folder.startswith(WEIGHTS + os.sep):
+            continue
         for name in sorted(files):
-            found = os.stat(os.path.join(folder, name))
-            relative = os.path.relpath(os.path.join(folder, name), root)
-            digest.update(f"{relative}\0{found.st_size}\0{found.st_mtime_ns}\0".encode())
+            with open(os.path.join(folder, name), "rb") as stream:
+                contents = hashlib.sha256(stream.read()).digest()
+            digest.update(os.path.join(relative_folder, name).encode() + b"\0" + contents)
     return digest.hexdigest()[:16]
