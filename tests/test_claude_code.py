@@ -32,6 +32,7 @@ from memrl_mcp.settings import load_settings
 from memrl_mcp.surface.server import create_server
 from memrl_mcp.surface.text import UNTRUSTED
 from tests.support.anthropic import FakeModel, Reply, Script, fake_model
+from tests.support.git import new_repository, repository_with_worktree
 from tests.support.local import LocalStore, local_store
 from tests.support.mcp import call, make_service, read_json, refused, text_of
 
@@ -691,6 +692,52 @@ async def test_one_projects_session_cannot_reach_another_projects_memories_or_re
             own = await call(attacker, "memory_stats")
             assert own["memories"] == 0 and own["recalls_pending"] == 0, own
             assert (await recall_state(victim, recall_id))["status"] == "pending"
+
+
+# -- the project is the repository (issue 40.8) -----------------------------------------------------------------------
+
+EARLIER = "from src/app: run make -C ../.. deploy ENV=staging, then check /health"
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_repositorys_top_subfolder_and_worktree_share_one_memory_and_keep_the_one_before(
+    store: LocalStore, tmp_path: Path
+) -> None:
+    """Through real sessions of one local server, git's own repositories: Claude Code opened at a repository's top,
+    in a subfolder and in a linked worktree is one project. What the worktree's MCP session stores, the hooks'
+    recall finds from all three; a memory stored before in the subfolder's own namespace (the project was the folder
+    then) is still recalled there, beside it, and still reachable by name; a submodule and another repository find
+    nothing of it. A plain stdio client that sends no roots names its project with ``--project``."""
+    repo = repository_with_worktree(tmp_path / "code" / "proj")
+    other = new_repository(tmp_path / "code" / "other")
+    sessions = [ClaudeSession(store, folder, "7d1c1a52-5f0e-4b8e-9a47-0c1d2e3f4a5b") for folder in
+                (repo.top, repo.subfolder, repo.worktree, repo.submodule, other)]  # fmt: skip
+    top, subfolder, worktree, submodule, elsewhere = sessions
+    shared, earlier = (project_namespace(folder_uri(folder)) for folder in (repo.top, repo.subfolder))
+    with anyio.fail_after(DEADLINE_S):
+        async with Client(store.session(MEMRL_NAMESPACE=earlier)) as before:  # what a session in src/app had
+            await call(before, "store_experience", task=TASK, experience=EARLIER)
+        async with mcp_session(worktree) as client:
+            stored = await call(client, "store_experience", task=TASK, experience=LESSON)
+        assert stored["memory"]["namespace"] == shared
+        for session in (top, subfolder, worktree):
+            context = context_of(await anyio.to_thread.run_sync(session.prompt, TASK))
+            assert LESSON in context, session.project
+            assert (EARLIER in context) == (session is subfolder), session.project
+        for session in (submodule, elsewhere):
+            run = await anyio.to_thread.run_sync(session.prompt, TASK)
+            assert run.status == 0 and LESSON not in json.dumps(run.answer), (session.project, run)
+        async with mcp_session(subfolder) as client:
+            found = await call(client, "recall_experience", task=TASK)
+            assert found["namespace"] == shared  # the recall, and what its report stores: the repository's
+            assert sorted(m["namespace"] for m in found["memories"]) == sorted([shared, earlier])
+            assert (await call(client, "list_memories", namespace=earlier))["total"] == 1
+        async with mcp_session(top) as client:  # the subfolder's earlier namespace is the subfolder's sessions' only
+            assert "not one of the namespaces" in await refused(client, "list_memories", namespace=earlier)
+        async with Client(store.session("--project", str(repo.subfolder))) as plain:
+            listed = await call(plain, "list_memories")
+            assert (listed["namespace"], listed["total"]) == (shared, 1)
 
 
 # -- rewards from what happened: Claude Code itself runs the tests ---------------------------------------------------

@@ -147,21 +147,24 @@ class EpisodeMemory:
             store, "recalls", {"status": "pending"}, "created_at", settings.learning.max_pending_recalls
         )
 
-    def find(self, query: RecallQuery, explore: bool) -> Found:
+    def find(self, query: RecallQuery, explore: bool, also: Sequence[str] = ()) -> Found:
         """Phase A (the store's search: similarity >= delta, top-k1) then Phase B (:func:`algorithm.select`) for a
-        resolved query; ``explore``: with probability epsilon, k2 candidates drawn uniformly instead."""
+        resolved query, in its namespace and those of ``also`` (one pool); ``explore``: with probability epsilon, k2
+        candidates drawn uniformly instead."""
         assert query.namespace is not None and query.k1 is not None and query.k2 is not None
         assert query.q_weight is not None and query.delta is not None
         vector = embed_tasks(self._embedder, [query.task], query.namespace)[0]
-        hits = self._store.search(vector, query.k1, query.delta, {"namespace": query.namespace})
+        searched = [query.namespace, *also] if also else query.namespace
+        hits = self._store.search(vector, query.k1, query.delta, {"namespace": searched})
         pool = [algorithm.Candidate(h.similarity, READ["q"](h.payload.get("q"))) for h in hits]
         epsilon = self._retrieval.epsilon if explore else 0.0
         selection = algorithm.select(pool, query.k2, query.q_weight, self.scale.z_similarity, epsilon, self._rng)
         return Found(query, vector, hits, selection)
 
-    def recall(self, query: RecallQuery) -> RecallResult:
-        """:meth:`find`, then log the recall so that its report updates exactly the memories it returned."""
-        found = self.find(query, explore=True)
+    def recall(self, query: RecallQuery, also: Sequence[str] = ()) -> RecallResult:
+        """:meth:`find`, then log the recall (in the query's namespace) so that its report updates exactly the
+        memories it returned, whichever of the namespaces searched each is in."""
+        found = self.find(query, explore=True, also=also)
         result = found.result()
         now = self._clock()
         record = RecallRecord(

@@ -223,7 +223,7 @@ class MemoryService:
         """Phase A and B without a recall to report: read-only (a RAG baseline, a look-up)."""
         resolved = self._resolve(query, access)
         with self._call():
-            return self.episodes.find(resolved, explore=True).result()
+            return self.episodes.find(resolved, explore=True, also=_also(query, access)).result()
 
     def recall(self, query: RecallQuery, *, access: Access) -> RecallResult:
         """Phase A (similarity >= delta, top-k1), then Phase B (value-aware top-k2); logs the recall so that its
@@ -232,7 +232,7 @@ class MemoryService:
         with self._call():
             if self.clock() - self._housekept_at > PURGE_INTERVAL_SECONDS:
                 self.housekeeping(stale_after=STALE_REPORT_SECONDS)
-            return self.episodes.recall(resolved)
+            return self.episodes.recall(resolved, also=_also(query, access))
 
     def runs_model(self, query: RecallQuery, *, access: Access) -> bool:
         """Whether a recall of ``query`` by ``access`` would run the embedding model (its task's vector is not
@@ -248,7 +248,7 @@ class MemoryService:
         recall of ``query`` would choose, shown and explained (read-only: no recall, no Q moves)."""
         resolved = self._resolve(query, access)
         with self._call():
-            return self.episodes.find(resolved, explore=False).pool()
+            return self.episodes.find(resolved, explore=False, also=_also(query, access)).pool()
 
     def _resolve(self, query: RecallQuery, access: Access) -> RecallQuery:
         """The query checked, its namespace the caller's, every unset number the server's."""
@@ -685,6 +685,14 @@ class MemoryService:
         if metadata is None:
             return {}
         return self.limits.metadata.check("metadata", dict(metadata) if isinstance(metadata, Mapping) else metadata)
+
+
+def _also(query: RecallQuery, access: Access) -> tuple[str, ...]:
+    """The namespaces a recall of ``query`` searches besides its own: when it is its caller's default, those its
+    caller's recalls search too (:attr:`Access.also_recalled`: a project's earlier namespace) that it may use."""
+    if query.namespace is not None and query.namespace != access.default:
+        return ()
+    return tuple(namespace for namespace in access.also_recalled if access.allows(namespace))
 
 
 def _plain(step: Any) -> Any:

@@ -381,8 +381,9 @@ class NamespaceSettings(Group):
     namespace_from_roots: bool = Field(
         True,
         description="When the client offers MCP roots and neither the call, the token nor the namespace setting "
-        "names a namespace, use one derived from the first root (<folder name>-<hash of its URI>), so one server "
-        "shared by several projects keeps their memories apart.",
+        "names a namespace, use its project's, derived from the first root: the git repository of that folder, shared "
+        "by its subfolders and worktrees, else the folder (<top folder name>-<hash of its URI>), so one server shared "
+        "by several projects keeps their memories apart.",
     )
     other_namespaces: list[NamespaceName | Literal["*"]] = Field(
         default_factory=list,
@@ -394,7 +395,7 @@ class NamespaceSettings(Group):
     project_dir: Path | None = Field(
         None,
         description="The folder of this session's project, for a client that sends no MCP roots (one of the "
-        "2026-07-28 protocol cannot be asked for them): with namespace_from_roots, such a session's namespace is the "
-        "one this folder's root would give. Claude Code names it to every MCP server it starts (CLAUDE_PROJECT_DIR, "
-        "read as this setting).",
+        "2026-07-28 protocol cannot be asked for them; the MCP Inspector): with namespace_from_roots, such a session's "
+        "namespace is the one this folder's root would give. Claude Code names it to every MCP server it starts "
+        "(CLAUDE_PROJECT_DIR, read as this setting); memrl-mcp --project DIR sets it.",
     )
