@@ -35,6 +35,7 @@ from tests.support.anthropic import FakeModel, Reply, Script, fake_model
 from tests.support.git import new_repository, repository_with_worktree
 from tests.support.local import LocalStore, local_store
 from tests.support.mcp import call, make_service, read_json, refused, text_of
+from tests.support.secrets import leaks as secret_leaks
 
 ROOT = Path(__file__).parent.parent
 PLUGIN = ROOT / "integrations" / "claude-code"
@@ -738,6 +739,38 @@ async def test_a_repositorys_top_subfolder_and_worktree_share_one_memory_and_kee
         async with Client(store.session("--project", str(repo.subfolder))) as plain:
             listed = await call(plain, "list_memories")
             assert (listed["namespace"], listed["total"]) == (shared, 1)
+
+
+# -- no secret is stored, and <private> stays private (issue 40.9) ---------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_the_hooks_store_no_secret_of_a_prompt_and_nothing_private(alpha: ClaudeSession) -> None:
+    """The prompt hook recalls for every prompt, and the recall keeps its task: a user who pastes a ``.env`` line,
+    a token and something marked ``<private>`` into Claude Code. Nothing of them is in the recall's state, the held
+    stop's reason, the session's MCP view, or the store's and the runtime folder's files once the server stopped;
+    the rest of the prompt is."""
+    leaks = {leak.kind: leak for leak in secret_leaks()}
+    pasted = [leaks[kind] for kind in ("env_short_password", "github_pat", "postgres_url", "stripe")]
+    private = "my home address is 12 Quokka Lane"
+    prompt = f"{TASK} using these:\n" + "\n".join(leak.text for leak in pasted) + f"\n<private>{private}</private>"
+    with anyio.fail_after(DEADLINE_S):
+        async with mcp_session(alpha) as client:
+            await call(client, "store_experience", task=TASK, experience=LESSON)
+            run = await anyio.to_thread.run_sync(alpha.prompt, prompt)
+            reason = held_for(await anyio.to_thread.run_sync(alpha.stop))  # found or not, the recall is held
+            state = await recall_state(client, recall_id_in(reason))
+            listed = await call(client, "list_memories")
+        said = json.dumps(state) + reason + json.dumps(listed) + json.dumps(run.answer)
+        assert TASK in state["task"] and "[REDACTED:" in state["task"] and "[private]" in state["task"]
+        assert alpha.store.local("stop").returncode == 0
+        alpha.store.wait_gone()
+    files = [path for folder in (alpha.store.data_dir, alpha.store.runtime_dir) for path in folder.rglob("*")]
+    on_disk = b"\n".join(path.read_bytes().translate(None, b"\0") for path in files if path.is_file())
+    assert b"staging cluster" in on_disk  # the task is stored as text: a secret there would be found
+    for where in (said, on_disk.decode("utf-8", "replace")):
+        assert not [leak.kind for leak in pasted if leak.secret in where] and "Quokka Lane" not in where
 
 
 # -- rewards from what happened: Claude Code itself runs the tests ---------------------------------------------------

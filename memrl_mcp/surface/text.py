@@ -35,6 +35,7 @@ from memrl_mcp.models import (
     StoreResult,
     TrajectoryResult,
 )
+from memrl_mcp.redaction import redacted
 from memrl_mcp.surface.quoting import defanged, quoted, shares, shortened
 
 NO_MEMORY = "No memory of a similar task: a new kind of task."
@@ -89,12 +90,13 @@ Found = TypeVar("Found", bound=SearchResult)
 def shown(result: Found, chars: int) -> Found:
     """``result`` as the model is shown it: its experiences within ``chars`` characters in all (each long one
     shortened to its head, :func:`~memrl_mcp.surface.quoting.shares`), each task within :data:`SHOWN_TASK_CHARS`, and
-    both with what could pass for markup defanged; a memory shortened says so (``shortened``)."""
-    experiences = [defanged(m.experience) for m in result.memories]
+    both redacted (:func:`~memrl_mcp.redaction.redacted`: a memory stored before redaction existed) and with what
+    could pass for markup defanged; a memory shortened says so (``shortened``)."""
+    experiences = [defanged(redacted(m.experience)) for m in result.memories]
     budgets = shares([len(experience) for experience in experiences], chars)
     memories = []
     for memory, experience, budget in zip(result.memories, experiences, budgets, strict=True):
-        task = defanged(memory.task)
+        task = defanged(redacted(memory.task))
         shown_task, shown_experience = shortened(task, SHOWN_TASK_CHARS), shortened(experience, budget)
         cut = shown_task != task or shown_experience != experience
         memories.append(
