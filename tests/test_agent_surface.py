@@ -36,8 +36,8 @@ from memrl_mcp.models import (
 from memrl_mcp.requests import StatsQuery
 from memrl_mcp.settings import TOOL_PROFILES, SettingsError, load_settings
 from memrl_mcp.surface.schema import compact_schema
-from memrl_mcp.surface.text import UNTRUSTED
 from memrl_mcp.surface.server import create_server
+from memrl_mcp.surface.text import UNTRUSTED
 from memrl_mcp.validation import CandidateCount, NamespaceName, Outcome, SortKey
 from tests.support.mcp import call, hints, prompt_text, text_of
 from tests.support.servers import child_env, http_server, run_cli

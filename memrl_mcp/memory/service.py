@@ -308,6 +308,7 @@ class MemoryService:
                 weight=decision.weight,
                 claimed=decision.claimed,
                 followed=self._followed(recall, report.followed),
+                client=access.client_name,
             )
             with self.quotas.admit(recall.namespace, report_bytes(recall, kept, meta, self.embedder.dim)):
                 result = self._ledger.report(recall_id, claimed, recall)
@@ -507,7 +508,7 @@ class MemoryService:
         meta = self._metadata(new.metadata)
         added = new_record_bytes(task, experience, meta, dims=self.embedder.dim)
         with self._call(), self.quotas.admit(namespace, added):
-            return self.episodes.store(namespace, task, experience, outcome, q, meta, source)
+            return self.episodes.store(namespace, task, experience, outcome, q, meta, source, access.client_name)
 
     # -- forget, read, stats --------------------------------------------------------------------
 
@@ -635,7 +636,7 @@ class MemoryService:
             def corrected(m: Mapping[str, Any]) -> dict[str, Any]:
                 update: dict[str, Any] = {"updated_at": now}
                 if experience is not None:
-                    update |= {"experience": experience, "experience_source": source}
+                    update |= {"experience": experience, "experience_source": source, "client": access.client_name}
                 if meta is not None:
                     update["metadata"] = meta
                 if reset:

@@ -157,6 +157,14 @@ class RetrievalSettings(Group):
     )
     epsilon: float = Field(0.0, ge=0.0, le=1.0, description="Probability of picking k2 candidates uniformly.")
     seed: int | None = Field(None, description="Seed of the exploration draws (None: not reproducible).")
+    fade_after_days: float | None = Field(
+        None,
+        gt=0,
+        description="A memory unused for longer (not stored, recalled, rewarded or edited) is ranked lower in Phase B: "
+        "one standard deviation of score per this many days more, up to three (docs/algorithm.md). None: no fading. "
+        "Off by default: whether old lessons still hold depends on how fast a project's code changes; 90 suits one "
+        "that changes every week.",
+    )
 
     @model_validator(mode="after")
     def _k2_within_k1(self) -> RetrievalSettings:

@@ -36,6 +36,7 @@ from memrl_mcp.surface.recalls import Reader, add_recall_resource
 from memrl_mcp.surface.roots import roots_project
 from memrl_mcp.surface.schema import Arguments, MemoryTool, argument_values
 from memrl_mcp.surface.tools import TOOLS
+from memrl_mcp.validation import client_name
 
 TOKEN_REQUIRED = "authorization: a valid bearer token is required"
 PROJECT_SESSION = "a session of this project (its project's namespace, its folder's earlier one, and other_namespaces)"
@@ -162,6 +163,8 @@ class Callers:
         access = caller(ctx.request_context.request, self.tokens)
         if access is None:  # over HTTP the SDK answered 401 already; this is a call without HTTP, or a bug
             raise ResourceError(TOKEN_REQUIRED)
+        params = ctx.session.client_params  # the handshake's, or what a 2026-07-28 request says of its client
+        access = dataclasses.replace(access, client_name=client_name(params and params.client_info.name))
         if access.default is not None:
             return access
         namespaces = self.settings.namespaces
@@ -174,7 +177,8 @@ class Callers:
         if self.tokens is not None or ALL_NAMESPACES in namespaces.other_namespaces:
             return dataclasses.replace(access, default=project.namespace, also_recalled=earlier)
         reach = frozenset({project.namespace, *earlier, *namespaces.other_namespaces})
-        return Access(reach, project.namespace, access.client, holder=PROJECT_SESSION, also_recalled=earlier)
+        confined = Access(reach, project.namespace, access.client, holder=PROJECT_SESSION, also_recalled=earlier)
+        return dataclasses.replace(confined, client_name=access.client_name)
 
     def _folder_project(self) -> Project | None:
         """The project of the ``project_dir`` setting (what a client that sends no roots says of its project): a
