@@ -107,12 +107,12 @@ class User:
 
 def backup_lines(group: Sequence[Leak]) -> str:
     """A backup another store exported (or a hand-made one), its texts full of secrets."""
-    memory = {"kind": "memory", "id": "6f1c1a52-5f0e-4b8e-9a47-0c1d2e3f4a5b", "namespace": "default"}
+    memory: dict[str, Any] = {"kind": "memory", "id": "6f1c1a52-5f0e-4b8e-9a47-0c1d2e3f4a5b", "namespace": "default"}
     memory |= {"task": dirty(group[:2]), "experience": dirty(group[2:]), "outcome": "success", "q": 0.5}
     memory |= {"visits": 1, "last_reward": 1.0, "merges": 0, "created_at": 1.7e9, "updated_at": 1.7e9}
     memory |= {"metadata": {"pasted": group[0].text}}
     task, observation = dirty(group[:1]), dirty(group[1:3])
-    step = {"kind": "step", "id": step_id("default", task, observation), "namespace": "default"}
+    step: dict[str, Any] = {"kind": "step", "id": step_id("default", task, observation), "namespace": "default"}
     step |= {"task": task, "observation": observation, "created_at": 1.7e9, "updated_at": 1.7e9}
     step |= {"actions": [{"action": f"{MARKER} {group[3].text}", "q": 0.5, "visits": 1, "reward": 1.0}]}
     return json.dumps(memory) + "\n" + json.dumps(step) + "\n"
