@@ -53,6 +53,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="stdio: open the store in this process, one process per session (the attach setting, false).",
     )
+    parser.add_argument(
+        "--project",
+        metavar="DIR",
+        help="The folder of this session's project, for a client that sends no MCP roots (the MCP Inspector, a "
+        "script): its git repository's memory is the session's, as for a client opened in that folder (the "
+        "project_dir setting, MEMRL_PROJECT_DIR).",
+    )
     _store_options(parser, default=None)
     commands = parser.add_subparsers(
         dest="command", title="commands (instead of serving)", metavar="{export,import,calibrate,config,local,hook}"
@@ -199,6 +206,8 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 def _command(args: argparse.Namespace) -> int:
+    if args.project is not None:  # as the variable: a session of the local server reads its settings from it too
+        os.environ["MEMRL_PROJECT_DIR"] = os.path.abspath(args.project)
     if args.command is None and args.transport == "stdio" and not args.no_attach:
         from memrl_mcp.local import attach, relay
 

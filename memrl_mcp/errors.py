@@ -16,6 +16,7 @@ The tree, each class with the module that defines it (``tests/test_errors.py`` h
             NoAnswerError               surface.asking: the client did not answer the server's question
             QuotaExceededError          memory.admission: a namespace's quota would be passed
             RecallGoneError             memory.ledger: the recall went while it was reported
+            RedactionError              redaction: the secret detector failed on a text, not stored unread
         MigrationNeededError            storage.migrations: a read-only server met an older schema
         ModelIntegrityError             embeddings.base: a model file missing, or not the one the package pins
         ReadOnlyError                   storage.layers: a write through a read-only store

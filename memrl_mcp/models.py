@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 from memrl_mcp.requests import RecallQuery
 from memrl_mcp.storage.numbers import KeptFloat, KeptJson
 from memrl_mcp.storage.tally import Q_STEP, Counts
-from memrl_mcp.validation import MAX_TIMESTAMP, Check, Outcome
+from memrl_mcp.validation import CLIENT_NAME_PATTERN, MAX_TIMESTAMP, Check, Outcome
 
 Q_DIGITS = 6  # a tally's Q is exact to Q_STEP (1e-4); two more digits keep the quartiles' interpolation
 
@@ -74,6 +74,15 @@ class MemoryView(BaseModel):
     experience_source: ExperienceSource | None = Field(
         None, description="Who wrote the experience (None: stored before this was recorded)."
     )
+    client: str | None = Field(
+        None,
+        pattern=CLIENT_NAME_PATTERN,
+        description="The MCP client whose session wrote the experience (its clientInfo.name: claude-code; None: "
+        "unknown, or stored before this was recorded).",
+    )
+    recalled_at: Timestamp | None = Field(
+        None, description="When a recall last gave it (None: never, or not since this was recorded)."
+    )
 
 
 class QEvent(BaseModel):
@@ -113,7 +122,8 @@ class RecalledMemory(MemoryView):
     """A memory chosen for the agent, with the two numbers that chose it."""
 
     similarity: float = Field(description="Cosine similarity of its task to the query task (Phase A).")
-    score: float = Field(description="Phase-B score (1 - lambda) z(sim) + lambda z(Q).")
+    score: float = Field(description="Phase-B score (1 - lambda) z(sim) + lambda z(Q), less its fade.")
+    age_days: float = Field(0.0, description="Days since it was stored (created_at), at the recall.")
     shortened: bool = Field(
         False,
         description="Its task or experience is shown shortened (max_recall_chars); the whole memory: memrl://memories/{id}.",
@@ -135,7 +145,8 @@ class PoolCandidate(MemoryView):
     similarity: float = Field(description="Cosine similarity of its task to the query task (Phase A).")
     z_similarity: float
     z_q: float
-    score: float = Field(description="(1 - lambda) z_similarity + lambda z_q.")
+    fade: float = Field(0.0, description="What fade_after_days took off its score (unused that long).")
+    score: float = Field(description="(1 - lambda) z_similarity + lambda z_q - fade.")
     chosen: bool = Field(description="Among the k2 a recall returns (without exploration).")
 
 

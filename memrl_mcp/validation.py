@@ -20,6 +20,7 @@ integer has no Qdrant representation at all. Hence:
 from __future__ import annotations
 
 import json
+import re
 import reprlib
 import unicodedata
 import uuid
@@ -50,6 +51,8 @@ SortKey = Literal["q", "visits", "updated_at"]
 MAX_K = 100
 MAX_TEXT_QUERY_CHARS = 200
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+CLIENT_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,40}$"
+"""The name of the MCP client that wrote a memory, as it is kept and shown beside it (:func:`client_name`)."""
 MAX_METADATA_DEPTH = 8
 """Containers (objects and lists) nested in metadata, the top object included. Metadata are labels (a
 benchmark, a task id, a few tags): two or three levels is what they use, and 8 leaves room for a small
@@ -248,6 +251,17 @@ POINT_ID = Rule[str](Annotated[str, Field(max_length=36), AfterValidator(_uuid)]
 MAX_TIMESTAMP = 253_402_300_799.0
 """9999-12-31T23:59:59Z as a Unix time: the last second a date of four-digit years (ISO 8601, what the tools answer,
 Python's ``datetime``) can show."""
+
+
+def client_name(name: object) -> str | None:
+    """The name an MCP client gives itself (its ``initialize``'s ``clientInfo.name``: ``claude-code``) as a memory
+    keeps it: letters, digits and ``_.-`` (a space as ``-``), at most 40; None when nothing is left. The name is the
+    client's to choose and is shown in a model's prompt beside what the memory says: it cannot carry a line break, a
+    quote or a colon, so it cannot pass for the server's words."""
+    if not isinstance(name, str):
+        return None
+    kept = re.sub(r"[^A-Za-z0-9_.-]+", "", "-".join(name.split()))[:40].strip("-.")
+    return kept or None
 
 
 def _dated(seconds: float) -> float:

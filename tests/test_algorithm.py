@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from memrl_mcp.memory.algorithm import Candidate, SimilarityScale, phase_b_scores, select, update_q, z_scores
+from memrl_mcp.memory.algorithm import Candidate, SimilarityScale, fade, phase_b_scores, select, update_q, z_scores
 
 CORPUS = SimilarityScale(mode="corpus", mean=0.3, std=0.1)
 POOL = SimilarityScale(mode="pool", mean=0.0, std=1.0)
@@ -29,6 +29,25 @@ def test_scores_with_corpus_statistics_by_hand() -> None:
     selection = select(SMALL_GAP, k2=1, q_weight=0.5, scale=CORPUS)
     chosen, explored = selection.chosen, selection.explored
     assert chosen == [2] and not explored
+
+
+def test_fade_takes_one_unit_per_fade_after_days_past_it_up_to_three() -> None:
+    assert [fade(days, 30.0) for days in (0.0, 30.0, 45.0, 60.0, 120.0, 10_000.0)] == [0.0, 0.0, 0.5, 1.0, 3.0, 3.0]
+    assert fade(10_000.0, None) == 0.0  # the default: no fading
+
+
+def test_a_memory_unused_for_long_is_ranked_lower_and_only_then() -> None:
+    """docs/algorithm.md's case, SMALL_GAP: the utility winner (index 2) leads by 0.71 of score. Unused for
+    three times fade_after_days it loses 2 and falls behind both; within fade_after_days nothing changes; and an
+    old memory that is alone in its pool is still chosen (Phase A is unchanged)."""
+    stale = [Candidate(0.85, 0.0, 1.0), Candidate(0.83, 0.0, 1.0), Candidate(0.78, 1.0, 90.0)]
+    scores = phase_b_scores(stale, q_weight=0.5, scale=CORPUS, fade_after_days=30.0)
+    assert scores.fade.tolist() == [0.0, 0.0, 2.0]
+    assert scores.total.tolist() == pytest.approx([2.39645, 2.29645, 1.10711], abs=1e-4)
+    assert select(stale, k2=1, q_weight=0.5, scale=CORPUS, fade_after_days=30.0).chosen == [0]
+    assert select(stale, k2=1, q_weight=0.5, scale=CORPUS, fade_after_days=90.0).chosen == [2]
+    assert select(stale, k2=1, q_weight=0.5, scale=CORPUS).chosen == [2]
+    assert select(stale[2:], k2=1, q_weight=0.5, scale=CORPUS, fade_after_days=1.0).chosen == [0]
 
 
 def test_pool_z_similarity_lets_a_small_gap_beat_any_utility() -> None:

@@ -6,7 +6,9 @@ Notation follows the paper (docs/algorithm.md tells it in words):
 - Phase A recalls a candidate pool C of memories whose cosine similarity to the query task is
   at least delta (top-k1). That step needs the vector index, so the store does it.
 - Phase B scores each candidate ``score_i = (1 - lambda) * z_sim(sim_i) + lambda * z_Q(Q_i)`` and
-  keeps the top-k2. With probability epsilon it explores instead: k2 candidates uniformly.
+  keeps the top-k2. With probability epsilon it explores instead: k2 candidates uniformly. With
+  ``fade_after_days`` (not in the paper, off by default), a memory unused for longer is ranked lower
+  (:func:`fade`).
 - After the episode, every memory that was given to the agent moves toward the reward:
   ``Q <- Q + alpha * (R - Q)`` (gamma = 0, one terminal reward per episode).
 """
@@ -26,10 +28,12 @@ ZERO_SPREAD = 1e-9
 
 @dataclass(frozen=True)
 class Candidate:
-    """One memory of the Phase-A pool, as Phase B sees it."""
+    """One memory of the Phase-A pool, as Phase B sees it: its similarity, its utility, and the days since it was
+    last used (stored, recalled, rewarded or edited)."""
 
     similarity: float
     q: float
+    idle_days: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -63,22 +67,37 @@ def z_similarity(similarities: np.ndarray, scale: SimilarityScale) -> np.ndarray
     return (similarities - scale.mean) / scale.std
 
 
+def fade(idle_days: float, fade_after_days: float | None) -> float:
+    """What a memory unused for ``idle_days`` loses of its Phase-B score: nothing within ``fade_after_days`` (None:
+    never), then one unit per ``fade_after_days`` more, up to :data:`Z_CLIP`. A score is a weighted sum of z-scores,
+    so a memory unused for twice the setting loses one standard deviation, for four times or more three (the most two
+    z-scores differ by): it still answers when nothing else does (Phase A is unchanged), and a fresher memory of the
+    same similarity and utility comes first. Learned utility cannot tell that the code moved on since; time can."""
+    if fade_after_days is None or idle_days <= fade_after_days:
+        return 0.0
+    return min((idle_days - fade_after_days) / fade_after_days, Z_CLIP)
+
+
 @dataclass(frozen=True)
 class Scores:
     """Phase B's numbers for every candidate of the pool, in the pool's order."""
 
     z_similarity: np.ndarray
     z_q: np.ndarray
-    total: np.ndarray  # (1 - lambda) z_similarity + lambda z_q
+    total: np.ndarray  # (1 - lambda) z_similarity + lambda z_q - fade
+    fade: np.ndarray
 
 
-def phase_b_scores(pool: Sequence[Candidate], q_weight: float, scale: SimilarityScale) -> Scores:
-    """score_i = (1 - lambda) z_sim(sim_i) + lambda z_Q(Q_i) for every candidate of the pool."""
+def phase_b_scores(
+    pool: Sequence[Candidate], q_weight: float, scale: SimilarityScale, fade_after_days: float | None = None
+) -> Scores:
+    """score_i = (1 - lambda) z_sim(sim_i) + lambda z_Q(Q_i) - fade(idle_i) for every candidate of the pool."""
     similarities = np.array([c.similarity for c in pool], dtype=np.float64)
     utilities = np.array([c.q for c in pool], dtype=np.float64)
+    faded = np.array([fade(c.idle_days, fade_after_days) for c in pool], dtype=np.float64)
     z_sim = z_similarity(similarities, scale) if pool else np.zeros(0)
     z_q = z_scores(utilities) if pool else np.zeros(0)
-    return Scores(z_sim, z_q, (1.0 - q_weight) * z_sim + q_weight * z_q)
+    return Scores(z_sim, z_q, (1.0 - q_weight) * z_sim + q_weight * z_q - faded, faded)
 
 
 @dataclass(frozen=True)
@@ -98,13 +117,14 @@ def select(
     scale: SimilarityScale,
     epsilon: float = 0.0,
     rng: random.Random | None = None,
+    fade_after_days: float | None = None,
 ) -> Selection:
-    """Phase B: the top k2 of the pool by score.
+    """Phase B: the top k2 of the pool by score (:func:`phase_b_scores`).
 
     Ties keep the Phase-A order (higher similarity first). With probability epsilon, k2 candidates
     are drawn uniformly instead (then ordered by score, so the prompt still leads with the best).
     """
-    scores = phase_b_scores(pool, q_weight, scale)
+    scores = phase_b_scores(pool, q_weight, scale, fade_after_days)
     order = sorted(range(len(pool)), key=lambda i: (-scores.total[i], -pool[i].similarity, i))
     draw = rng or random.Random()
     if epsilon > 0.0 and len(pool) > k2 and draw.random() < epsilon:

@@ -16,7 +16,9 @@ a temporary file in the same folder, syncs it and renames it over the target: a 
 
 An import checks every line first (JSON, fields, types, limits, ids unique in the file, and that what it adds to
 each namespace fits in the namespace's storage quota) and writes nothing unless all of them pass. Blank lines are
-skipped. Each memory is then written under its own id, replacing a stored memory with that id (other memories are
+skipped. Every text is redacted as the tools' writes are (:func:`~memrl_mcp.redaction.redacted`: no secret, nothing
+``<private>``), so an export of a store written before redaction existed and imported again comes back clean. Each
+memory is then written under its own id, replacing a stored memory with that id (other memories are
 kept; none is merged into a twin). So an import is resumable: if it dies mid-write, run it again.
 """
 
@@ -34,9 +36,10 @@ from pydantic import ValidationError
 
 from memrl_mcp.errors import MemoryRequestError, MemrlError
 from memrl_mcp.memory.admission import RESTORE_BATCH, restore_bytes
-from memrl_mcp.memory.records import check_memory, check_step
+from memrl_mcp.memory.records import check_memory, check_step, step_id
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.models import MemoryView, StepRecordView
+from memrl_mcp.redaction import redacted, redacted_json
 from memrl_mcp.settings import Settings
 from memrl_mcp.storage import Table
 from memrl_mcp.storage.files import write_atomically
@@ -111,7 +114,7 @@ def import_memories(settings: Settings, path: Path, progress: Callable[[int, int
             valid = []
             for number, record in batch:
                 try:
-                    valid.append(checked(service, record))
+                    valid.append(cleaned(service, checked(service, record)))
                 except MemoryRequestError as error:
                     problems.append(f"line {number}: {error}")
             with service.backup() as store:
@@ -140,10 +143,9 @@ def import_memories(settings: Settings, path: Path, progress: Callable[[int, int
 
 def restore(service: MemoryService, records: Sequence[Record]) -> int:
     """Write ``records`` exactly as given (same id, Q, visits, timestamps; a record whose id is stored is replaced),
-    their texts embedded anew; every one is checked, and what they add admitted under the namespaces' quotas, before
-    any is written."""
-    for record in records:
-        checked(service, record)
+    their texts redacted (:func:`cleaned`) and embedded anew; every one is checked, and what they add admitted under
+    the namespaces' quotas, before any is written."""
+    records = [cleaned(service, checked(service, record)) for record in records]
     with service.backup() as store, service.quotas.admit_all(restore_bytes(store, records, service.embedder.dim)):
         for start in range(0, len(records), RESTORE_BATCH):
             chunk = sorted(records[start : start + RESTORE_BATCH], key=lambda r: (_table(r), r.namespace))
@@ -164,6 +166,22 @@ def checked(service: MemoryService, record: Record) -> Record:
     else:
         check_memory(service.limits, record)
     return record
+
+
+def cleaned(service: MemoryService, record: Record) -> Record:
+    """``record`` with its texts redacted as the tools' writes redact theirs, each within its limit; a step record
+    under the id of its redacted (task, observation), where reports find it."""
+    limits = service.settings.limits
+    task = redacted(record.task, limits.max_task_chars)
+    if isinstance(record, StepRecordView):
+        observation = redacted(record.observation, limits.max_observation_chars)
+        actions = [a.model_copy(update={"action": redacted(a.action, limits.max_action_chars)}) for a in record.actions]
+        key = step_id(record.namespace, task, observation)
+        return record.model_copy(update={"id": key, "task": task, "observation": observation, "actions": actions})
+    experience = redacted(record.experience, limits.max_experience_chars)
+    return record.model_copy(
+        update={"task": task, "experience": experience, "metadata": redacted_json(record.metadata)}
+    )
 
 
 def _table(record: Record) -> Table:

@@ -66,6 +66,17 @@ class Scale:
         )
 
 
+DAY_SECONDS = 86400.0
+RECALLED_AT_STEP_SECONDS = 3600.0
+
+
+def last_used(payload: Mapping[str, Any]) -> float:
+    """When a stored memory was last used: stored, recalled (``recalled_at``, kept to the hour), rewarded, merged or
+    edited (``updated_at``), whichever came last."""
+    times = [READ[name](payload.get(name)) for name in ("created_at", "updated_at", "recalled_at")]
+    return float(max(time for time in times if time is not None))
+
+
 @dataclass(frozen=True)
 class Found:
     """Phase A and B of one resolved query: the query embedding, the pool (Phase A's order) and Phase B's choice."""
@@ -74,6 +85,7 @@ class Found:
     vector: np.ndarray
     hits: list[Hit]
     selection: algorithm.Selection
+    now: float
 
     @property
     def namespace(self) -> str:
@@ -82,13 +94,15 @@ class Found:
 
     def result(self) -> SearchResult:
         hits, scores = self.hits, self.selection.scores
+        views = {i: memory_view(hits[i].id, hits[i].payload) for i in self.selection.chosen}
         memories = [
             RecalledMemory(
-                **memory_view(hits[i].id, hits[i].payload).model_dump(),
+                **view.model_dump(),
                 similarity=hits[i].similarity,
                 score=float(scores.total[i]),
+                age_days=max(0.0, self.now - view.created_at) / DAY_SECONDS,
             )
-            for i in self.selection.chosen
+            for i, view in views.items()
         ]
         return SearchResult(
             namespace=self.namespace, candidates=len(hits), explored=self.selection.explored, memories=memories
@@ -102,6 +116,7 @@ class Found:
                 similarity=hit.similarity,
                 z_similarity=float(scores.z_similarity[i]),
                 z_q=float(scores.z_q[i]),
+                fade=float(scores.fade[i]),
                 score=float(scores.total[i]),
                 chosen=i in chosen,
             )
@@ -147,21 +162,31 @@ class EpisodeMemory:
             store, "recalls", {"status": "pending"}, "created_at", settings.learning.max_pending_recalls
         )
 
-    def find(self, query: RecallQuery, explore: bool) -> Found:
+    def find(self, query: RecallQuery, explore: bool, also: Sequence[str] = ()) -> Found:
         """Phase A (the store's search: similarity >= delta, top-k1) then Phase B (:func:`algorithm.select`) for a
-        resolved query; ``explore``: with probability epsilon, k2 candidates drawn uniformly instead."""
+        resolved query, in its namespace and those of ``also`` (one pool); ``explore``: with probability epsilon, k2
+        candidates drawn uniformly instead."""
         assert query.namespace is not None and query.k1 is not None and query.k2 is not None
         assert query.q_weight is not None and query.delta is not None
         vector = embed_tasks(self._embedder, [query.task], query.namespace)[0]
-        hits = self._store.search(vector, query.k1, query.delta, {"namespace": query.namespace})
-        pool = [algorithm.Candidate(h.similarity, READ["q"](h.payload.get("q"))) for h in hits]
+        searched = [query.namespace, *also] if also else query.namespace
+        hits = self._store.search(vector, query.k1, query.delta, {"namespace": searched})
+        now = self._clock()
+        pool = [
+            algorithm.Candidate(h.similarity, READ["q"](h.payload.get("q")), (now - last_used(h.payload)) / DAY_SECONDS)
+            for h in hits
+        ]
         epsilon = self._retrieval.epsilon if explore else 0.0
-        selection = algorithm.select(pool, query.k2, query.q_weight, self.scale.z_similarity, epsilon, self._rng)
-        return Found(query, vector, hits, selection)
+        fading = self._retrieval.fade_after_days
+        selection = algorithm.select(
+            pool, query.k2, query.q_weight, self.scale.z_similarity, epsilon, self._rng, fading
+        )
+        return Found(query, vector, hits, selection, now)
 
-    def recall(self, query: RecallQuery) -> RecallResult:
-        """:meth:`find`, then log the recall so that its report updates exactly the memories it returned."""
-        found = self.find(query, explore=True)
+    def recall(self, query: RecallQuery, also: Sequence[str] = ()) -> RecallResult:
+        """:meth:`find`, then log the recall (in the query's namespace) so that its report updates exactly the
+        memories it returned, whichever of the namespaces searched each is in."""
+        found = self.find(query, explore=True, also=also)
         result = found.result()
         now = self._clock()
         record = RecallRecord(
@@ -177,6 +202,12 @@ class EpisodeMemory:
         with self._quotas.admit(found.namespace, record_bytes(payload, found.vector.size)):
             self._store.upsert("recalls", [Point(recall_id, found.vector, payload)])
         self._pending.added(found.namespace)
+        for i in found.selection.chosen:  # what fade_after_days reads; to the hour, so most recalls write nothing
+            hit = found.hits[i]
+            if now - (READ["recalled_at"](hit.payload.get("recalled_at")) or 0.0) >= RECALLED_AT_STEP_SECONDS:
+                # not versioned (a report's write keeps it), and nothing is written to a memory forgotten meanwhile
+                where = {"namespace": hit.payload.get("namespace")}
+                self._store.set_payload_if("memories", hit.id, {"recalled_at": now}, where)
         return RecallResult(recall_id=recall_id, **result.model_dump())
 
     def pending(self, recall_id: str, access: Access) -> PendingRecall:
@@ -253,6 +284,7 @@ class EpisodeMemory:
         q: float | None,
         metadata: Mapping[str, Any],
         source: ExperienceSource,
+        client: str | None = None,
     ) -> StoreResult:
         """Add a memory under the merge rule (:meth:`~memrl_mcp.memory.ledger.Ledger.keep`): among the variants of this
         task and outcome (similarity >= merge_threshold), an identical experience merges into its twin; a different
@@ -274,5 +306,6 @@ class EpisodeMemory:
                 updated_at=now,
                 metadata=dict(metadata),
                 experience_source=source,
+                client=client,
             )
             return self._ledger.keep(memory, vector, f"merge:{new_id()}")

@@ -152,15 +152,17 @@ class Ledger:
         metadata: Mapping[str, Any],
         now: float,
         source: ExperienceSource,
+        client: str | None = None,
     ) -> StoreResult | None:
-        """Merge rule: the twin takes the newer experience (and who wrote it) and metadata, and keeps its id, learned Q
-        and visits. None when the twin was forgotten meanwhile."""
+        """Merge rule: the twin takes the newer experience (and who wrote it, and with which client) and metadata, and
+        keeps its id, learned Q and visits. None when the twin was forgotten meanwhile."""
         written = self.update_once(
             memory_id,
             operation,
             lambda m: {
                 "experience": experience,
                 "experience_source": source,
+                "client": client,
                 "metadata": merged_metadata(m.get("metadata") or {}, metadata, self._max_metadata_chars),
                 "merges": int(m.get("merges", 0)) + 1,
                 "updated_at": now,
@@ -191,7 +193,9 @@ class Ledger:
         )
         if same is not None:
             source = memory.experience_source or "agent"
-            merged = self.merge(same, operation, memory.experience, memory.metadata, memory.updated_at, source)
+            merged = self.merge(
+                same, operation, memory.experience, memory.metadata, memory.updated_at, source, memory.client
+            )
             if merged is not None:
                 return merged
         if len(variants) >= self._learning.max_task_variants:
@@ -320,6 +324,7 @@ class Ledger:
             updated_at=report.reported_at,
             metadata=dict(report.metadata),
             experience_source=report.experience_source,
+            client=report.client,
         )
         stored = self.keep(memory, vector, f"merge:{recall_id}")
         if recall_id not in self._store.get("recalls", [recall_id]):  # forgotten between the read and the add

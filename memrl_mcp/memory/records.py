@@ -43,6 +43,7 @@ from memrl_mcp.validation import (
     Limits,
     Outcome,
     check_outcome,
+    client_name,
 )
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class ClaimedReport(BaseModel):
     claimed: float | None = Field(None, description="The agent's reward, when the evidence or the user overruled it.")
     followed: list[str] | None = Field(None, description="The memories the agent followed: the ones that move.")
     corrections: int = Field(0, description="Rewards decided again by later evidence (correction_window_seconds).")
+    client: str | None = Field(None, description="The MCP client whose session reported (the experience's writer).")
 
 
 class RecallRecord(BaseModel):
@@ -139,7 +141,13 @@ def applied_text(applied: list[str], operation: str) -> str:
     return " ".join([*applied, operation_token(operation)][-APPLIED_KEPT:])
 
 
-OPTIONAL_FIELDS: dict[str, Any] = {"merges": 0, "metadata": {}, "last_reward": None}
+OPTIONAL_FIELDS: dict[str, Any] = {
+    "merges": 0,
+    "metadata": {},
+    "last_reward": None,
+    "client": None,
+    "recalled_at": None,
+}
 """Fields a stored memory may lack: written by later versions, or a null the engine does not keep."""
 
 
@@ -190,6 +198,7 @@ def _usable(view: MemoryView) -> bool:
         and (last is None or math.isfinite(last))
         and 0.0 <= view.created_at <= MAX_TIMESTAMP
         and 0.0 <= view.updated_at <= MAX_TIMESTAMP
+        and (view.recalled_at is None or 0.0 <= view.recalled_at <= MAX_TIMESTAMP)
     )
 
 
@@ -244,11 +253,13 @@ READ: dict[str, Callable[[Any], Any]] = {
     "updated_at": _time,
     "metadata": _json_object,
     "experience_source": lambda value: value if value in get_args(ExperienceSource) else None,
+    "client": lambda value: value if isinstance(value, str) and client_name(value) == value else None,
+    "recalled_at": lambda value: None if value is None else _time(value),
 }
 """Each field of a stored memory as a read can use it: a time within what a date shows, a finite Q (else 0, the
 neutral utility) and last reward (else none), a count from 0 to 2^53, text (else the value's JSON), a JSON object of
 finite numbers (else empty), a known outcome (else failure: a memory to be wary of rather than one to follow) and
-writer (else unknown)."""
+writer and client (else unknown)."""
 
 
 def merged_metadata(old: Mapping[str, Any], new: Mapping[str, Any], max_chars: int) -> dict[str, Any]:
@@ -434,6 +445,8 @@ def check_memory(limits: Limits, memory: MemoryView) -> None:
     COUNT.check("merges", memory.merges)
     TIMESTAMP.check("created_at", memory.created_at)
     TIMESTAMP.check("updated_at", memory.updated_at)
+    if memory.recalled_at is not None:
+        TIMESTAMP.check("recalled_at", memory.recalled_at)
     limits.metadata.check("metadata", memory.metadata)
 
 

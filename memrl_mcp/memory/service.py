@@ -2,8 +2,10 @@
 
 Safe for concurrent callers: threads of one server, and replicas of the server sharing one Qdrant server. The
 learned state is written only through :mod:`memrl_mcp.memory.ledger` (conditional writes, claimed reports that are
-their own redo log); every input passes the rules of :mod:`memrl_mcp.validation`; the tables' records are typed
-in :mod:`memrl_mcp.memory.records`. Every method that serves a caller takes the caller's :class:`Access`, required.
+their own redo log); every input passes the rules of :mod:`memrl_mcp.validation`, and every text it stores or recalls
+by (tasks, experiences, observations, actions, evidence, notes, metadata) :func:`~memrl_mcp.redaction.redacted`
+first: no secret and nothing ``<private>`` is stored; the tables' records are typed in
+:mod:`memrl_mcp.memory.records`. Every method that serves a caller takes the caller's :class:`Access`, required.
 
 Unreported recalls are bounded: one expires after ``recall_ttl_seconds``, and a namespace keeps at most
 ``max_pending_recalls`` pending (the oldest go first), so a client that never reports cannot grow the store
@@ -14,6 +16,7 @@ without limit. Reported episodes of the step memory likewise: a namespace keeps 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -66,6 +69,7 @@ from memrl_mcp.models import (
     StoreResult,
     TrajectoryResult,
 )
+from memrl_mcp.redaction import redacted, redacted_json
 from memrl_mcp.requests import (
     EvidenceReport,
     ForgetRequest,
@@ -87,6 +91,7 @@ from memrl_mcp.validation import (
     DELTA,
     EPISODE_ID,
     FLAG,
+    MAX_CHECK_TEXT,
     NAMESPACE,
     Q_WEIGHT,
     SORT,
@@ -226,7 +231,7 @@ class MemoryService:
         """Phase A and B without a recall to report: read-only (a RAG baseline, a look-up)."""
         resolved = self._resolve(query, access)
         with self._call():
-            return self.episodes.find(resolved, explore=True).result()
+            return self.episodes.find(resolved, explore=True, also=_also(query, access)).result()
 
     def recall(self, query: RecallQuery, *, access: Access) -> RecallResult:
         """Phase A (similarity >= delta, top-k1), then Phase B (value-aware top-k2); logs the recall so that its
@@ -235,7 +240,7 @@ class MemoryService:
         with self._call():
             if self.clock() - self._housekept_at > PURGE_INTERVAL_SECONDS:
                 self.housekeeping(stale_after=STALE_REPORT_SECONDS)
-            return self.episodes.recall(resolved)
+            return self.episodes.recall(resolved, also=_also(query, access))
 
     def runs_model(self, query: RecallQuery, *, access: Access) -> bool:
         """Whether a recall of ``query`` by ``access`` would run the embedding model (its task's vector is not
@@ -251,12 +256,12 @@ class MemoryService:
         recall of ``query`` would choose, shown and explained (read-only: no recall, no Q moves)."""
         resolved = self._resolve(query, access)
         with self._call():
-            return self.episodes.find(resolved, explore=False).pool()
+            return self.episodes.find(resolved, explore=False, also=_also(query, access)).pool()
 
     def _resolve(self, query: RecallQuery, access: Access) -> RecallQuery:
         """The query checked, its namespace the caller's, every unset number the server's."""
         retrieval = self.settings.retrieval
-        task = self.limits.task.check("task", query.task)
+        task = self._text("task", query.task)
         namespace = self.namespace_of(query.namespace, access)
         k1 = K.check("k1", retrieval.k1 if query.k1 is None else query.k1)
         k2 = K.check("k2", retrieval.k2 if query.k2 is None else query.k2)
@@ -278,12 +283,11 @@ class MemoryService:
             raise MemoryRequestError("trajectory: only a model can write an experience from it: pass experience")
         recall_id = report.recall_id
         claim = None if report.reward is None else self.limits.reward.check("reward", report.reward)
-        experience = (
-            None if report.experience is None else self.limits.experience.check("experience", report.experience)
-        )
+        experience = None if report.experience is None else self._text("experience", report.experience)
         if report.outcome is not None:
             check_outcome(report.outcome)
         meta = self._metadata(report.metadata)
+        provenance = _noted(provenance)
         with self._call():
             recall = self.episodes.reportable(recall_id, access)
             decision = self._decision(recall.evidence, claim, provenance)
@@ -307,6 +311,7 @@ class MemoryService:
                 weight=decision.weight,
                 claimed=decision.claimed,
                 followed=self._followed(recall, report.followed),
+                client=access.client_name,
             )
             with self.quotas.admit(recall.namespace, report_bytes(recall, kept, meta, self.embedder.dim)):
                 result = self._ledger.report(recall_id, claimed, recall)
@@ -346,7 +351,7 @@ class MemoryService:
         one, within ``correction_window_seconds`` of its report, has its reward decided again, and corrected when
         the decision changed."""
         recall_id, learning = report.recall_id, self.settings.learning
-        checks = CHECKS.check("checks", report.checks)
+        checks = [_redacted_check(check) for check in CHECKS.check("checks", report.checks)]
         with self._call():
             record = self.episodes.add_evidence(recall_id, access, checks, learning.correction_window_seconds)
             found = verdict(record.evidence)
@@ -441,8 +446,8 @@ class MemoryService:
     def recall_step_advice(self, query: StepQuery, *, access: Access) -> StepAdviceResult:
         """Encouraged and discouraged actions for (task, observation), from the k best-matching step records.
         Read-only: nothing is logged (the trajectory report names its own steps)."""
-        task = self.limits.task.check("task", query.task)
-        observation = self.limits.observation.check("observation", query.observation)
+        task = self._text("task", query.task)
+        observation = self._text("observation", query.observation)
         k = K.check("k", self.settings.steps.step_k if query.k is None else query.k)
         namespace = self.namespace_of(query.namespace, access)
         with self._call():
@@ -454,11 +459,16 @@ class MemoryService:
         """Move every step's Q toward its n-step target, once per ``episode_id`` in the namespace; with
         ``recall_id``, also report that recall of the episode memory with the last step's reward, once.
         ``provenance``: who gave the last step's reward (the user's note goes with it)."""
-        task = self.limits.task.check("task", report.task)
+        task = self._text("task", report.task)
         steps = report.steps
         plain = [_plain(step) for step in steps] if isinstance(steps, list | tuple) else steps
         checked = self.limits.steps.check("steps", plain)
-        trajectory = rewarded(checked)
+        limits = self.settings.limits
+        trajectory = [
+            (redacted(o, limits.max_observation_chars), redacted(a, limits.max_action_chars), r)
+            for o, a, r in rewarded(checked)
+        ]
+        provenance = _noted(provenance)
         episode_id = EPISODE_ID.check("episode_id", report.episode_id)
         recall_id = report.recall_id
         if recall_id is not None and not isinstance(recall_id, str):
@@ -493,15 +503,15 @@ class MemoryService:
         experience is the request's own: asking a model for one is the tools' part."""
         if new.experience is None:
             raise MemoryRequestError("experience: required (only a model can write one from a trajectory)")
-        task = self.limits.task.check("task", new.task)
-        experience = self.limits.experience.check("experience", new.experience)
+        task = self._text("task", new.task)
+        experience = self._text("experience", new.experience)
         namespace = self.namespace_of(new.namespace, access)
         outcome = check_outcome(new.outcome)
         q = None if new.q is None else self.limits.reward.check("q", new.q)
         meta = self._metadata(new.metadata)
         added = new_record_bytes(task, experience, meta, dims=self.embedder.dim)
         with self._call(), self.quotas.admit(namespace, added):
-            return self.episodes.store(namespace, task, experience, outcome, q, meta, source)
+            return self.episodes.store(namespace, task, experience, outcome, q, meta, source, access.client_name)
 
     # -- forget, read, stats --------------------------------------------------------------------
 
@@ -615,7 +625,7 @@ class MemoryService:
         The edit is one conditional write (:meth:`Ledger.update_once`): a report folding a reward into the same
         memory at the same moment keeps its reward, and the edit keeps its text."""
         memory_id = edit.memory_id
-        experience = None if edit.experience is None else self.limits.experience.check("experience", edit.experience)
+        experience = None if edit.experience is None else self._text("experience", edit.experience)
         meta = None if edit.metadata is None else self._metadata(edit.metadata)
         reset = FLAG.check("reset_q", edit.reset_q)
         if experience is None and meta is None and not reset:
@@ -629,7 +639,7 @@ class MemoryService:
             def corrected(m: Mapping[str, Any]) -> dict[str, Any]:
                 update: dict[str, Any] = {"updated_at": now}
                 if experience is not None:
-                    update |= {"experience": experience, "experience_source": source}
+                    update |= {"experience": experience, "experience_source": source, "client": access.client_name}
                 if meta is not None:
                     update["metadata"] = meta
                 if reset:
@@ -685,9 +695,45 @@ class MemoryService:
         return namespace
 
     def _metadata(self, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The metadata checked, every string of it redacted (:func:`~memrl_mcp.redaction.redacted_json`)."""
         if metadata is None:
             return {}
-        return self.limits.metadata.check("metadata", dict(metadata) if isinstance(metadata, Mapping) else metadata)
+        checked = self.limits.metadata.check("metadata", dict(metadata) if isinstance(metadata, Mapping) else metadata)
+        shown: dict[str, Any] = redacted_json(checked)
+        return shown
+
+    def _text(self, field: str, text: str) -> str:
+        """A task, an experience or an observation checked against its limit, then without its secrets and its
+        ``<private>`` parts (:func:`~memrl_mcp.redaction.redacted`), within the same limit."""
+        limits = self.settings.limits
+        rule, chars = {
+            "task": (self.limits.task, limits.max_task_chars),
+            "experience": (self.limits.experience, limits.max_experience_chars),
+            "observation": (self.limits.observation, limits.max_observation_chars),
+        }[field]
+        return redacted(rule.check(field, text), chars)
+
+
+def _also(query: RecallQuery, access: Access) -> tuple[str, ...]:
+    """The namespaces a recall of ``query`` searches besides its own: when it is its caller's default, those its
+    caller's recalls search too (:attr:`Access.also_recalled`: a project's earlier namespace) that it may use."""
+    if query.namespace is not None and query.namespace != access.default:
+        return ()
+    return tuple(namespace for namespace in access.also_recalled if access.allows(namespace))
+
+
+def _noted(provenance: Provenance) -> Provenance:
+    """``provenance`` with the user's note redacted (it is kept in the Q history)."""
+    if provenance.note is None:
+        return provenance
+    return dataclasses.replace(provenance, note=redacted(provenance.note))
+
+
+def _redacted_check(check: Check) -> Check:
+    """A check with its command and the user's words redacted (a recall's evidence is stored with it)."""
+    named = {"command": check.command, "said": check.said}
+    texts = {name: redacted(value, MAX_CHECK_TEXT) for name, value in named.items() if value is not None}
+    return check.model_copy(update=texts) if texts else check
 
 
 def _plain(step: Any) -> Any:

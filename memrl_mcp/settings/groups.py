@@ -157,6 +157,14 @@ class RetrievalSettings(Group):
     )
     epsilon: float = Field(0.0, ge=0.0, le=1.0, description="Probability of picking k2 candidates uniformly.")
     seed: int | None = Field(None, description="Seed of the exploration draws (None: not reproducible).")
+    fade_after_days: float | None = Field(
+        None,
+        gt=0,
+        description="A memory unused for longer (not stored, recalled, rewarded or edited) is ranked lower in Phase B: "
+        "one standard deviation of score per this many days more, up to three (docs/algorithm.md). None: no fading. "
+        "Off by default: whether old lessons still hold depends on how fast a project's code changes; 90 suits one "
+        "that changes every week.",
+    )
 
     @model_validator(mode="after")
     def _k2_within_k1(self) -> RetrievalSettings:
@@ -381,8 +389,9 @@ class NamespaceSettings(Group):
     namespace_from_roots: bool = Field(
         True,
         description="When the client offers MCP roots and neither the call, the token nor the namespace setting "
-        "names a namespace, use one derived from the first root (<folder name>-<hash of its URI>), so one server "
-        "shared by several projects keeps their memories apart.",
+        "names a namespace, use its project's, derived from the first root: the git repository of that folder, shared "
+        "by its subfolders and worktrees, else the folder (<top folder name>-<hash of its URI>), so one server shared "
+        "by several projects keeps their memories apart.",
     )
     other_namespaces: list[NamespaceName | Literal["*"]] = Field(
         default_factory=list,
@@ -394,7 +403,7 @@ class NamespaceSettings(Group):
     project_dir: Path | None = Field(
         None,
         description="The folder of this session's project, for a client that sends no MCP roots (one of the "
-        "2026-07-28 protocol cannot be asked for them): with namespace_from_roots, such a session's namespace is the "
-        "one this folder's root would give. Claude Code names it to every MCP server it starts (CLAUDE_PROJECT_DIR, "
-        "read as this setting).",
+        "2026-07-28 protocol cannot be asked for them; the MCP Inspector): with namespace_from_roots, such a session's "
+        "namespace is the one this folder's root would give. Claude Code names it to every MCP server it starts "
+        "(CLAUDE_PROJECT_DIR, read as this setting); memrl-mcp --project DIR sets it.",
     )

@@ -55,6 +55,7 @@ from memrl_mcp.models import (
     TrajectoryResult,
     iso_time,
 )
+from memrl_mcp.redaction import redacted
 from memrl_mcp.requests import NewExperience, OutcomeReport, TrajectoryReport
 from memrl_mcp.settings import Settings
 from memrl_mcp.surface.asking import Asking, Holder, OpenQuestions, Subject
@@ -314,7 +315,7 @@ class Feedback:
         except ValidationError as error:
             raise MemoryRequestError("reward: the user's answer: " + plain_error(error.errors()[0])) from None
         said = answer.note.strip() if answer.note else ""
-        note = self._note.check("note", said) if said else None
+        note = redacted(self._note.check("note", said), MAX_NOTE_CHARS) if said else None  # kept, and said back
         return Verdict("accept", answer.succeeded, self._learning.user_reward(answer.succeeded), note)
 
     # -- the model ------------------------------------------------------------------------------------

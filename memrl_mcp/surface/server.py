@@ -25,7 +25,7 @@ from memrl_mcp import __version__
 from memrl_mcp.errors import MemoryRequestError
 from memrl_mcp.memory.access import Access
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.projects import folder_uri, project_namespace
+from memrl_mcp.projects import Project, folder_uri, project_of
 from memrl_mcp.requests import StatsQuery
 from memrl_mcp.settings import ALL_NAMESPACES, TOOL_PROFILES, LearningSettings, Settings
 from memrl_mcp.surface.asking import OpenQuestions
@@ -34,12 +34,13 @@ from memrl_mcp.surface.calls import served
 from memrl_mcp.surface.feedback import Feedback
 from memrl_mcp.surface.observability import Metrics
 from memrl_mcp.surface.recalls import Reader, add_recall_resource
-from memrl_mcp.surface.roots import roots_namespace
+from memrl_mcp.surface.roots import roots_project
 from memrl_mcp.surface.schema import Arguments, MemoryTool, argument_values
 from memrl_mcp.surface.tools import TOOLS
+from memrl_mcp.validation import client_name
 
 TOKEN_REQUIRED = "authorization: a valid bearer token is required"
-PROJECT_SESSION = "a session of this project (its project's namespace, and other_namespaces)"
+PROJECT_SESSION = "a session of this project (its project's namespace, its folder's earlier one, and other_namespaces)"
 
 
 def instructions(profile: str, learning: LearningSettings) -> str:
@@ -107,7 +108,7 @@ def create_server(
     metrics = metrics or Metrics(service)
     feedback = Feedback(service, reports_on_loop=single_client, settings=settings, questions=questions)
     arguments = Arguments(service.limits, argument_values(settings, service.scale.delta))
-    callers = Callers(settings, tokens)
+    callers = Callers(settings, tokens, on_this_machine=single_client)
     shows = serving.max_recall_chars
     tools: list[Tool] = [
         MemoryTool.strict(
@@ -139,10 +140,12 @@ def create_server(
 @dataclasses.dataclass(frozen=True)
 class Callers:
     """Who makes a call: the token of the request that carried it (:func:`~memrl_mcp.surface.auth.caller`), with
-    the default namespace of the client's ``settings``."""
+    the default namespace of the client's ``settings``. ``on_this_machine``: the clients' roots name folders of this
+    machine (stdio, the local server's sessions), whose git repositories are their projects."""
 
     settings: Settings
     tokens: TokenTable | None
+    on_this_machine: bool = False
 
     async def tool_caller(self, ctx: Context[Any, Any]) -> Access:
         """A tool's caller (:meth:`resource_caller`), refused as a tool error."""
@@ -153,32 +156,39 @@ class Callers:
 
     async def resource_caller(self, ctx: Context[Any, Any]) -> Access:
         """Who sends this request: its token's namespaces; when its token names no default namespace, the one of the
-        client's project (its root, else the ``project_dir`` setting), else the client's ``namespace`` setting.
+        client's project (its root, else the ``project_dir`` setting: :func:`~memrl_mcp.projects.project_of`), else
+        the client's ``namespace`` setting.
 
-        A session of a project without a token reaches its project's namespace and ``other_namespaces`` alone
-        (``["*"]``: every namespace): with recalls made for every prompt, a namespace another project could reach
-        would be a channel from that project's files into this one's prompts. A session with no project, or with a
-        token (whose namespaces an operator granted), is not confined further."""
+        A session of a project without a token reaches its project's namespace, its folder's earlier one, and
+        ``other_namespaces`` alone (``["*"]``: every namespace): with recalls made for every prompt, a namespace
+        another project could reach would be a channel from that project's files into this one's prompts. A session
+        with no project, or with a token (whose namespaces an operator granted), is not confined further. A project's
+        recalls search its earlier namespace too (``also_recalled``): its memories from before are the project's."""
         access = caller(ctx.request_context.request, self.tokens)
         if access is None:  # over HTTP the SDK answered 401 already; this is a call without HTTP, or a bug
             raise ResourceError(TOKEN_REQUIRED)
+        params = ctx.session.client_params  # the handshake's, or what a 2026-07-28 request says of its client
+        access = dataclasses.replace(access, client_name=client_name(params and params.client_info.name))
         if access.default is not None:
             return access
         namespaces = self.settings.namespaces
         project = None
         if namespaces.namespace_from_roots and not self.settings.is_set("namespace"):
-            project = await roots_namespace(ctx) or self._folder_namespace()
+            project = await roots_project(ctx, self.on_this_machine) or self._folder_project()
         if project is None:
             return dataclasses.replace(access, default=namespaces.namespace)
+        earlier = () if project.earlier is None else (project.earlier,)
         if self.tokens is not None or ALL_NAMESPACES in namespaces.other_namespaces:
-            return dataclasses.replace(access, default=project)
-        reach = frozenset({project, *namespaces.other_namespaces})
-        return Access(reach, project, access.client, holder=PROJECT_SESSION)
+            return dataclasses.replace(access, default=project.namespace, also_recalled=earlier)
+        reach = frozenset({project.namespace, *earlier, *namespaces.other_namespaces})
+        confined = Access(reach, project.namespace, access.client, holder=PROJECT_SESSION, also_recalled=earlier)
+        return dataclasses.replace(confined, client_name=access.client_name)
 
-    def _folder_namespace(self) -> str | None:
-        """The namespace of the ``project_dir`` setting (what a client that sends no roots says of its project)."""
+    def _folder_project(self) -> Project | None:
+        """The project of the ``project_dir`` setting (what a client that sends no roots says of its project): a
+        folder of this server's machine, whatever the transport."""
         folder = self.settings.namespaces.project_dir
-        return None if folder is None else project_namespace(folder_uri(folder))
+        return None if folder is None else project_of(folder_uri(folder))
 
 
 def _add_resources(server: MCPServer, service: MemoryService, reader: Reader) -> None:

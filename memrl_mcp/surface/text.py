@@ -3,7 +3,8 @@
 A result reaches the client twice: as structured content, every field with its exact value (for programs, and
 for models of clients that read it), and as text, which most clients put into the model's context on every later
 turn of the conversation. The text carries what the model needs to act, and little else: each memory's experience,
-whether it worked, how far to trust it (its learned utility q and how many rewards taught it), the recall id to
+whether it worked, how far to trust it (its learned utility q and how many rewards taught it, how old it is, and
+where it came from: the MCP client that wrote it, and its namespace when it is not the recall's), the recall id to
 report; numbers rounded. Ids, times, scores and metadata stay in the structured content.
 
 What a memory says is untrusted data (:mod:`~memrl_mcp.surface.quoting`): a recall's text says so, shows each
@@ -35,6 +36,7 @@ from memrl_mcp.models import (
     StoreResult,
     TrajectoryResult,
 )
+from memrl_mcp.redaction import redacted
 from memrl_mcp.surface.quoting import defanged, quoted, shares, shortened
 
 NO_MEMORY = "No memory of a similar task: a new kind of task."
@@ -63,11 +65,35 @@ def _trust(memory: MemoryView) -> str:
     return f"{memory.outcome}, q {number(memory.q)}, {uses}"
 
 
-def _recalled(memories: Sequence[RecalledMemory]) -> str:
+def age(days: float) -> str:
+    """How old a memory is, in the unit a person would say it in: ``new`` (under an hour), ``5 hours old``, ``3 days
+    old``, ``4 months old``, ``2 years old``."""
+    if days < 1 / 24:
+        return "new"
+    count, unit = next((int(days / size), unit) for limit, size, unit in AGES if days < limit)
+    return f"{count} {unit}{'' if count == 1 else 's'} old"
+
+
+AGES = ((1.0, 1 / 24, "hour"), (60.0, 1.0, "day"), (730.0, 30.44, "month"), (float("inf"), 365.25, "year"))
+"""Below each limit (days), the unit an age is said in, and its length in days."""
+
+
+def _origin(memory: RecalledMemory, namespace: str) -> str:
+    """How old a recalled memory is and where it came from: the client that wrote it, and its namespace when it is
+    not the recall's (a project's earlier one, another that ``other_namespaces`` lets in)."""
+    source = [f"from {memory.client}"] if memory.client else []
+    source += [f"in {memory.namespace}"] if memory.namespace != namespace else []
+    return ", ".join([age(memory.age_days), *filter(None, [" ".join(source)])])
+
+
+def _recalled(memories: Sequence[RecalledMemory], namespace: str) -> str:
     """The untrusted memories of a recall or a search, each quoted (module docstring)."""
     if not memories:
         return NO_MEMORY
-    entries = [f"{i}. {_trust(m)}: {quoted(m.experience)}" + _whole(m) for i, m in enumerate(memories, 1)]
+    entries = [
+        f"{i}. {_trust(m)}, {_origin(m, namespace)}: {quoted(m.experience)}" + _whole(m)
+        for i, m in enumerate(memories, 1)
+    ]
     return "\n".join([UNTRUSTED, *entries])
 
 
@@ -79,8 +105,8 @@ def _whole(memory: RecalledMemory) -> str:
 def _(result: SearchResult) -> str:
     if isinstance(result, RecallResult):
         head = f"recall_id {result.recall_id}: pass it to report_outcome when the task is over."
-        return f"{head}\n{_recalled(result.memories)}"
-    return _recalled(result.memories)
+        return f"{head}\n{_recalled(result.memories, result.namespace)}"
+    return _recalled(result.memories, result.namespace)
 
 
 Found = TypeVar("Found", bound=SearchResult)
@@ -89,12 +115,13 @@ Found = TypeVar("Found", bound=SearchResult)
 def shown(result: Found, chars: int) -> Found:
     """``result`` as the model is shown it: its experiences within ``chars`` characters in all (each long one
     shortened to its head, :func:`~memrl_mcp.surface.quoting.shares`), each task within :data:`SHOWN_TASK_CHARS`, and
-    both with what could pass for markup defanged; a memory shortened says so (``shortened``)."""
-    experiences = [defanged(m.experience) for m in result.memories]
+    both redacted (:func:`~memrl_mcp.redaction.redacted`: a memory stored before redaction existed) and with what
+    could pass for markup defanged; a memory shortened says so (``shortened``)."""
+    experiences = [defanged(redacted(m.experience)) for m in result.memories]
     budgets = shares([len(experience) for experience in experiences], chars)
     memories = []
     for memory, experience, budget in zip(result.memories, experiences, budgets, strict=True):
-        task = defanged(memory.task)
+        task = defanged(redacted(memory.task))
         shown_task, shown_experience = shortened(task, SHOWN_TASK_CHARS), shortened(experience, budget)
         cut = shown_task != task or shown_experience != experience
         memories.append(
