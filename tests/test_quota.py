@@ -147,12 +147,12 @@ REWRITES_BOUND_MB = 12
 @pytest.mark.parametrize("tool", ["update_memory", "store_experience"])
 async def test_rewriting_one_memory_cannot_grow_the_disk_past_a_bound(tmp_path: Path, tool: str, engine: str) -> None:
     """bob (namespace_quota_mb: 1) stores one memory of 15,000 characters, then rewrites it with a new 15,000-character
-    experience again and again: through update_memory, or through store_experience of the same task, which merges
-    into it (the default core profile). qdrant-edge kept every replaced version and the log of every write until
-    a flush: the store grew linearly (96 MB after 3,600 rewrites) and nothing refused or gave it back. Now the
-    versions a namespace's rewrites replace count in its usage until a flush lets the engine reuse them, a
-    namespace at its quota has them flushed, and the log's segments are small: the store stays small, through a
-    close and a reopen. A refusal, if any, names the quota."""
+    experience again and again: through update_memory, or through store_experience of the same task, which keeps at most
+    ``max_task_variants`` (3) variants of the task, the weakest replaced (the default core profile). qdrant-edge kept
+    every replaced version and the log of every write until a flush: the store grew linearly (96 MB after 3,600
+    rewrites) and nothing refused or gave it back. Now the versions a namespace's rewrites replace count in its usage
+    until a flush lets the engine reuse them, a namespace at its quota has them flushed, and the log's segments are
+    small: the store stays small, through a close and a reopen. A refusal, if any, names the quota."""
     data_dir = tmp_path / "data"
     env = {"MEMRL_TOKENS_FILE": str(tokens_file(tmp_path, bob_quota_mb=1)), "MEMRL_EMBEDDED_ENGINE": engine}
     profile = {"MEMRL_TOOL_PROFILE": "core"} if tool == "store_experience" else {}
@@ -160,6 +160,7 @@ async def test_rewriting_one_memory_cannot_grow_the_disk_past_a_bound(tmp_path: 
     with http_server(data_dir, tmp_path, **env, **profile) as server:
         async with mcp_client(server, BOB) as bob:
             first = await call(bob, "store_experience", task=REWRITTEN_TASK, experience=text(0, LONG))
+            ids, last = {first["id"]}, first["id"]
             for i in range(1, rewrites + 1):
                 if tool == "update_memory":
                     arguments = {"memory_id": first["id"], "experience": text(i, LONG)}
@@ -173,14 +174,17 @@ async def test_rewriting_one_memory_cannot_grow_the_disk_past_a_bound(tmp_path: 
                     await anyio.sleep(GIVE_BACK_EVERY)
                 else:
                     assert result.structured_content is not None
-                    assert result.structured_content["id"] == first["id"]
+                    last = result.structured_content["id"]
+                    ids.add(last)
                 if i % (rewrites // 6) == 0:
                     sizes.append(du_mb(data_dir))
+    variants = 1 if tool == "update_memory" else 3
+    assert ids == {first["id"]} if tool == "update_memory" else len(ids) >= variants  # new variants, in place
     closed = du_mb(data_dir)
     with http_server(data_dir, tmp_path, **env) as server:
         async with mcp_client(server, BOB) as bob:
-            assert (await call(bob, "memory_stats"))["memories"] == 1
-            memory = await call(bob, "update_memory", memory_id=first["id"], experience="the last word")
+            assert (await call(bob, "memory_stats"))["memories"] == variants
+            memory = await call(bob, "update_memory", memory_id=last, experience="the last word")
             assert memory["experience"] == "the last word"
     reopened = du_mb(data_dir)
     print(f"{engine}, {rewrites} rewrites by {tool}: {sizes} MB, {closed:.1f} closed, {reopened:.1f} reopened; "
