@@ -21,6 +21,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, expect, sync_playwright
 
 from tests.support.inspector import (
+    AGENT,
     ALICE,
     CLOSEST,
     FARTHER,
@@ -239,6 +240,7 @@ def test_a_memorys_page_says_who_wrote_it_and_who_gave_each_reward(
     p.select_option("#namespace", "sources")
     p.click(f"text={SAMPLED}")
     expect(p.locator("#memory-source")).to_have_text("the client's model")
+    expect(p.locator("#memory-client")).to_have_text(AGENT)  # which agent's session wrote it (issue 41.3)
     givers = ["the tests (the agent claimed 1.00)", f"the user: \u201c{USER_NOTE}\u201d"]  # newest first
     expect(p.locator("#q-history tbody tr td.giver")).to_have_text(givers)
     expect(p.locator("#q-history .contradicted")).to_have_text("(the agent claimed 1.00)")

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import yaml
 from mcp import types
+from mcp.types import Implementation
 
 from tests.support.mcp import call
 from tests.support.servers import HttpServer, base_url, http_server, mcp_client
@@ -85,6 +86,7 @@ def harness_runs(folder: Path) -> Path:
 
 
 SAMPLED = "Rotate the nginx logs every night"
+AGENT = "codex-mcp-client"  # the name the client of the provenance memories gives itself (clientInfo.name)
 
 
 SAMPLED_EXPERIENCE = "1. Write the logrotate rule. 2. Force a rotation. 3. Check the files."
@@ -123,7 +125,8 @@ async def seed(server: HttpServer, token: str | None) -> dict[str, str]:
         await store(UNRELATED, "preview", experience="list.sort()", q=0.0)
         for task in HOSTILE_TASKS:
             await store(task, "hostile", experience=HOSTILE_EXPERIENCE, metadata=HOSTILE_METADATA)
-    async with mcp_client(server, token, elicitation_callback=user_says_yes, sampling_callback=model_writes) as helped:
+    helpers = {"elicitation_callback": user_says_yes, "sampling_callback": model_writes}
+    async with mcp_client(server, token, client_info=Implementation(name=AGENT, version="1"), **helpers) as helped:
         # Provenance: an experience the client's model wrote, and a reward the user gave, with a note.
         stored = await call(helped, "store_experience", task=SAMPLED, trajectory="$ logrotate -f", namespace="sources")
         ids[SAMPLED] = stored["id"]

@@ -294,6 +294,7 @@ async function memoryView(main, id) {
       ["last reward", fmt(m.last_reward, 2)], ["merges", String(m.merges)], ["created", when(m.created_at)],
       ["updated", when(m.updated_at)],
       ["experience by", el("span", { id: "memory-source" }, WRITERS[m.experience_source ?? ""])],
+      ["from the agent", el("span", { id: "memory-client" }, m.client ?? "not named by its client")],
       ["id", el("code", {}, m.id)]]
       .map(([name, value]) => [el("dt", {}, name), el("dd", {}, value)]));
   const children = [
