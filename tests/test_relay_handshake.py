@@ -41,7 +41,8 @@ async def test_a_memory_that_cannot_be_reached_still_completes_the_handshake(sto
         async with Client(store.session(MEMRL_ATTACH="false")) as own:
             await call(own, "memory_stats")
             async with Client(store.session()) as attached:
-                assert "unavailable" in (attached.instructions or "")
+                # the handshake was answered while the server was being started; the call waited for the attempt
+                assert "memrl-mcp" in (attached.instructions or "")
                 await attached.list_tools()
                 result = await attached.call_tool("recall_experience", {"task": "deploy the web app"})
                 assert result.is_error

@@ -20,10 +20,21 @@ question of the same id. When a server dies, each of its open questions is withd
 protocol a question travels in the call's own result and its answer in the call made again, under state sealed by
 the server that asked: a new server refuses it and asks anew.)
 
+The handshake never waits for the memory (a client such as Claude Code leaves a server whose handshake fails out of
+its sessions for 15 minutes). With no server running, the relay starts one behind and answers ``initialize`` and
+``tools/list`` at once with what the server last answered for the same build and settings (kept, 0600, in the
+store's runtime folder: ``answers.json``, written from the server's real answers once a session reaches it), else
+with the least that names the server and an empty list of tools; ``server/discover`` is answered with an error, so
+that the client takes the handshake. Other requests wait for the server; once it answers, the handshake is replayed
+to it, what waited is passed on, and the client is told (``notifications/tools/list_changed``) if the tools differ
+from those listed. A memory that cannot be reached (the server refuses the session: another version beside other
+sessions, other settings of the memory; or cannot start: the store held by another process) is said on stderr, in
+the instructions, and as the tool error of each call (an error answer for other requests); a call made 5 s or more
+after the last attempt tries again.
+
 At the end of stdin the relay closes its half of the connection; the server answers what it read, closes, and the
-relay exits. A session the server refuses (another version of memrl-mcp serving other sessions, settings of the
-memory that differ from the server's) or that cannot start one ends with the reason on stderr and as the error
-answer of each request, so that the client shows it rather than "connection closed".
+relay exits. A session whose settings cannot even be read, or that runs in a process of its own which cannot open
+the store, ends with the reason on stderr and as the error answer of each request (:func:`refuse`).
 """
 
 from __future__ import annotations
