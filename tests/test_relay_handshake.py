@@ -53,8 +53,8 @@ async def test_a_memory_that_cannot_be_reached_still_completes_the_handshake(sto
 async def test_a_cold_start_lists_the_tools_at_once_and_then_serves_them(store: LocalStore) -> None:
     with anyio.fail_after(START_S):
         async with Client(store.session()) as first:  # its server's answers are kept
-            tools = {tool.name for tool in (await first.list_tools()).tools}
             await call(first, "store_experience", task="tune the piano", experience="every spring")
+            tools = {tool.name for tool in (await first.list_tools()).tools}  # the first ever: listed once started
         assert store.local("stop").returncode == 0
         store.wait_gone()
         started = time.perf_counter()
