@@ -227,6 +227,7 @@ async def test_other_settings_of_the_memory_are_refused_beside_sessions_and_rest
 ) -> None:
     with anyio.fail_after(START_S):
         async with session(store) as first:
+            await call(first, "memory_stats")  # the handshake waits for no server: a call reaches it
             owner = store.server_pid()
             assert "k1 (the session's from environment MEMRL_K1)" in await refusal(store, MEMRL_K1="3")
             async with session(store, env={"MEMRL_NAMESPACE": "elsewhere"}) as second:  # a session's own setting
