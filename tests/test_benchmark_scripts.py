@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
         ("rewrites.py", ("--rewrites", "6", "--chars", "500", "--engines", "edge"), "reopened"),
         ("open_room.py", ("--memories", "0", "50"), "asks MB free"),
         ("tool_list.py", ("--profile", "core"), "core: "),
+        ("cold_start.py", ("--runs", "1"), "cold / warm: "),
         ("followups.py", ("--limit", "20"), "continues: accuracy"),
         ("local_fairness.py", ("--runs", "1", "--recalls", "5", "--in-flight", "4", "--seed", "3"), "flood / alone"),
         (

@@ -369,11 +369,12 @@ async def test_another_store_gets_its_own_server_and_another_spelling_does_not(t
         other = LocalStore(tmp_path / "other", one.runtime_dir)
         (tmp_path / "link").symlink_to(tmp_path / "one")
         same = LocalStore(tmp_path / "link" / "." / ".." / "link", one.runtime_dir)  # the same folder
-        async with session(one) as first, session(other) as second, session(same) as third:
-            await call(first, "store_experience", task="water the plants", experience="twice a week")
-            assert (await call(second, "list_memories"))["memories"] == []
-            assert [m["task"] for m in (await call(third, "list_memories"))["memories"]] == ["water the plants"]
-            assert one.server_pid() != other.server_pid() and one.server_pid() == same.server_pid()
+        async with session(one) as first:
+            await call(first, "store_experience", task="water the plants", experience="twice a week")  # its folder
+            async with session(other) as second, session(same) as third:
+                assert (await call(second, "list_memories"))["memories"] == []
+                assert [m["task"] for m in (await call(third, "list_memories"))["memories"]] == ["water the plants"]
+                assert one.server_pid() != other.server_pid() and one.server_pid() == same.server_pid()
         assert len(servers_of(one.runtime_dir)) == 2
 
 

@@ -260,7 +260,8 @@ def session_victim(env: dict[str, str], cwd: Path, prompt: str) -> tuple[str, st
         return "attacker", said
     answers = [json.loads(line) for line in done.stdout.splitlines()]
     recalled = [answer for answer in answers if answer.get("id") == 1 and "result" in answer]
-    return ("own" if recalled else "refused"), said
+    served = recalled and not recalled[0]["result"].get("isError")  # a tool error: the memory was unavailable
+    return ("own" if served else "refused"), said
 
 
 def attack(runs: list[Callable[[], tuple[str, str]]], shared: Path) -> Victims:
@@ -353,7 +354,9 @@ def test_a_socket_another_user_serves_is_refused_before_anything_is_sent(store: 
         with racing(shared, "-", place.folder.name, tmp_path / "nothing") as attacker:
             os.replace(shared / "evil" / place.folder.name / "socket", place.socket)  # nobody's listener, in place
             again = relay.call("memory_stats")
-            assert "another user" in again["error"]["message"] and str(place.socket) in again["error"]["message"]
+            assert again["result"]["isError"], again  # a tool error: the session's handshake stands (issue 40.2)
+            said = again["result"]["content"][0]["text"]
+            assert "another user" in said and str(place.socket) in said, said
             relay.close()
             how, said = hook_victim(env, project, f"plan the offsite {secret}")
             assert how == "refused" and "another user (uid 65534)" in said, said
