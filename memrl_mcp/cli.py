@@ -448,12 +448,14 @@ def _serve_http_locally(args: argparse.Namespace, target: Target) -> int:
     server's stop (the message says so, status 1)."""
     from memrl_mcp.local import attach
     from memrl_mcp.settings import load_grants
+    from memrl_mcp.surface.auth import is_loopback
 
     settings = _settings(args)
     serving = settings.serving
-    if load_grants(serving):
+    if load_grants(serving) or not is_loopback(serving.host):
+        has = "tokens" if load_grants(serving) else f"the host {serving.host}"
         raise MemrlError(
-            "the local memory server serves HTTP without tokens, on loopback only; these settings have tokens: run a "
+            f"the local memory server serves HTTP without tokens, on loopback only; these settings have {has}: run a "
             "server of their own instead (`memrl-mcp --transport streamable-http --no-attach`, on a store no local "
             "server holds)"
         )
