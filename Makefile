@@ -160,9 +160,11 @@ desktop-bundle: setup
 	$(PY) -m pip install --quiet 'uv>=0.5'  # what writes the bundle's lock file (the dev extra has it too)
 	PYTHON=$(PY) UV=$(VENV)/bin/uv integrations/claude-desktop/build.sh dist
 
-# The inspector draws the learning curves of `make demo`'s runs (runs/demo).
+# Streamable HTTP served by the user's local server of the store (docs/serving.md): one memory with every stdio session
+# (the Claude Code plugin's, its hooks'), whichever starts first; Ctrl-C stops the HTTP listener. The inspector draws
+# the learning curves of `make demo`'s runs (runs/demo) when this starts the local server.
 serve: setup
-	MEMRL_UI_RUNS='["$(abspath runs/demo)"]' $(VENV)/bin/memrl-mcp --transport streamable-http --host 127.0.0.1 --port 8765
+	MEMRL_UI_RUNS='["$(abspath runs/demo)"]' $(VENV)/bin/memrl-mcp local serve --host 127.0.0.1 --port 8765
 
 # The controlled (LLM-free) benchmark in the three memory modes, then their report (runs/, report/).
 demo: $(HARNESS_STAMP)

@@ -20,6 +20,7 @@ from memrl_mcp import __version__
 from memrl_mcp.errors import MemrlError
 
 if TYPE_CHECKING:
+    from memrl_mcp.local.attach import Target
     from memrl_mcp.local.place import Place
     from memrl_mcp.memory.service import MemoryService
     from memrl_mcp.settings import Settings
@@ -111,9 +112,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="The user's local memory server of the store, which every stdio session attaches to: status "
         "(the default) says whether it runs, its sessions and its inspector's address; ui prints the inspector's "
         "address (starting the server if none runs); stop stops it (attached sessions start a new one at their next "
-        "call); run runs it in the foreground (what a session starts).",
+        "call); run runs it in the foreground (what a session starts); serve has it serve streamable HTTP at "
+        "http://HOST:PORT/mcp (and the inspector at /ui) on the same memory as every stdio session, starting it if "
+        "none runs, until this command ends (Ctrl-C): loopback only, without tokens.",
     )
-    local.add_argument("action", nargs="?", choices=("status", "ui", "stop", "run"), default="status")
+    local.add_argument("action", nargs="?", choices=("status", "ui", "stop", "run", "serve"), default="status")
+    local.add_argument("--host", default=argparse.SUPPRESS, help="serve: the loopback address (the host setting).")
+    local.add_argument("--port", type=int, default=argparse.SUPPRESS, help="serve: the HTTP port (the port setting).")
     _store_options(local, default=argparse.SUPPRESS)
     hook = commands.add_parser(
         "hook",
@@ -418,6 +423,8 @@ def run_local(args: argparse.Namespace) -> int:
         if target is None:
             raise AttachError("these settings run memrl-mcp in a process of its own (attach: false, read_only, "
                               "qdrant_url): no local server serves them")  # fmt: skip
+        if args.action == "serve":
+            return _serve_http_locally(args, target)
         if args.action == "ui":
             print(attach.attach(target, "status").answer.ui)
             return 0
@@ -441,6 +448,47 @@ def run_local(args: argparse.Namespace) -> int:
     _gone(place)
     print(f"local memory server of {target.data_dir}: stopped (pid {answer.pid})")
     return 0
+
+
+def _serve_http_locally(args: argparse.Namespace, target: Target) -> int:
+    """``local serve``: the local server of the store (started if none runs) serves streamable HTTP on the host and
+    port of this command's settings for as long as this command's connection to it is open; this command's
+    settings are its HTTP clients' as a stdio session's are its client's. Ctrl-C or SIGTERM ends it; so does the
+    server's stop (the message says so, status 1)."""
+    from memrl_mcp.local import attach
+    from memrl_mcp.settings import load_grants
+    from memrl_mcp.surface.auth import is_loopback
+
+    settings = _settings(args)
+    serving = settings.serving
+    if load_grants(serving) or not is_loopback(serving.host):
+        has = "tokens" if load_grants(serving) else f"the host {serving.host}"
+        raise MemrlError(
+            f"the local memory server serves HTTP without tokens, on loopback only; these settings have {has}: run a "
+            "server of their own instead (`memrl-mcp --transport streamable-http --no-attach`, on a store no local "
+            "server holds)"
+        )
+    _stop_on_signals()  # a KeyboardInterrupt, which closes the connection and so ends the HTTP server
+    try:
+        attached = attach.attach(target, "http", http=(serving.host, serving.port))
+    except KeyboardInterrupt:
+        return 0
+    host = f"[{serving.host}]" if ":" in serving.host else serving.host
+    try:
+        print(f"memrl-mcp: serving http://{host}:{serving.port}/mcp (the inspector at /ui) on the local memory "
+              f"server of {attached.answer.data_dir} (pid {attached.answer.pid}), shared with every stdio session of "
+              "the store; Ctrl-C stops it", file=sys.stderr, flush=True)  # fmt: skip
+        while attached.connection.recv(1 << 16):  # the server says nothing more: only its end is awaited
+            pass
+    except KeyboardInterrupt:
+        return 0
+    except OSError:
+        pass
+    finally:
+        attached.connection.close()
+    print(f"memrl-mcp: the local memory server of {attached.answer.data_dir} stopped: HTTP is no longer served on "
+          f"port {serving.port}", file=sys.stderr)  # fmt: skip
+    return 1
 
 
 def _run_local_server(args: argparse.Namespace) -> int:

@@ -76,7 +76,7 @@ class Target:
     environ: Mapping[str, str] = field(default_factory=dict)
     check_commands: tuple[str, ...] = ()  # a project's own checks, which the hooks recognise (check_commands)
 
-    def hello(self, kind: Kind) -> Hello:
+    def hello(self, kind: Kind, host: str = "", port: int = 0) -> Hello:
         return Hello(
             kind=kind,
             version=__version__,
@@ -86,6 +86,8 @@ class Target:
             config=None if self.config is None else str(self.config),
             cwd=str(self.cwd),
             environ=read_by_settings(self.environ),
+            host=host,
+            port=port,
         )
 
 
@@ -140,13 +142,20 @@ class Attached:
     started: subprocess.Popen[bytes] | None = None
 
 
-def attach(target: Target, kind: Kind = "session", start: bool = True, timeout: float = START_SECONDS) -> Attached:
-    """A connection to ``target``'s local server, greeted as ``kind``, within ``timeout`` seconds in all; the server
+def attach(
+    target: Target,
+    kind: Kind = "session",
+    start: bool = True,
+    timeout: float = START_SECONDS,
+    http: tuple[str, int] = ("", 0),
+) -> Attached:
+    """A connection to ``target``'s local server, greeted as ``kind`` (``http``: serve streamable HTTP on the host
+    and port ``http`` while the connection is open), within ``timeout`` seconds in all; the server
     is started first when none runs and ``start`` (module docstring). :class:`NotRunningError` when none runs and
     none is to be started; :class:`AttachError` when none could be reached or started in time, another user
     listens, or the server refused (its message says why)."""
     place = place_of(target.data_dir, target.runtime_dir)
-    hello = target.hello(kind)
+    hello = target.hello(kind, *http)
     deadline = time.monotonic() + timeout
     started: subprocess.Popen[bytes] | None = None
     while True:

@@ -13,7 +13,7 @@ from typing import Literal, TypeVar
 
 PROTOCOL = 1  # of the greeting below; a change of its fields is a new number
 GREETING_LIMIT = 1 << 20  # bytes of one greeting line (a session's settings' variables fit many times over)
-Kind = Literal["session", "status", "stop"]
+Kind = Literal["session", "status", "stop", "http"]
 
 
 @dataclass(frozen=True)
@@ -29,13 +29,16 @@ class Hello:
     config: str | None = None
     cwd: str = "/"
     environ: dict[str, str] = field(default_factory=dict)
+    host: str = ""  # ``http``: where the server is to serve streamable HTTP for as long as this connection is open
+    port: int = 0
     protocol: int = PROTOCOL
 
 
 @dataclass(frozen=True)
 class Answer:
-    """The server's answer to a :class:`Hello`. ``ok``: the MCP session starts on this connection (``session``) or
-    the request was done (``status``, ``stop``); else ``message`` says why not, and ``retry`` that the server is
+    """The server's answer to a :class:`Hello`. ``ok``: the MCP session starts on this connection (``session``),
+    the server serves streamable HTTP until the connection closes (``http``), or the request was done (``status``,
+    ``stop``); else ``message`` says why not, and ``retry`` that the server is
     going away for this very session (a restart to another version or other settings): connect again."""
 
     ok: bool

@@ -40,6 +40,7 @@ A session is admitted only when the server can serve it as a process of its own 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import logging
@@ -63,9 +64,9 @@ from memrl_mcp.errors import MemrlError
 from memrl_mcp.local.greeting import GREETING_LIMIT, Answer, Hello, decode, encode
 from memrl_mcp.local.place import OWNER_LOCK, SOCKET, AttachError, Place, build_identity, flocked, peer_uid, place_of
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.settings import ALL_NAMESPACES, Settings, SettingsError, TokenGrant, load_settings
+from memrl_mcp.settings import ALL_NAMESPACES, Settings, SettingsError, TokenGrant, load_grants, load_settings
 from memrl_mcp.surface.asking import SESSION
-from memrl_mcp.surface.auth import TokenTable
+from memrl_mcp.surface.auth import TokenTable, is_loopback
 from memrl_mcp.surface.feedback import open_questions
 from memrl_mcp.surface.server import create_server
 from memrl_mcp.transports.http import UVICORN_OPTIONS, http_app
@@ -245,9 +246,18 @@ class LocalServer:
             hello = decode(Hello, greeting)
             answer, settings = self._admit(hello, connection)
             admitted = settings is not None
+            listener = None
+            if settings is not None and hello.kind == "http":
+                try:
+                    listener = http_listener(hello.host, hello.port, settings)
+                except (MemrlError, SettingsError) as error:  # AttachError, a tokens file that cannot be read
+                    answer, settings = self._answer(False, message=str(error)), None
             connection.settimeout(GREETING_SECONDS)  # an answer the session does not take in time ends it
             connection.sendall(encode(answer))
-            if settings is not None:
+            if listener is not None and settings is not None:
+                connection.settimeout(None)
+                self._serve_http(settings, listener, hello, connection)
+            elif settings is not None:
                 connection.settimeout(None)
                 SESSION.set(str(next(self._numbers)))  # this thread's: its loop and worker threads inherit it
                 with self._serving(settings) as server:
@@ -319,6 +329,26 @@ class LocalServer:
                 for name in idle[: max(0, len(idle) - IDLE_SERVERS)]:
                     del self._servers[name]
 
+    def _serve_http(self, settings: Settings, listener: socket.socket, hello: Hello, connection: socket.socket) -> None:
+        """Streamable HTTP on ``listener`` (:func:`http_listener`), an MCP server of ``settings`` over the shared
+        memory, for as long as ``connection`` (the command that asked, counted as a session) stays open: its end,
+        whatever ends it (the command's Ctrl-C, its death, the server's stop), ends the HTTP server."""
+        app = http_app(self._service, "streamable-http", hello.host, None, settings=settings, questions=self._questions)
+        server = uvicorn.Server(uvicorn.Config(app, **UVICORN_OPTIONS))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+        thread.start()
+        log.info("streamable HTTP on http://%s:%d/mcp for pid %d", hello.host, hello.port, hello.pid)
+        try:
+            while thread.is_alive() and connection.recv(1 << 16):  # nothing is to come: the end of the connection
+                pass
+        except OSError:
+            pass
+        finally:
+            server.should_exit = True
+            thread.join(timeout=STOP_SECONDS)
+            listener.close()
+            log.info("streamable HTTP on http://%s:%d/mcp stopped", hello.host, hello.port)
+
     async def _session(self, server: MCPServer, connection: socket.socket) -> None:
         """One session's MCP session, on its own event loop, with its bounds (module docstring)."""
         serving = self._settings.serving
@@ -364,6 +394,33 @@ class LocalServer:
             ui=self._inspector.url,
             started=self._started,
         )
+
+
+def http_listener(host: str, port: int, settings: Settings) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` for a command's streamable HTTP; loopback only and without tokens
+    (the sessions of a local server have no tokens: a command that has them runs a server of its own,
+    ``--transport streamable-http --no-attach``). AttachError saying why when the port cannot be had."""
+    if load_grants(settings.serving):
+        raise AttachError(
+            "the local memory server serves HTTP without tokens, on loopback only: with tokens, run a server of "
+            "its own (`memrl-mcp --transport streamable-http --no-attach`, on a store no local server holds)"
+        )
+    if not is_loopback(host):
+        raise AttachError(
+            f"the local memory server serves HTTP on loopback only (127.0.0.1, ::1), not on {host}: anyone who "
+            "reaches the port could read and change every memory"
+        )
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: not a port in use
+        listener.bind((host.strip("[]"), port))
+        listener.listen(2048)
+    except OSError as error:
+        listener.close()
+        why = "it is in use (another server listens there)" if error.errno == errno.EADDRINUSE else error.strerror
+        raise AttachError(f"cannot serve HTTP on {host} port {port}: {why}") from None
+    return listener
 
 
 def crowded(data_dir: Path, pid: int, most: int) -> str:

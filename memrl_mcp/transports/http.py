@@ -20,7 +20,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memrl_mcp.memory.service import MemoryService
-from memrl_mcp.settings import ServingSettings, SettingsError, load_grants
+from memrl_mcp.settings import ServingSettings, Settings, SettingsError, load_grants
+from memrl_mcp.surface.asking import OpenQuestions
 from memrl_mcp.surface.auth import TokenTable, is_loopback, refusal
 from memrl_mcp.surface.observability import Metrics
 from memrl_mcp.surface.server import create_server
@@ -82,19 +83,29 @@ def serve(service: MemoryService, transport: Transport, host: str, port: int, to
     uvicorn.run(http_app(service, transport, host, tokens), host=host, port=port, **UVICORN_OPTIONS)
 
 
-def http_app(service: MemoryService, transport: Transport, host: str, tokens: TokenTable | None) -> ASGIApp:
+def http_app(
+    service: MemoryService,
+    transport: Transport,
+    host: str,
+    tokens: TokenTable | None,
+    settings: Settings | None = None,
+    questions: OpenQuestions | None = None,
+) -> ASGIApp:
     """The ASGI app of an MCP server over ``service`` on an HTTP transport (not stdio), bound on ``host``: the MCP
     endpoint with its quotas and host checks, and beside it the operators' routes (:mod:`~memrl_mcp.transports.routes`)
-    and the inspector (:mod:`~memrl_mcp.transports.inspector`), which count and show what the same server serves."""
+    and the inspector (:mod:`~memrl_mcp.transports.inspector`), which count and show what the same server serves.
+    ``settings`` and ``questions``: those of its clients when they are not the service's, and the open questions it
+    shares with other servers over the service (the local server's HTTP sessions, as
+    :func:`~memrl_mcp.surface.server.create_server` says)."""
     metrics = Metrics(service)
-    server = create_server(service, tokens, metrics=metrics)
+    server = create_server(service, tokens, settings=settings, metrics=metrics, questions=questions)
     routes.mount(server, service, tokens, metrics)  # /health, /metrics, /stats
     inspector.mount(server, service, tokens)  # the /ui page and its JSON API
-    settings = service.settings.serving
-    security = transport_security(host, settings.allowed_hosts)
+    serving = (settings or service.settings).serving
+    security = transport_security(host, serving.allowed_hosts)
     endpoint = SSE_PATH if transport == "sse" else MCP_PATH
     server.custom_route("/", methods=["GET"], include_in_schema=False)(home(transport, endpoint))
-    per_token = settings.max_sessions_per_token
+    per_token = serving.max_sessions_per_token
     app: ASGIApp
     if transport == "sse":
         app = StreamQuota(server.sse_app(transport_security=security, host=host), tokens, per_token)
@@ -107,13 +118,13 @@ def http_app(service: MemoryService, transport: Transport, host: str, tokens: To
                 json_response=True,
                 transport_security=security,
                 host=host,
-                session_idle_timeout=settings.session_idle_seconds,
+                session_idle_timeout=serving.session_idle_seconds,
                 max_sessions=per_token * tenants,
             ),
             server.session_manager,
             tokens,
             per_token,
-            settings.session_idle_seconds,
+            serving.session_idle_seconds,
         )
     if tokens is not None:
         app = TokenCheck(app, tokens)
