@@ -1,8 +1,9 @@
-"""The user of the tests that run the agents' own CLIs (Codex, Copilot CLI, Claude Code) with the plugin of
-integrations/claude-code installed: one home folder (each agent keeps its configuration there), a runtime folder as
-a login gives one (``XDG_RUNTIME_DIR``), the memory's default store under the home, projects that are git
-repositories, and the environment every agent runs with: none of the suite's settings (no ``MEMRL_*``), the
-installed ``memrl-mcp`` on the PATH. What each agent gives its hooks and MCP server is then the agent's doing alone.
+"""The user of the tests that run the agents' own CLIs (Codex, Copilot CLI and Claude Code with the plugin of
+integrations/claude-code installed, Gemini CLI with the extension of integrations/gemini-cli): one home folder (each
+agent keeps its configuration there), a runtime folder as a login gives one (``XDG_RUNTIME_DIR``), the memory's
+default store under the home, projects that are git repositories, and the environment every agent runs with: none
+of the suite's settings (no ``MEMRL_*``), the installed ``memrl-mcp`` on the PATH. What each agent gives its hooks
+and MCP server is then the agent's doing alone.
 
 Each CLI is installed by ``make node`` from its folder's package.json and lock file (:func:`npm_cli`: ``npm ci``
 when it is missing)."""
@@ -25,7 +26,8 @@ from tests.support.local import LocalStore, stop_all
 ROOT = Path(__file__).parent.parent.parent
 BIN = Path(sys.executable).parent  # where the install put memrl-mcp
 INSTALL_S = 600
-FOREIGN = ("MEMRL_", "XDG_", "CLAUDE", "ANTHROPIC_", "CODEX", "OPENAI_", "COPILOT", "GH_", "GITHUB_", "PLUGIN_")
+FOREIGN = ("MEMRL_", "XDG_", "CLAUDE", "ANTHROPIC_", "CODEX", "OPENAI_", "COPILOT", "GH_", "GITHUB_", "PLUGIN_",
+           "GEMINI_", "GOOGLE_")  # fmt: skip
 """The variables of this process an agent must not see: the suite's settings, another agent's."""
 HOLD = HOLD_OPENING
 TASK = "deploy the web app to the staging cluster"
@@ -42,6 +44,13 @@ def npm_cli(folder: str, binary: str) -> Path:
     return found
 
 
+def agent_env(home: Path, **variables: str) -> dict[str, str]:
+    """What the shell of a user whose home folder is ``home`` gives an agent it starts: this process's variables but
+    the FOREIGN ones, the installed ``memrl-mcp`` first on the PATH; and ``variables``."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(FOREIGN)}
+    return env | {"HOME": str(home), "PATH": f"{BIN}{os.pathsep}{env['PATH']}"} | variables
+
+
 @dataclass(frozen=True)
 class AgentUser:
     """One user of the agents (module docstring)."""
@@ -56,10 +65,8 @@ class AgentUser:
         return LocalStore(self.home / ".local" / "share" / "memrl-mcp", self.runtime / "memrl-mcp")
 
     def env(self, **variables: str) -> dict[str, str]:
-        """What the user's shell gives an agent it starts, and ``variables``."""
-        env = {key: value for key, value in os.environ.items() if not key.startswith(FOREIGN)}
-        env |= {"HOME": str(self.home), "XDG_RUNTIME_DIR": str(self.runtime), "PATH": f"{BIN}{os.pathsep}{env['PATH']}"}
-        return env | variables
+        """What the user's shell gives an agent it starts (its runtime folder too), and ``variables``."""
+        return agent_env(self.home, XDG_RUNTIME_DIR=str(self.runtime), **variables)
 
     def project(self, name: str) -> Path:
         """A git repository of the user's, made on first use."""
