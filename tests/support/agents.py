@@ -15,12 +15,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from memrl_mcp.clients.core import HOLD_OPENING
+from tests.support.fake_api import Reply, Script
 from tests.support.local import LocalStore, stop_all
 
 ROOT = Path(__file__).parent.parent.parent
@@ -100,3 +102,27 @@ def agent_user(tmp_path: Path) -> Iterator[AgentUser]:
 def recall_id_in(text: str) -> str:
     """The recall id a hold or a context names (its last)."""
     return text.rsplit('recall_id "', 1)[1].split('"', 1)[0]
+
+
+def obliging_model(
+    held: Callable[[dict[str, Any]], list[str]],
+    called: Callable[[dict[str, Any], str], list[dict[str, Any]]],
+    tools: str,
+    recall_first: bool = False,
+) -> Script:
+    """A model that does what the hooks' words ask: it acts ("Done."), and reports the recall a held stop names,
+    once, as a success; with ``recall_first``, it first recalls through the memory's MCP tool on its own. Of a
+    request, ``held`` is the held stops' reasons it carries and ``called`` the arguments of each call the model made
+    of a tool; ``tools`` is how the agent names the memory's tools (the prefix of their names)."""
+
+    def reply(request: dict[str, Any]) -> Reply:
+        holds = held(request)
+        reported = {arguments["recall_id"] for arguments in called(request, f"{tools}report_outcome")}
+        if holds and recall_id_in(holds[-1]) not in reported:
+            arguments = {"recall_id": recall_id_in(holds[-1]), "reward": 1.0, "experience": LEARNED}
+            return Reply(tool=f"{tools}report_outcome", arguments=arguments)
+        if recall_first and not called(request, f"{tools}recall_experience"):
+            return Reply(tool=f"{tools}recall_experience", arguments={"task": TASK})
+        return Reply("Done.")
+
+    return reply

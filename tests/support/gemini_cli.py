@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from memrl_mcp.clients.core import HOLD_OPENING, RECALLED
-from tests.support.agents import LEARNED, ROOT, TASK, agent_env, npm_cli, recall_id_in
-from tests.support.anthropic import Reply, Script
+from tests.support.agents import ROOT, TASK, agent_env, npm_cli, obliging_model
+from tests.support.fake_api import Script
 from tests.support.gemini import FakeGemini, calls, texts
 
 EXTENSION = ROOT / "integrations" / "gemini-cli"
@@ -62,24 +62,17 @@ def session(home: Path, project: Path, model: FakeGemini, *args: str, **shell: s
 
 def holds(model: FakeGemini) -> list[str]:
     """The held stops' reasons the model received in the whole session: each a prompt of its own."""
-    return [text for text in texts(model.requests[-1]) if text.startswith(HOLD_OPENING)]
+    return held_in(model.requests[-1])
+
+
+def held_in(request: dict[str, Any]) -> list[str]:
+    """The held stops' reasons a request carries (Gemini CLI sends each as a prompt of its own)."""
+    return [text for text in texts(request) if text.startswith(HOLD_OPENING)]
 
 
 def the_model(recall_first: bool = False) -> Script:
-    """A model that does what the hooks' words ask: it acts ("Done."), and reports the recall a held stop names,
-    once; with ``recall_first``, it first recalls through the memory's MCP tool on its own."""
-
-    def reply(request: dict[str, Any]) -> Reply:
-        held = [text for text in texts(request) if text.startswith(HOLD_OPENING)]
-        reported = {arguments["recall_id"] for arguments in calls(request, f"{TOOLS}report_outcome")}
-        if held and recall_id_in(held[-1]) not in reported:
-            arguments = {"recall_id": recall_id_in(held[-1]), "reward": 1.0, "experience": LEARNED}
-            return Reply(tool=f"{TOOLS}report_outcome", arguments=arguments)
-        if recall_first and not calls(request, f"{TOOLS}recall_experience"):
-            return Reply(tool=f"{TOOLS}recall_experience", arguments={"task": TASK})
-        return Reply("Done.")
-
-    return reply
+    """The model that does what the hooks' words ask (:func:`~tests.support.agents.obliging_model`)."""
+    return obliging_model(held_in, calls, TOOLS, recall_first)
 
 
 def recalled(model: FakeGemini) -> str:
