@@ -142,8 +142,8 @@ browser: | $(STAMP)
 # The TypeScript SDK client of tests/test_typescript_client.py: Debian's node and npm, and the SDK at the version of
 # tests/ts_client/package-lock.json, installed into that folder (npm ci: from the lock file, nothing else); and the
 # agents' CLIs the same way: Claude Code's (tests/test_claude_code.py), Codex's (tests/test_codex.py), GitHub
-# Copilot's (tests/test_copilot.py; tests/test_agents.py runs all three; each package runs a native binary, whatever
-# node's version) and Gemini CLI's (tests/test_gemini_cli.py; node 20 or later; its install scripts are not needed).
+# Copilot's (tests/test_copilot.py; each package runs a native binary, whatever node's version) and Gemini CLI's
+# (tests/test_gemini_cli.py; node 20 or later; its install scripts are not needed); tests/test_agents.py runs all four.
 node:
 	@command -v node >/dev/null && command -v npm >/dev/null || \
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm; }

@@ -1,7 +1,10 @@
 """One memory across agents: a user with Codex CLI, Claude Code and GitHub Copilot CLI, each with the plugin of
-integrations/claude-code installed from the repository's marketplace by its own command, each run with only its
-model faked over HTTP. What a task in Codex taught is recalled in Claude Code (by its prompt's hook and by its model
-through Claude Code's own MCP session) and in Copilot, in the same repository; not in another repository."""
+integrations/claude-code installed from the repository's marketplace by its own command, and Gemini CLI with the
+extension of integrations/gemini-cli installed by its own (``gemini extensions install``, the policy copied, the
+folder trusted), all with one local server and one store, each run with only its model faked over HTTP. What a task
+in Codex taught is recalled in Claude Code (by its prompt's hook and by its model through Claude Code's own MCP
+session), in Copilot and in Gemini CLI (by its BeforeAgent hook), in the same repository; not in another
+repository (Gemini CLI's session there)."""
 
 from __future__ import annotations
 
@@ -15,23 +18,26 @@ import pytest
 
 from memrl_mcp.clients.core import RECALLED
 from memrl_mcp.surface.text import NO_MEMORY
-from tests.support import codex_cli, copilot_cli
+from tests.support import codex_cli, copilot_cli, gemini_cli
 from tests.support.agents import LEARNED, ROOT, TASK, AgentUser, agent_user
 from tests.support.anthropic import FakeModel as ClaudeModel
 from tests.support.anthropic import fake_model as claude_model
 from tests.support.chat_completions import fake_model as copilot_model
+from tests.support.gemini import fake_gemini
 from tests.support.openai_responses import fake_model as codex_model
 from tests.test_claude_code import TOOLS, claude, said, the_model
 
-DEADLINE_S = 420  # four agents' sessions and a cold start of the memory, on a loaded machine
+DEADLINE_S = 480  # five agents' sessions and a cold start of the memory, on a loaded machine
 
 
 @pytest.fixture
 def user(tmp_path: Path) -> Iterator[AgentUser]:
-    """The user, each agent with the plugin, the memory's local server running (docs/codex.md, docs/copilot.md)."""
+    """The user, each agent with the plugin or the extension, the memory's local server running (docs/codex.md,
+    docs/copilot.md, docs/gemini-cli.md)."""
     with agent_user(tmp_path) as found:
         codex_cli.install(found)
         copilot_cli.install(found)
+        gemini_cli.install_extension(found.home)
         for step in (("marketplace", "add", str(ROOT)), ("install", "memrl@memrl-mcp")):
             done = claude(found.home, "plugin", *step, cwd=ROOT, **found.env())
             assert done.returncode == 0, done.stdout + done.stderr
@@ -58,9 +64,9 @@ def claude_context(model: ClaudeModel) -> str:
     return text
 
 
-@pytest.mark.slow  # three agents' CLIs, the memory's local server
+@pytest.mark.slow  # four agents' CLIs, the memory's local server
 @pytest.mark.anyio
-async def test_what_codex_learned_is_recalled_in_claude_code_and_copilot_in_the_same_repository_only(
+async def test_what_codex_learned_is_recalled_in_claude_code_copilot_and_gemini_in_the_same_repository_only(
     user: AgentUser,
 ) -> None:
     alpha, beta = user.project("alpha"), user.project("beta")
@@ -79,7 +85,12 @@ async def test_what_codex_learned_is_recalled_in_claude_code_and_copilot_in_the_
             await anyio.to_thread.run_sync(copilot_cli.session, user, alpha, model)
         assert LEARNED in copilot_cli.context_of(model)
 
-        with claude_model(the_model(recall_first=False)) as model:
-            await anyio.to_thread.run_sync(claude_session, user, beta, model)
-        context = claude_context(model)
+        shell = {"XDG_RUNTIME_DIR": str(user.runtime)}
+        with fake_gemini(gemini_cli.the_model()) as gemini:
+            await anyio.to_thread.run_sync(lambda: gemini_cli.session(user.home, alpha, gemini, **shell))
+        assert LEARNED in gemini_cli.recalled(gemini)  # its BeforeAgent hook's context
+
+        with fake_gemini(gemini_cli.the_model()) as gemini:
+            await anyio.to_thread.run_sync(lambda: gemini_cli.session(user.home, beta, gemini, **shell))
+        context = gemini_cli.recalled(gemini)
         assert NO_MEMORY in context and LEARNED not in context

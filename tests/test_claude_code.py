@@ -42,6 +42,7 @@ from memrl_mcp.rewards import RewardScale
 from memrl_mcp.settings import load_settings
 from memrl_mcp.surface.server import create_server
 from memrl_mcp.surface.text import NO_MEMORY, UNTRUSTED
+from tests.support.agents import obliging_model
 from tests.support.anthropic import FakeModel, Reply, Script, fake_model
 from tests.support.git import new_repository, repository_with_worktree
 from tests.support.local import LocalStore, local_store
@@ -659,21 +660,13 @@ def called(messages: list[dict[str, Any]], tool: str) -> list[dict[str, Any]]:
 
 
 def the_model(recall_first: bool) -> Script:
-    """A model that does what the hooks' words ask: it acts ("Done."), and reports the recall a held stop names,
-    once; with ``recall_first``, it first recalls through the memory's MCP tool on its own."""
-
-    def reply(request: dict[str, Any]) -> Reply:
-        messages = request["messages"]
-        held = held_in(messages)
-        reported = {call["recall_id"] for call in called(messages, f"{TOOLS}report_outcome")}
-        if held and recall_id_in(held[-1]) not in reported:
-            arguments = {"recall_id": recall_id_in(held[-1]), "reward": 1.0, "experience": LEARNED}
-            return Reply(tool=f"{TOOLS}report_outcome", arguments=arguments)
-        if recall_first and not called(messages, f"{TOOLS}recall_experience"):
-            return Reply(tool=f"{TOOLS}recall_experience", arguments={"task": TASK})
-        return Reply("Done.")
-
-    return reply
+    """The model that does what the hooks' words ask (:func:`~tests.support.agents.obliging_model`)."""
+    return obliging_model(
+        lambda request: held_in(request["messages"]),
+        lambda request, tool: called(request["messages"], tool),
+        TOOLS,
+        recall_first,
+    )
 
 
 HELD = "Stop hook additional context:"  # how Claude Code 2.1.197 hands the model a held stop's context

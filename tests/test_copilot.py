@@ -51,7 +51,9 @@ def test_copilots_events_are_read_as_it_sends_them() -> None:
 
 def test_copilot_is_answered_in_the_fields_it_reads() -> None:
     """Copilot reads a top-level additionalContext only (a nested hookSpecificOutput one never reaches its model),
-    a top-level permission decision, and a block decision to hold the stop."""
+    a top-level permission decision, and a block decision to hold the stop; the hooks read the memory's settings
+    from their whole environment (the plugin's MCP server gets the same)."""
+    assert CLIENT.memory_environ({"MEMRL_DATA_DIR": "/d", "HOME": "/h"}) == {"MEMRL_DATA_DIR": "/d", "HOME": "/h"}
     assert CLIENT.context("C") == {"additionalContext": "C"}
     assert CLIENT.hold("R") == {"decision": "block", "reason": "R"}
     assert CLIENT.permit()["permissionDecision"] == "allow" and "hookSpecificOutput" not in CLIENT.permit()

@@ -1,8 +1,8 @@
 """The Gemini CLI extension (integrations/gemini-cli): its events read as the loop reads them, its files, and Gemini
 CLI itself (tests/gemini_cli, installed by ``make node``) with the extension installed the way it installs
-extensions, its model faked over HTTP (tests/support/gemini.py) and everything else real: the hooks, its MCP
-client, the memory's server. The hooks' shared semantics (the records, the holds, the evidence) are tested through
-Claude Code's in tests/test_claude_code.py; here, what is Gemini CLI's own."""
+extensions (tests/support/gemini_cli.py), its model faked over HTTP (tests/support/gemini.py) and everything else
+real: the hooks, its MCP client, the memory's server. The hooks' shared semantics (the records, the holds, the
+evidence) are tested through Claude Code's in tests/test_claude_code.py; here, what is Gemini CLI's own."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -24,22 +23,18 @@ import pytest
 from mcp import Client, types
 
 from memrl_mcp.clients import client_named
-from memrl_mcp.clients.core import HOLD_OPENING, RECALLED, HookInputError, ToolRun
+from memrl_mcp.clients.core import HOLD_OPENING, HookInputError, ToolRun
 from memrl_mcp.clients.gemini import CLIENT
 from memrl_mcp.projects import folder_uri, project_namespace
 from memrl_mcp.surface.text import NO_MEMORY
 from tests.support.anthropic import Reply, Script
 from tests.support.gemini import FakeGemini, calls, fake_gemini, results, texts
+from tests.support.gemini_cli import EXTENSION, TOOLS, gemini, holds, install_extension, recalled, session, the_model
 from tests.support.local import LocalStore, stop_all
 from tests.support.mcp import call, read_json
 from tests.test_claude_code import FAILING_TEST, LEARNED, STALE_FIX, TASK, recall_id_in, recall_state
 
-ROOT = Path(__file__).parent.parent
-EXTENSION = ROOT / "integrations" / "gemini-cli"
-GEMINI_CLI = ROOT / "tests" / "gemini_cli"
-BIN = Path(sys.executable).parent  # where the install put memrl-mcp
 DEADLINE_S = 300  # a session of Gemini CLI takes 10-30 s on a loaded machine; a test runs up to three
-TOOLS = "mcp_memrl_"  # how Gemini CLI names the memory's tools
 SECRET_LIKE = {"MEMRL_OPENAI_API_KEY": "sk-memrl-test-not-used"}  # a setting Gemini keeps from MCP servers only
 
 
@@ -138,31 +133,6 @@ def test_the_extension_names_its_hooks_and_server() -> None:
 # -- Gemini CLI itself ---------------------------------------------------------------------------------------------
 
 
-def gemini_cli() -> Path:
-    """Gemini CLI of tests/gemini_cli, installed from its lock file when missing (``make node``)."""
-    found = GEMINI_CLI / "node_modules" / ".bin" / "gemini"
-    if not found.exists():
-        npm = shutil.which("npm")
-        assert npm is not None, "npm is missing: `make node` (apt-get install -y nodejs npm)"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=GEMINI_CLI, check=True, timeout=600)
-    return found
-
-
-def gemini(home: Path, *args: str, cwd: Path, answer: str = "", **env: str) -> subprocess.CompletedProcess[str]:
-    """``gemini ARGS`` in a home folder of its own, without the suite's MEMRL_* variables (its one process per
-    session would keep the hooks from the local server) nor the machine's XDG_* folders; ``answer`` on stdin."""
-    variables = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("GEMINI_", "GOOGLE_", "MEMRL_", "CLAUDE", "XDG_", "GITHUB_"))
-    }
-    variables |= {"HOME": str(home), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "GEMINI_API_KEY": "any"}
-    return subprocess.run(
-        [str(gemini_cli()), *args], cwd=cwd, env=variables | env, input=answer, capture_output=True, text=True,
-        timeout=180,
-    )  # fmt: skip
-
-
 @dataclass(frozen=True)
 class Gemini:
     """A user of Gemini CLI with the extension installed: their home folder, the variables of their shell, and the
@@ -173,36 +143,12 @@ class Gemini:
     store: LocalStore
 
     def session(self, project: Path, model: FakeGemini, *args: str) -> dict[str, Any]:
-        """``gemini -p TASK`` in ``project``, trusted (as headless runs are: GEMINI_CLI_TRUST_WORKSPACE)."""
-        done = gemini(self.home, "-p", TASK, "--output-format", "json", *args, cwd=project,
-                      GOOGLE_GEMINI_BASE_URL=model.url, GEMINI_CLI_TRUST_WORKSPACE="true", **self.shell)  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-        result: dict[str, Any] = json.loads(done.stdout)
-        return result
+        return session(self.home, project, model, *args, **self.shell)
 
     def project(self, name: str) -> Path:
         folder = self.home.parent / "code" / name
         folder.mkdir(parents=True)
         return folder
-
-
-def install_extension(home: Path) -> None:
-    """The extension installed as docs/gemini-cli.md says: ``gemini extensions install`` from the checkout,
-    answering its question to trust the folder, and the policy that lets the model report."""
-    (home / ".gemini").mkdir(parents=True)
-    settings = {"security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": False},
-                "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False}}  # fmt: skip
-    (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
-    checked = gemini(home, "extensions", "validate", str(EXTENSION), cwd=home)
-    assert checked.returncode == 0 and "successfully validated" in checked.stdout + checked.stderr, checked.stderr
-    installed = gemini(home, "extensions", "install", str(EXTENSION), "--consent", cwd=home, answer="y\n")
-    said = installed.stdout + installed.stderr
-    assert installed.returncode == 0 and "Do you want to trust this folder" in said, said
-    assert 'Extension "memrl" installed successfully and enabled.' in said, said
-    trusted = json.loads((home / ".gemini" / "trustedFolders.json").read_text())
-    assert trusted[str(EXTENSION)] == "TRUST_FOLDER", trusted
-    (home / ".gemini" / "policies").mkdir()
-    shutil.copy(EXTENSION / "allow-memory.toml", home / ".gemini" / "policies" / "memrl.toml")
 
 
 @contextmanager
@@ -239,35 +185,6 @@ async def own_session(user: Gemini, project: Path) -> AsyncIterator[Client]:
 
     async with Client(user.store.session(), list_roots_callback=list_roots, mode="legacy") as client:
         yield client
-
-
-def holds(model: FakeGemini) -> list[str]:
-    """The held stops' reasons the model received in the whole session: each a prompt of its own."""
-    return [text for text in texts(model.requests[-1]) if text.startswith(HOLD_OPENING)]
-
-
-def the_model(recall_first: bool = False) -> Script:
-    """A model that does what the hooks' words ask: it acts ("Done."), and reports the recall a held stop names,
-    once; with ``recall_first``, it first recalls through the memory's MCP tool on its own."""
-
-    def reply(request: dict[str, Any]) -> Reply:
-        held = [text for text in texts(request) if text.startswith(HOLD_OPENING)]
-        reported = {arguments["recall_id"] for arguments in calls(request, f"{TOOLS}report_outcome")}
-        if held and recall_id_in(held[-1]) not in reported:
-            arguments = {"recall_id": recall_id_in(held[-1]), "reward": 1.0, "experience": LEARNED}
-            return Reply(tool=f"{TOOLS}report_outcome", arguments=arguments)
-        if recall_first and not calls(request, f"{TOOLS}recall_experience"):
-            return Reply(tool=f"{TOOLS}recall_experience", arguments={"task": TASK})
-        return Reply("Done.")
-
-    return reply
-
-
-def recalled(model: FakeGemini) -> str:
-    """The hook's context of the session's prompt; that the hook recalled for it alone (not for its hold)."""
-    (context,) = [text for text in texts(model.requests[-1]) if RECALLED in text]
-    assert context.startswith(f"<hook_context>{RECALLED}"), context
-    return context
 
 
 @pytest.mark.slow  # Gemini CLI itself, the hooks and the memory's server as processes

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memrl_mcp.clients.checks import is_edit, stated_exit
-from memrl_mcp.clients.core import HookEvent, Step, ToolRun
+from memrl_mcp.clients.core import Client, HookEvent, Step, ToolRun
 
 PROMPTED = (None, "user", "sdk")
 """The sources of a prompt that is a task: typed by the user, or given to ``claude -p``; not one the client
@@ -87,4 +87,4 @@ def _tool_run(data: Mapping[str, Any]) -> ToolRun | None:
     return ToolRun(command, f"{shown.get('stdout', '')}{shown.get('stderr', '')}", 0)
 
 
-CLIENT = ClaudeCode()
+CLIENT: Client = ClaudeCode()  # checked against the protocol: every method the hooks call

@@ -27,7 +27,7 @@ from typing import Any
 
 from memrl_mcp.clients.checks import is_edit, shell_command
 from memrl_mcp.clients.claude_code import ClaudeCode
-from memrl_mcp.clients.core import HookEvent, Step, ToolRun
+from memrl_mcp.clients.core import Client, HookEvent, Step, ToolRun
 
 
 class Codex(ClaudeCode):
@@ -108,4 +108,4 @@ def _command_exit(line: bytes, call_id: str) -> int | None:
     return code if type(code) is int else None
 
 
-CLIENT = Codex()
+CLIENT: Client = Codex()  # checked against the protocol: every method the hooks call

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memrl_mcp.clients.checks import is_edit, shell_command, stated_exit
-from memrl_mcp.clients.core import HookEvent, Step, ToolRun
+from memrl_mcp.clients.core import Client, HookEvent, Step, ToolRun
 
 RAN = ("success", "failure")
 """The results of a tool call that ran (not ``rejected``, ``denied``, ``timeout``)."""
@@ -50,6 +50,9 @@ class Copilot:
     def hold(self, reason: str) -> dict[str, Any]:
         return {"decision": "block", "reason": reason}
 
+    def memory_environ(self, environ: Mapping[str, str]) -> Mapping[str, str]:
+        return environ  # the plugin's MCP server gets the environment its hooks get, as in Claude Code
+
     def permit(self) -> dict[str, Any]:
         return {
             "permissionDecision": "allow",
@@ -74,4 +77,4 @@ def _tool_run(data: Mapping[str, Any]) -> ToolRun | None:
     return ToolRun(command, output, code)
 
 
-CLIENT = Copilot()
+CLIENT: Client = Copilot()  # checked against the protocol: every method the hooks call

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memrl_mcp.clients.checks import is_edit, shell_command, stated_exit
-from memrl_mcp.clients.core import HookEvent, Step, ToolRun
+from memrl_mcp.clients.core import Client, HookEvent, Step, ToolRun
 
 WITHHELD = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|AUTH|CREDENTIAL|CREDS|PRIVATE|CERT", re.IGNORECASE)
 """The names of the variables Gemini CLI (0.61, ``sanitizeEnvironment``) keeps from MCP servers, but those beginning
@@ -94,4 +94,4 @@ def _tool_run(data: Mapping[str, Any]) -> ToolRun | None:
     return None if code is None else ToolRun(command, output, code)
 
 
-CLIENT = GeminiCli()
+CLIENT: Client = GeminiCli()  # checked against the protocol: every method the hooks call

@@ -1,8 +1,9 @@
-"""The user of the tests that run the agents' own CLIs (Codex, Copilot CLI, Claude Code) with the plugin of
-integrations/claude-code installed: one home folder (each agent keeps its configuration there), a runtime folder as
-a login gives one (``XDG_RUNTIME_DIR``), the memory's default store under the home, projects that are git
-repositories, and the environment every agent runs with: none of the suite's settings (no ``MEMRL_*``), the
-installed ``memrl-mcp`` on the PATH. What each agent gives its hooks and MCP server is then the agent's doing alone.
+"""The user of the tests that run the agents' own CLIs (Codex, Copilot CLI and Claude Code with the plugin of
+integrations/claude-code installed, Gemini CLI with the extension of integrations/gemini-cli): one home folder (each
+agent keeps its configuration there), a runtime folder as a login gives one (``XDG_RUNTIME_DIR``), the memory's
+default store under the home, projects that are git repositories, and the environment every agent runs with: none
+of the suite's settings (no ``MEMRL_*``), the installed ``memrl-mcp`` on the PATH. What each agent gives its hooks
+and MCP server is then the agent's doing alone.
 
 Each CLI is installed by ``make node`` from its folder's package.json and lock file (:func:`npm_cli`: ``npm ci``
 when it is missing)."""
@@ -14,18 +15,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from memrl_mcp.clients.core import HOLD_OPENING
+from tests.support.fake_api import Reply, Script
 from tests.support.local import LocalStore, stop_all
 
 ROOT = Path(__file__).parent.parent.parent
 BIN = Path(sys.executable).parent  # where the install put memrl-mcp
 INSTALL_S = 600
-FOREIGN = ("MEMRL_", "XDG_", "CLAUDE", "ANTHROPIC_", "CODEX", "OPENAI_", "COPILOT", "GH_", "GITHUB_", "PLUGIN_")
+FOREIGN = ("MEMRL_", "XDG_", "CLAUDE", "ANTHROPIC_", "CODEX", "OPENAI_", "COPILOT", "GH_", "GITHUB_", "PLUGIN_",
+           "GEMINI_", "GOOGLE_")  # fmt: skip
 """The variables of this process an agent must not see: the suite's settings, another agent's."""
 HOLD = HOLD_OPENING
 TASK = "deploy the web app to the staging cluster"
@@ -42,6 +46,13 @@ def npm_cli(folder: str, binary: str) -> Path:
     return found
 
 
+def agent_env(home: Path, **variables: str) -> dict[str, str]:
+    """What the shell of a user whose home folder is ``home`` gives an agent it starts: this process's variables but
+    the FOREIGN ones, the installed ``memrl-mcp`` first on the PATH; and ``variables``."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(FOREIGN)}
+    return env | {"HOME": str(home), "PATH": f"{BIN}{os.pathsep}{env['PATH']}"} | variables
+
+
 @dataclass(frozen=True)
 class AgentUser:
     """One user of the agents (module docstring)."""
@@ -56,10 +67,8 @@ class AgentUser:
         return LocalStore(self.home / ".local" / "share" / "memrl-mcp", self.runtime / "memrl-mcp")
 
     def env(self, **variables: str) -> dict[str, str]:
-        """What the user's shell gives an agent it starts, and ``variables``."""
-        env = {key: value for key, value in os.environ.items() if not key.startswith(FOREIGN)}
-        env |= {"HOME": str(self.home), "XDG_RUNTIME_DIR": str(self.runtime), "PATH": f"{BIN}{os.pathsep}{env['PATH']}"}
-        return env | variables
+        """What the user's shell gives an agent it starts (its runtime folder too), and ``variables``."""
+        return agent_env(self.home, XDG_RUNTIME_DIR=str(self.runtime), **variables)
 
     def project(self, name: str) -> Path:
         """A git repository of the user's, made on first use."""
@@ -93,3 +102,27 @@ def agent_user(tmp_path: Path) -> Iterator[AgentUser]:
 def recall_id_in(text: str) -> str:
     """The recall id a hold or a context names (its last)."""
     return text.rsplit('recall_id "', 1)[1].split('"', 1)[0]
+
+
+def obliging_model(
+    held: Callable[[dict[str, Any]], list[str]],
+    called: Callable[[dict[str, Any], str], list[dict[str, Any]]],
+    tools: str,
+    recall_first: bool = False,
+) -> Script:
+    """A model that does what the hooks' words ask: it acts ("Done."), and reports the recall a held stop names,
+    once, as a success; with ``recall_first``, it first recalls through the memory's MCP tool on its own. Of a
+    request, ``held`` is the held stops' reasons it carries and ``called`` the arguments of each call the model made
+    of a tool; ``tools`` is how the agent names the memory's tools (the prefix of their names)."""
+
+    def reply(request: dict[str, Any]) -> Reply:
+        holds = held(request)
+        reported = {arguments["recall_id"] for arguments in called(request, f"{tools}report_outcome")}
+        if holds and recall_id_in(holds[-1]) not in reported:
+            arguments = {"recall_id": recall_id_in(holds[-1]), "reward": 1.0, "experience": LEARNED}
+            return Reply(tool=f"{tools}report_outcome", arguments=arguments)
+        if recall_first and not called(request, f"{tools}recall_experience"):
+            return Reply(tool=f"{tools}recall_experience", arguments={"task": TASK})
+        return Reply("Done.")
+
+    return reply
