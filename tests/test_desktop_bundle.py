@@ -126,6 +126,14 @@ def test_the_packed_bundle_holds_what_the_manifest_names(bundle: Path) -> None:
         assert packages[native]["source"] == {"registry": "https://pypi.org/simple"}, native
 
 
+def test_the_bundle_is_unsigned_as_the_docs_say(bundle: Path, mcpb: Path) -> None:
+    """docs/claude-desktop.md says the bundle is not signed (Claude Desktop shows it as unverified): the official
+    verifier agrees, so the page changes when the build does."""
+    verified = subprocess.run([str(mcpb), "verify", str(bundle)], capture_output=True, text=True, timeout=120)
+    assert verified.returncode != 0 and "Extension is not signed" in verified.stdout + verified.stderr, verified
+    assert "is not signed" in (ROOT / "docs" / "claude-desktop.md").read_text()
+
+
 def desktop_launch(extension: Path, user_values: dict[str, str]) -> tuple[str, list[str], dict[str, str]]:
     """The manifest's mcp_config as Claude Desktop fills it in: ``${__dirname}`` is the unpacked extension, and
     ``${user_config.KEY}`` the user's value, else the option's default."""

@@ -341,6 +341,21 @@ async def test_each_session_has_its_roots_namespace_and_profile(store: LocalStor
     assert len(servers_of(store.runtime_dir)) == 1
 
 
+async def test_the_inspectors_address_outlives_a_restart_of_the_server(store: LocalStore) -> None:
+    """The address ``memrl-mcp local ui`` prints (its port and token) is the same after the server stopped and
+    another started (issue 40.11: it changed with each restart, and a bookmarked page stopped opening); the file that
+    keeps it is private to the user."""
+    first = await anyio.to_thread.run_sync(lambda: store.local("ui"))
+    assert first.returncode == 0, first.stderr
+    assert store.local("stop").returncode == 0
+    store.wait_gone()
+    again = await anyio.to_thread.run_sync(lambda: store.local("ui"))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == first.stdout.strip()
+    kept = store.place.folder / "ui.json"
+    assert kept.stat().st_mode & 0o777 == 0o600
+
+
 async def test_the_inspector_of_the_running_server_is_printed_and_served(store: LocalStore) -> None:
     """``memrl-mcp local ui`` prints an address with its token; with it the inspector answers, without it not."""
     import httpx

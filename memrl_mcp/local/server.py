@@ -74,6 +74,7 @@ from memrl_mcp.transports.stdio import Bounds, run_session, socket_streams
 
 GREETING_SECONDS = 10.0  # a session greets at once; a connection that has not greeted within this is dropped
 UNGREETED = 32  # connections waiting to greet at once; one more drops the oldest (a session greets at once)
+UI = "ui.json"  # in the store's runtime folder: the inspector's port and token, for the next server
 IDLE_SERVERS = 8  # MCP servers of settings no session uses, kept for the next such session (each takes ~0.1 s)
 STOP_SECONDS = 10.0  # how long a stop waits for the sessions to answer the requests they read
 MEMORY_GROUPS = ("storage", "embeddings", "similarity", "retrieval", "learning", "steps", "limits")
@@ -132,7 +133,7 @@ class LocalServer:
         self._idle_since = time.monotonic()
         self._stopping = ""  # why the server stops, once it does
         self._wake_read, self._wake_write = os.pipe()
-        self._inspector = Inspector(service)
+        self._inspector = Inspector(service, place)
         self._bound = 0  # the inode of the socket file this server bound
         self._servers: dict[str, Served] = {}  # by the sessions' own settings, the least recently used first (_serving)
         self._questions = open_questions(service)  # shared by every MCP server: a recall is asked about once
@@ -527,17 +528,26 @@ class Greetings:
 
 
 class Inspector:
-    """The local server's ``/ui`` (and its HTTP routes) on a loopback port chosen at start, for the holder of a
-    token made at start (module docstring), served by uvicorn in a thread of its own."""
+    """The local server's ``/ui`` (and its HTTP routes) on a loopback port, for the holder of a token, served by
+    uvicorn in a thread of its own. The port and the token are those of the server before (kept in ``ui.json``,
+    0600, in the store's private runtime folder), so a bookmarked address still opens the page after a restart;
+    a new port when that one is taken, a new token when none was kept."""
 
-    def __init__(self, service: MemoryService) -> None:
-        token = secrets.token_urlsafe(32)
+    def __init__(self, service: MemoryService, place: Place) -> None:
+        kept = _kept_ui(place)
+        token = kept.get("token")
+        if not isinstance(token, str) or len(token) < 32:
+            token = secrets.token_urlsafe(32)
         grant = TokenGrant.model_validate({"name": "local", "token": token, "namespaces": [ALL_NAMESPACES]})
-        tokens = TokenTable([grant])
-        app = http_app(service, "streamable-http", LOOPBACK, tokens)
+        app = http_app(service, "streamable-http", LOOPBACK, TokenTable([grant]))
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.bind((LOOPBACK, 0))
+        port = kept.get("port")
+        try:
+            self._socket.bind((LOOPBACK, port if isinstance(port, int) and 1024 <= port < 65536 else 0))
+        except OSError:  # taken meanwhile by another program: a new one
+            self._socket.bind((LOOPBACK, 0))
         port = self._socket.getsockname()[1]
+        _keep_ui(place, {"port": port, "token": token})
         self.address = f"http://{LOOPBACK}:{port}"
         self.url = f"{self.address}/ui#token={token}"
         self._uvicorn = uvicorn.Server(uvicorn.Config(app, **UVICORN_OPTIONS))
@@ -552,3 +562,22 @@ class Inspector:
 
     def _serve(self) -> None:
         self._uvicorn.run(sockets=[self._socket])
+
+
+def _kept_ui(place: Place) -> dict[str, object]:
+    """The inspector's port and token of the server before ({} when none, or unreadable)."""
+    try:
+        with place.opened() as folder, open(folder.open(UI, os.O_RDONLY), "rb") as stream:
+            kept = json.loads(stream.read())
+    except (OSError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def _keep_ui(place: Place, kept: dict[str, object]) -> None:
+    """Keep the inspector's port and token for the next server, 0600, renamed into place whole."""
+    temporary = f"{UI}.{os.getpid()}"
+    with place.opened() as folder:
+        with open(folder.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as stream:
+            json.dump(kept, stream)
+        os.replace(temporary, UI, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
