@@ -123,9 +123,9 @@ def main() -> int:
             listed["warm"].add(count)
         local(env, "stop")
     print(f"spawn to tools/list, median of {args.runs} runs (min-max), tools listed:")
-    for kind, seconds in runs.items():
+    for kind, times in runs.items():
         counts = "/".join(str(count) for count in sorted(listed[kind]))
-        print(f"  {kind:17} {statistics.median(seconds):.3f} s ({min(seconds):.3f}-{max(seconds):.3f}), {counts} tools")
+        print(f"  {kind:17} {statistics.median(times):.3f} s ({min(times):.3f}-{max(times):.3f}), {counts} tools")
     cold, warm = statistics.median(runs["cold"]), statistics.median(runs["warm"])
     print(f"cold / warm: {cold / warm:.2f}")
     return 0
