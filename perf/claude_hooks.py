@@ -2,13 +2,15 @@
 integrations/claude-code/hooks/hooks.json through ``/bin/sh``, the event's JSON on stdin), a fresh process each time,
 against a running local server, on a store and a runtime folder of the run's own.
 
-- **prompt, memories found**: UserPromptSubmit for a prompt like a stored memory (recall, record, context out);
-- **prompt, nothing found**: the same for a prompt like no memory (recall and record, no context);
-- **stop, held**: Stop with one recall pending (asks the server, holds);
+- **prompt, memories found**: UserPromptSubmit for a prompt like stored memories (recall, record, context out);
+- **prompt, nothing found**: the same for a prompt like no memory (recall and record; the context says so);
+- **stop, held**: Stop with one recall pending (asks the server, holds: context for the model's next turn);
 - **stop, nothing waiting**: Stop with every recall settled (reads the record, never connects);
 - **python**: ``python -c pass`` of the same interpreter, the floor of any fresh Python process.
 
-Kinds alternate run by run, so that a change of the machine's load falls on all of them alike.
+Kinds alternate run by run, so that a change of the machine's load falls on all of them alike. Also printed: the
+characters each prompt's hook added to the model's context (p50, p90, max), over prompts each like a few of
+``--memories`` stored experiences of 300 to 20,000 characters (the default ``max_recall_chars`` bounds them).
 
     /work/main/.venv/bin/python perf/claude_hooks.py            # 20 runs of each
 """
@@ -48,6 +50,7 @@ def run(shell: str, event: Mapping[str, object], env: dict[str, str], cwd: Path)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--memories", type=int, default=40, help="experiences stored for the context's sizes")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hooks-"))
     project, runtime = work / "project", Path(tempfile.mkdtemp(prefix="mrl", dir="/tmp"))  # a socket's path is short
@@ -57,7 +60,7 @@ def main() -> None:
     env |= {"CLAUDE_PROJECT_DIR": str(project), "CLAUDE_PLUGIN_ROOT": str(PLUGIN)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     try:
-        measure(env, project, args.runs)
+        measure(env, project, args.runs, args.memories)
     finally:
         local_stop = [sys.executable, "-m", "memrl_mcp.cli", "local", "stop"]
         subprocess.run(local_stop, env=env, check=False, capture_output=True)
@@ -65,7 +68,7 @@ def main() -> None:
         shutil.rmtree(runtime, ignore_errors=True)
 
 
-def measure(env: dict[str, str], project: Path, runs: int) -> None:
+def measure(env: dict[str, str], project: Path, runs: int, memories: int) -> None:
     common = {"transcript_path": str(project / "t.jsonl"), "cwd": str(project), "permission_mode": "default"}
 
     def prompt(text: str, session: str) -> Callable[[], tuple[float, str]]:
@@ -79,9 +82,11 @@ def measure(env: dict[str, str], project: Path, runs: int) -> None:
     seed = {**common, "session_id": "seed", "hook_event_name": "UserPromptSubmit", "prompt": TASK}
     cold, _ = run(command("UserPromptSubmit"), seed, env, project)  # starts the server
     store = subprocess.run(
-        [sys.executable, "-c", STORE, TASK, str(project)], env=env, check=True, capture_output=True, text=True
-    )
+        [sys.executable, "-c", STORE, TASK, str(project), str(memories)], env=env, check=True, capture_output=True,
+        text=True,
+    )  # fmt: skip
     assert store.returncode == 0, store.stderr
+    sizes: list[float] = []
     kinds: dict[str, list[float]] = {k: [] for k in ("prompt, memories found", "prompt, nothing found", "stop, held",
                                                       "stop, nothing waiting", "python -c pass")}  # fmt: skip
     for i in range(runs):
@@ -89,11 +94,14 @@ def measure(env: dict[str, str], project: Path, runs: int) -> None:
         assert "additionalContext" in out, out
         kinds["prompt, memories found"].append(seconds)
         seconds, out = prompt("translate the release notes into German", f"empty-{i}")()
-        assert out == "", out
+        assert "additionalContext" in out, out  # found or not, the hook says it recalled
         kinds["prompt, nothing found"].append(seconds)
         seconds, out = stop(f"found-{i}")
-        assert '"block"' in out, out
+        assert '"hookEventName": "Stop"' in out, out
         kinds["stop, held"].append(seconds)
+        for n in range(2):  # prompts like the stored experiences: what a prompt's context weighs
+            _, out = prompt(f"{TOPICS[(2 * i + n) % len(TOPICS)]} for the release", f"size-{i}-{n}")()
+            sizes.append(len(json.loads(out)["hookSpecificOutput"]["additionalContext"]))
         seconds, out = stop(f"found-{i}")
         assert out == "", out
         kinds["stop, nothing waiting"].append(seconds)
@@ -105,14 +113,27 @@ def measure(env: dict[str, str], project: Path, runs: int) -> None:
     ]
     print(f"cold start (the first prompt's hook starts the server): {cold:.2f} s")
     print(B.table(("hook (fresh process)", "median ms", "p90 ms", "max ms"), rows))
+    print(f"context a prompt's hook added, over {len(sizes)} prompts: p50 {B.p50(sizes):.0f} characters, "
+          f"p90 {B.pct(sizes, 90):.0f}, max {max(sizes):.0f}")  # fmt: skip
 
 
-STORE = """
-import sys
+TOPICS = ("rotate the TLS certificates", "migrate the orders database", "fix the flaky login test",
+          "upgrade the payment SDK", "tune the search index", "repair the nightly backup")  # fmt: skip
+STORE = f"""
+import random, sys
 from memrl_mcp.local.client import LocalClient
 from memrl_mcp.projects import folder_uri
+TOPICS = {TOPICS!r}
+SIZES = (300, 800, 1500, 3000, 6000, 20000)  # characters of an experience: from a line to a long write-up
+WORDS = ("check", "the", "config", "run", "tests", "then", "deploy")
+steps = random.Random(7)
 with LocalClient.open(roots=[folder_uri(sys.argv[2])]) as memory:
-    memory.call_tool("store_experience", {"task": sys.argv[1], "experience": "make deploy ENV=staging"})
+    memory.call_tool("store_experience", {{"task": sys.argv[1], "experience": "make deploy ENV=staging"}})
+    for i in range(int(sys.argv[3])):
+        words = " ".join(steps.choice(WORDS) for _ in range(4000))
+        experience = words[: steps.choice(SIZES)]
+        task = f"{{TOPICS[i % len(TOPICS)]}} of service {{i}}"
+        memory.call_tool("store_experience", {{"task": task, "experience": experience}})
 """
 
 if __name__ == "__main__":

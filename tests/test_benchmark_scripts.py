@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
         ("open_room.py", ("--memories", "0", "50"), "asks MB free"),
         ("tool_list.py", ("--profile", "core"), "core: "),
         ("cold_start.py", ("--runs", "1"), "cold / warm: "),
+        ("claude_hooks.py", ("--runs", "1", "--memories", "6"), "context a prompt's hook added"),
         ("followups.py", ("--limit", "20"), "continues: accuracy"),
         ("local_fairness.py", ("--runs", "1", "--recalls", "5", "--in-flight", "4", "--seed", "3"), "flood / alone"),
         (
