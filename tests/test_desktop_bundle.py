@@ -34,7 +34,7 @@ from mcp.shared.exceptions import MCPError
 import memrl_mcp
 from memrl_mcp.settings import GROUP_OF, TOOL_PROFILES, load_settings
 from tests.support.local import servers_of, stop_all
-from tests.support.mcp import call
+from tests.support.mcp import call, text_of
 
 pytestmark = pytest.mark.slow  # node, a wheel build, uv and server processes
 
@@ -223,17 +223,22 @@ def runtime() -> Iterator[Path]:
 
 
 async def desktop_refusal(extension: Path, env: dict[str, str], user_values: dict[str, str], log: Path) -> str:
-    """The error Claude Desktop gets at the handshake of a server that refuses its settings."""
+    """The reason Claude Desktop is given for settings that are refused: the error of the handshake (settings the
+    session itself cannot read), or the tool error of each call when the local server refuses them (the handshake
+    completes whatever becomes of the memory: issue 40.2)."""
+    served = None
     try:
-        async with serve_as_desktop(extension, env, user_values, log):
-            pass
+        async with serve_as_desktop(extension, env, user_values, log) as client:
+            served = await client.call_tool("memory_stats", {})
     except Exception as error:
         cause: BaseException = error
         while isinstance(cause, BaseExceptionGroup):
             cause = cause.exceptions[0]
         assert isinstance(cause, MCPError), repr(cause)
         return str(cause)
-    pytest.fail(f"the settings {user_values} were served")
+    if served is None or not served.is_error:
+        pytest.fail(f"the settings {user_values} were served")
+    return text_of(served)
 
 
 @pytest.mark.anyio

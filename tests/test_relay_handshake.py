@@ -5,7 +5,6 @@ the server's last answers, and the store loads behind. Real stdio sessions of th
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,14 +53,11 @@ async def test_a_cold_start_lists_the_tools_at_once_and_then_serves_them(store: 
     with anyio.fail_after(START_S):
         async with Client(store.session()) as first:  # its server's answers are kept
             await call(first, "store_experience", task="tune the piano", experience="every spring")
-            tools = {tool.name for tool in (await first.list_tools()).tools}  # the first ever: listed once started
+            tools = {tool.name for tool in (await first.list_tools()).tools}  # the first ever: the server's own
         assert store.local("stop").returncode == 0
         store.wait_gone()
-        started = time.perf_counter()
-        async with Client(store.session()) as cold:
+        async with Client(store.session()) as cold:  # how soon: perf/cold_start.py
             listed = await cold.list_tools()
-            seconds = time.perf_counter() - started
             assert {tool.name for tool in listed.tools} == tools and len(tools) == 11
-            assert seconds < 1.5, f"tools/list took {seconds:.2f} s from the spawn"
             recalled = await call(cold, "recall_experience", task="tune the piano")
             assert "every spring" in str(recalled), recalled

@@ -23,14 +23,15 @@ the server that asked: a new server refuses it and asks anew.)
 The handshake never waits for the memory (a client such as Claude Code leaves a server whose handshake fails out of
 its sessions for 15 minutes). With no server running, the relay starts one behind and answers ``initialize`` and
 ``tools/list`` at once with what the server last answered for the same build and settings (kept, 0600, in the
-store's runtime folder: ``answers.json``, written from the server's real answers once a session reaches it), else
-with the least that names the server and an empty list of tools; ``server/discover`` is answered with an error, so
-that the client takes the handshake. Other requests wait for the server; once it answers, the handshake is replayed
-to it, what waited is passed on, and the client is told (``notifications/tools/list_changed``) if the tools differ
-from those listed. A memory that cannot be reached (the server refuses the session: another version beside other
-sessions, other settings of the memory; or cannot start: the store held by another process) is said on stderr, in
-the instructions, and as the tool error of each call (an error answer for other requests); a call made 5 s or more
-after the last attempt tries again.
+store's runtime folder: ``answers.json``, written from the server's real answers once a session reaches it); with
+none kept (the first session of a build and settings), ``initialize`` is answered with the least that names the
+server, and ``tools/list`` waits for the server, so that the tools listed are its own; ``server/discover`` is
+answered with an error, so that the client takes the handshake. Other requests wait for the server; once it
+answers, the handshake is replayed to it, what waited is passed on, and the client is told
+(``notifications/tools/list_changed``) if the tools differ from those listed. A memory that cannot be reached (the
+server refuses the session: another version beside other sessions, other settings of the memory; or cannot start:
+the store held by another process) is said on stderr, in the instructions, and as the tool error of each call (an
+error answer for other requests; no tools listed); a call made 5 s or more after the last attempt tries again.
 
 At the end of stdin the relay closes its half of the connection; the server answers what it read, closes, and the
 relay exits. A session whose settings cannot even be read, or that runs in a process of its own which cannot open
@@ -70,6 +71,7 @@ HANDSHAKE_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 latest: what the relay's own answer to ``initialize`` agrees to, as the server would."""
 EMPTY: dict[str, dict[str, list[Any]]] = {"resources/list": {"resources": []}, "prompts/list": {"prompts": []}}
 EMPTY["resources/templates/list"] = {"resourceTemplates": []}
+EMPTY["tools/list"] = {"tools": []}  # no tools while the memory cannot be reached (the instructions say why)
 Id = str | int
 
 
@@ -264,11 +266,12 @@ class Relay:
             if method != "notifications/initialized" and self._attaching:
                 self._queued.append(line)
             return
+        kept_tools = self._kept().get("tools") if method == "tools/list" and self._handshake is not None else None
         if method == "initialize":
             self._answer(request_id, self._initialize_result(message))
-        elif method == "tools/list" and self._handshake is not None:
-            self._served_tools = self._kept().get("tools") or {"tools": []}
-            self._answer(request_id, self._served_tools)
+        elif kept_tools:
+            self._served_tools = kept_tools
+            self._answer(request_id, kept_tools)
         elif method == "ping":
             self._answer(request_id, {})
         elif method == "server/discover":  # any error makes a client of either era fall back to the handshake
