@@ -182,8 +182,8 @@ async def test_a_store_found_open_to_others_is_made_private_at_open(
         if entry == "local server":
             with local_store(base, data_dir.name) as store:
                 async with Client(store.session(MEMRL_EMBEDDED_ENGINE=engine)) as client:
+                    recalled = await call(client, "recall_experience", task=TASK)  # the handshake waits for no server
                     assert what_nobody_gets(SECRET, data_dir) == NOTHING
-                    recalled = await call(client, "recall_experience", task=TASK)
                 errlog.write(store.place.log.read_text())
         else:
             server = stdio_server(data_dir, MEMRL_EMBEDDED_ENGINE=engine)

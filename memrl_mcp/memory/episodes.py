@@ -7,6 +7,7 @@ everything here already belongs to its caller.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +37,7 @@ from memrl_mcp.models import (
 from memrl_mcp.requests import RecallQuery
 from memrl_mcp.settings import Settings
 from memrl_mcp.storage import Hit, Point, Store, new_id
+from memrl_mcp.storage.disk import DiskFullError
 from memrl_mcp.storage.migrations import SCHEMA_POINT
 from memrl_mcp.storage.quota import record_bytes
 from memrl_mcp.validation import MAX_CHECKS, Check, Outcome, is_point_id
@@ -207,7 +209,8 @@ class EpisodeMemory:
             if now - (READ["recalled_at"](hit.payload.get("recalled_at")) or 0.0) >= RECALLED_AT_STEP_SECONDS:
                 # not versioned (a report's write keeps it), and nothing is written to a memory forgotten meanwhile
                 where = {"namespace": hit.payload.get("namespace")}
-                self._store.set_payload_if("memories", hit.id, {"recalled_at": now}, where)
+                with contextlib.suppress(DiskFullError):  # a hint for the ranking: a full disk keeps recalls working
+                    self._store.set_payload_if("memories", hit.id, {"recalled_at": now}, where)
         return RecallResult(recall_id=recall_id, **result.model_dump())
 
     def pending(self, recall_id: str, access: Access) -> PendingRecall:
