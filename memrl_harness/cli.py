@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=JUDGEMENTS,
         default=["honest"],
         help=f"one run per judgement: honest (says what the checker said, the default), noisy (wrong in "
-        f"{NOISE:.0%} of its tasks), sycophantic (says success in {SYCOPHANCY:.0%} of them, whatever happened)",
+        f"{NOISE:.0%}% of its tasks), sycophantic (says success in {SYCOPHANCY:.0%}% of them, whatever happened)",
     )
     judged.add_argument(
         "--evidence",

@@ -12,9 +12,9 @@ hold (:func:`recall_id_in`).
 
 A session (:class:`Session`): ``UserPromptSubmit`` with the task; ``PostToolUse`` of an Edit for each file the agent
 edited, then of the Bash command that checked its work when it exited 0, else ``PostToolUseFailure`` (``error``:
-``Exit code N`` and the output); ``Stop``, which the hook holds once while the recall waits for its report, its reason
-naming the recall and what the evidence said; the agent's report through its MCP session; ``Stop`` again
-(``stop_hook_active``); ``SessionEnd``.
+``Exit code N`` and the output); ``Stop``, which the hook holds once while the recall waits for its report (as
+context for the model's next turn, its reason naming the recall and what the evidence said); the agent's report
+through its MCP session; ``Stop`` again (``stop_hook_active``); ``SessionEnd``.
 
 The run's memory settings reach every hook and session as ``MEMRL_*`` variables (:meth:`RunSettings.environment`):
 every session of a local server must have the server's settings of the memory, and a hook given a settings file
@@ -53,7 +53,10 @@ HOOKS: Mapping[str, tuple[str, float]] = {
 }
 """The hook command and its timeout in seconds, per Claude Code event, as the plugin's hooks/hooks.json gives them."""
 BIN = Path(sys.executable).parent  # where the installation put memrl-mcp
-ENTRY = re.compile(r'^\d+\. (success|failure), q (-?[\d.]+), (?:untried|\d+ rewards?): (".*")(?: \(shortened.*\))?$')
+ENTRY = re.compile(
+    r'^\d+\. (success|failure), q (-?[\d.]+), (?:untried|\d+ rewards?), [^":]*: (".*")(?: \(shortened.*\))?$'
+)
+"""A memory's line in the hook's context: its trust, its age and origin (``3 days old, from claude-code``), its text."""
 RECALL_ID = re.compile(r'recall_id "([0-9a-f-]{36})"')
 
 
@@ -170,7 +173,8 @@ class Session:
     async def stop(self, active: bool = False) -> str | None:
         """The end of the agent's turn; the reason the hook holds it for (None: it lets the session stop)."""
         answer = await self._hook("Stop", stop_hook_active=active, last_assistant_message="Done.")
-        return str(answer["reason"]) if answer is not None and answer.get("decision") == "block" else None
+        held = (answer or {}).get("hookSpecificOutput", {})  # a hold is context for the model's next turn
+        return str(held["additionalContext"]) if held.get("hookEventName") == "Stop" else None
 
     async def end(self) -> None:
         await self._hook("SessionEnd", reason="other")

@@ -62,6 +62,7 @@ def test_only_multi_step_benchmarks_take_step_memory() -> None:
         stepwise[name] = issubclass(getattr(importlib.import_module(module), cls), StepwiseBenchmark)
     assert stepwise == {
         "controlled": False,
+        "chores": False,
         "controlled-steps": True,
         "bigcodebench": False,
         "hle": False,
