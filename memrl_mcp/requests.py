@@ -133,11 +133,11 @@ class EvidenceReport:
     recall_id: Annotated[StrictStr, Arg("The recall_id of the task the evidence is about.")]
     checks: Annotated[
         list[Check],
-        Field(min_length=1, max_length=MAX_CHECKS),
+        Field(max_length=MAX_CHECKS),
         Arg(
-            "What happened, in order, at most {max_checks} at a time: a run of a check "
-            "({{kind: tests|build|typecheck|lint|check, passed, command?, passed_count?, failed_count?}}), an edit of "
-            "the files ({{kind: edit}}: earlier runs tested other code), the user's verdict "
+            "What happened since the last call, in order, at most {max_checks} at a time (none: close only): a run "
+            "of a check ({{kind: tests|build|typecheck|lint|check, passed, command?, passed_count?, failed_count?}}), "
+            "an edit of the files ({{kind: edit}}: earlier runs tested other code), the user's verdict "
             "({{kind: user, passed, said?}}).",
         ),
     ]

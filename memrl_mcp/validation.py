@@ -329,7 +329,7 @@ class Check(BaseModel):
         return self
 
 
-CHECKS: Rule[list[Check]] = Rule(Annotated[list[Check], Field(min_length=1, max_length=MAX_CHECKS)])
+CHECKS: Rule[list[Check]] = Rule(Annotated[list[Check], Field(max_length=MAX_CHECKS)])
 """The checks one record_evidence hands in."""
 
 

@@ -107,6 +107,18 @@ async def test_close_reports_with_the_evidence_and_a_report_without_reward_asks_
     assert (report["reward"], report["reward_source"]) == (-1.0, "tests")
 
 
+async def test_close_with_nothing_new_reports_with_the_evidence_handed_in_before(
+    product: tuple[MemoryService, Client],
+) -> None:
+    """The hooks hand a turn's checks in at its stop, then close the recall when its task is over (a new task, the
+    session's end) with nothing new: the close reports with what was handed in (it was refused, "at least 1 item")."""
+    _, client = product
+    recall = await recalled(client, STALE)
+    await call(client, "record_evidence", recall_id=recall["recall_id"], checks=[FAILED])
+    closed = await call(client, "record_evidence", recall_id=recall["recall_id"], checks=[], close=True)
+    assert (closed["report"]["reward"], closed["report"]["reward_source"]) == (-1.0, "tests")
+
+
 async def test_the_users_next_words_correct_a_reward_just_given_as_if_it_had_been_theirs(
     product: tuple[MemoryService, Client],
 ) -> None:
