@@ -288,7 +288,7 @@ async def test_the_read_only_profile_answers_beside_the_local_server(
         assert servers_of(runtime) == []
 
         async with serve_as_desktop(extension, env, chosen, log) as writer:
-            await call(writer, "recall_experience", task=task)  # its server holds the store (the handshake waits for none)
+            await call(writer, "recall_experience", task=task)  # now its server holds the store
             refused = await desktop_refusal(extension, env, chosen | {"tool_profile": "read_only"}, log)
             assert "a read-only server reads a copy of the store" in refused and "(core)" in refused, refused
             recalled = await call(writer, "recall_experience", task=task)
