@@ -11,19 +11,16 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
 
 from memrl_mcp.clients import client_named
 from memrl_mcp.clients.codex import CLIENT, stated_exit
 from memrl_mcp.clients.core import RECALLED, ToolRun
 from memrl_mcp.surface.text import NO_MEMORY
-from tests.support.agents import LEARNED, ROOT, AgentUser, agent_user, recall_id_in
+from tests.support.agents import LEARNED, ROOT, AgentUser, agent_user, recall_id_in, recall_state
 from tests.support.codex_cli import holds, install, session, texts, the_model
-from tests.support.mcp import read_json
 from tests.support.openai_responses import fake_model
 
 PLUGIN = ROOT / "integrations" / "claude-code"
@@ -113,12 +110,6 @@ def user(tmp_path: Path) -> Iterator[AgentUser]:
         warm = found.store.local("ui")
         assert warm.returncode == 0, warm.stdout + warm.stderr
         yield found
-
-
-async def recall_state(user: AgentUser, recall_id: str) -> dict[str, Any]:
-    """The recall as the memory keeps it, read by a session of the test's own (no project: any recall)."""
-    async with Client(user.store.session(), mode="legacy") as client:
-        return await read_json(client, f"memrl://recalls/{recall_id}")
 
 
 @pytest.mark.slow  # Codex's CLI, the memory's local server

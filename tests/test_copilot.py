@@ -10,20 +10,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
 
 from memrl_mcp.clients import client_named
 from memrl_mcp.clients.copilot import CLIENT
 from memrl_mcp.clients.core import ToolRun
 from memrl_mcp.surface.text import NO_MEMORY
-from tests.support.agents import LEARNED, ROOT, AgentUser, agent_user, recall_id_in
+from tests.support.agents import LEARNED, ROOT, AgentUser, agent_user, recall_id_in, recall_state
 from tests.support.chat_completions import fake_model
 from tests.support.copilot_cli import REPORT, context_of, holds, install, session, the_model
-from tests.support.mcp import read_json
 
 PLUGIN = ROOT / "integrations" / "claude-code"
 EVENTS = json.loads((ROOT / "tests" / "data" / "agent_tool_events.json").read_text())
@@ -89,11 +86,6 @@ def user(tmp_path: Path) -> Iterator[AgentUser]:
         warm = found.store.local("ui")
         assert warm.returncode == 0, warm.stdout + warm.stderr
         yield found
-
-
-async def recall_state(user: AgentUser, recall_id: str) -> dict[str, Any]:
-    async with Client(user.store.session(), mode="legacy") as client:
-        return await read_json(client, f"memrl://recalls/{recall_id}")
 
 
 @pytest.mark.slow  # Copilot's CLI, the memory's local server

@@ -21,9 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mcp import Client
+
 from memrl_mcp.clients.core import HOLD_OPENING
 from tests.support.fake_api import Reply, Script
 from tests.support.local import LocalStore, stop_all
+from tests.support.mcp import read_json
 
 ROOT = Path(__file__).parent.parent.parent
 BIN = Path(sys.executable).parent  # where the install put memrl-mcp
@@ -126,3 +129,9 @@ def obliging_model(
         return Reply("Done.")
 
     return reply
+
+
+async def recall_state(user: AgentUser, recall_id: str) -> dict[str, Any]:
+    """The recall as the memory keeps it, read by a session of the test's own (no project: any recall)."""
+    async with Client(user.store.session(), mode="legacy") as client:
+        return await read_json(client, f"memrl://recalls/{recall_id}")
