@@ -20,7 +20,7 @@ from memrl_mcp.local.attach import attach
 from memrl_mcp.local.client import LocalClient, ToolCallError
 from memrl_mcp.projects import project_namespace
 from tests.support.local import LocalStore, local_store, python_with, servers_of
-from tests.support.mcp import call, text_of
+from tests.support.mcp import Held, call, text_of
 from tests.support.node import CLIENT, node_with_sdk
 from tests.support.servers import CLI
 
@@ -202,25 +202,6 @@ async def test_one_recall_reported_from_several_sessions_at_once_asks_one_questi
     assert stats["recalls_reported"] == 1 and stats["visits"] == 1
 
 
-class Holding:
-    """A user and a model who answer only once released; every question that reaches them is counted."""
-
-    def __init__(self) -> None:
-        self.asked: list[Any] = []
-        self.release = anyio.Event()
-
-    async def user(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-        self.asked.append(params)
-        await self.release.wait()
-        return types.ElicitResult(action="accept", content={"succeeded": True})
-
-    async def model(self, context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
-        self.asked.append(params)
-        await self.release.wait()
-        text = types.TextContent(type="text", text="1. Check the queue. 2. Restart the worker.")
-        return types.CreateMessageResult(role="assistant", content=text, model="m")
-
-
 async def recalled(client: Client, tasks: list[str]) -> list[str]:
     """The recall ids of ``tasks``, each stored first."""
     ids = []
@@ -230,7 +211,7 @@ async def recalled(client: Client, tasks: list[str]) -> list[str]:
     return ids
 
 
-async def until_asked(holding: Holding, count: int) -> None:
+async def until_asked(holding: Held, count: int) -> None:
     while len(holding.asked) < count:
         await anyio.sleep(0.01)
 
@@ -240,7 +221,7 @@ async def test_one_sessions_open_questions_never_refuse_another_sessions_reports
     eight unanswered questions of one session made every other session's report without a reward fail for as long
     as they waited (up to 600 s). Each session has its own bound now: the ninth report of the session that asks eight
     is refused by name, and another session's report is asked and applied meanwhile."""
-    first, other = Holding(), Holding()
+    first, other = Held(), Held()
     with anyio.fail_after(START_S):
         async with (
             session(store, elicitation_callback=first.user, mode="legacy") as busy,
@@ -267,7 +248,7 @@ async def test_a_recall_is_asked_about_once_across_sessions_of_other_settings(st
     """Sessions of other settings of their own are served by other MCP servers in the local server: the hold of a
     recall's question must hold across them too. Two such sessions report one recall at the same moment: one
     question in all, the other report refused by name."""
-    holding = Holding()
+    holding = Held()
     with anyio.fail_after(START_S):
         async with (
             session(store, elicitation_callback=holding.user, mode="legacy") as one,
@@ -290,7 +271,7 @@ async def test_a_sessions_own_bounds_on_questions_and_samplings_apply(store: Loc
     client's configuration sets them) were silently ignored: the server's applied. Now each session has its own:
     at 0 samplings a minute its model is never asked, at one open question its second report is refused; a session
     of the defaults beside them gets its model's experience."""
-    frugal, strict, plain = Holding(), Holding(), Holding()
+    frugal, strict, plain = Held(), Held(), Held()
     plain.release.set()
     frugal.release.set()
     options = {"sampling_callback": frugal.model, "env": {"MEMRL_MAX_SAMPLINGS_PER_MINUTE": "0"}}

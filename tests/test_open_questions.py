@@ -14,14 +14,14 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import Client, types
+from mcp import Client
 
 from memrl_mcp.embeddings import Embedder
 from memrl_mcp.memory.access import EVERYTHING
 from memrl_mcp.memory.service import MemoryService
 from memrl_mcp.requests import StatsQuery
 from memrl_mcp.surface.server import create_server
-from tests.support.mcp import call, make_service, text_of
+from tests.support.mcp import Held, call, make_service, text_of
 from tests.support.servers import ALICE, BOB, DEADLINE_S, http_server, mcp_client, tokens_file
 
 pytestmark = pytest.mark.anyio
@@ -29,25 +29,6 @@ pytestmark = pytest.mark.anyio
 MODES = ["legacy", "auto"]  # the handshake protocol (today's clients); 2026-07-28 (this SDK's default)
 TASK = "Renew the TLS certificate of the mail server"
 CONCURRENT = 300
-
-
-class Held:
-    """A client whose user (or model) answers only once released: every question that reaches it is counted."""
-
-    def __init__(self) -> None:
-        self.asked: list[Any] = []
-        self.release = anyio.Event()
-
-    async def user(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-        self.asked.append(params)
-        await self.release.wait()
-        return types.ElicitResult(action="accept", content={"succeeded": True})
-
-    async def model(self, context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
-        self.asked.append(params)
-        await self.release.wait()
-        text = types.TextContent(type="text", text="1. certbot renew. 2. Reload postfix.")
-        return types.CreateMessageResult(role="assistant", content=text, model="m")
 
 
 @asynccontextmanager

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mcp import Client
+import anyio
+from mcp import Client, types
 from mcp.types import (
     CallToolResult,
     GetPromptResult,
@@ -77,3 +78,22 @@ def make_service(embedder: Embedder, data_dir: Path, engine: str = "edge", **ove
     overrides = {"tool_profile": "full", "model_reward_weight": 1.0, **overrides}
     settings: Settings = load_settings(data_dir=data_dir, embedded_engine=engine, **overrides)
     return MemoryService.open(settings, embedder)
+
+
+class Held:
+    """A client whose user (or model) answers only once released: every question that reaches it is counted."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+        self.release = anyio.Event()
+
+    async def user(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        self.asked.append(params)
+        await self.release.wait()
+        return types.ElicitResult(action="accept", content={"succeeded": True})
+
+    async def model(self, context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        self.asked.append(params)
+        await self.release.wait()
+        text = types.TextContent(type="text", text="1. certbot renew. 2. Reload postfix.")
+        return types.CreateMessageResult(role="assistant", content=text, model="m")
