@@ -201,7 +201,8 @@ def build_identity() -> str:
     server whose code differs in any file, even under one version number, do not share a store, and two installs of
     the same code (a Desktop bundle and a ``uv tool install`` of one wheel, each with its own files' times) do. The
     embedder's weights are left out: :data:`~memrl_mcp.embeddings.minilm.MINILM_FILES` pins their SHA-256 in code
-    that is hashed, and the embedder checks them as it loads (hashing their 23 MB took ~20 ms of every hook)."""
+    that is hashed, and the embedder checks them as it loads (hashing them would cost every hook most of this;
+    docs/performance.md)."""
     root = Path(memrl_mcp.__file__).parent
     digest = hashlib.sha256(__version__.encode())
     for folder, folders, files in os.walk(root):
